@@ -1,0 +1,174 @@
+"""The bind verb's procedure: choose devices, reserve, write the allocation, bind; undo on any failure.
+
+This is where the ledger's rules meet I/O (DESIGN §3). Under the node's lock: a pod already bound to this node
+is success (bind is idempotent); otherwise the policy chooses devices, the ledger reserves them (check and
+record in one step), and the `Binder` (the file source's, or the API's) writes the annotations and the
+binding. Any failure releases the reservation before the reply, and the reply says what failed.
+
+The Binder does I/O; this module only awaits it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from extender.cluster import Allocation, Cluster, allocation_annotations, pod_record
+from extender.ledger import Ledger
+from extender.policy import PolicyConfig, choose_devices, judge
+from extender.resources import Raw
+
+log = logging.getLogger(__name__)
+
+
+class BindError(Exception):
+    """Writing the allocation or the binding failed; the message says which step and why."""
+
+
+class Binder(Protocol):
+    async def bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
+        """Write `annotations` on the pod (when any), then bind it to `node`. Raises BindError."""
+
+
+@dataclass(frozen=True, slots=True)
+class BindRequest:
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def slim_pod(pod: Raw) -> Raw:
+    """The parts of a pod a bind needs (identity and container resources), to remember it cheaply."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    slim_spec: Raw = {}
+    for key in ("containers", "initContainers"):
+        if isinstance(spec.get(key), list):
+            slim_spec[key] = [
+                {"name": c.get("name"), "resources": c.get("resources") or {}} for c in spec[key] if isinstance(c, dict)
+            ]
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace") or "default",
+            "uid": meta.get("uid"),
+            "annotations": dict(meta.get("annotations") or {}),
+        },
+        "spec": slim_spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+class RecentPods:
+    """Pods seen in filter requests, by UID, so a bind can place a pod the cache has not seen yet.
+
+    Bounded (oldest forgotten first): kube-scheduler binds a pod shortly after filtering it.
+    """
+
+    def __init__(self, limit: int = 20_000) -> None:
+        self.limit = limit
+        self._pods: OrderedDict[str, Raw] = OrderedDict()
+
+    def remember(self, pod: Raw) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if not uid:
+            return
+        if uid in self._pods:
+            self._pods.move_to_end(uid)
+            return
+        self._pods[uid] = slim_pod(pod)
+        if len(self._pods) > self.limit:
+            self._pods.popitem(last=False)
+
+    def get(self, uid: str) -> Raw | None:
+        return self._pods.get(uid)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+
+async def bind(
+    request: BindRequest,
+    cluster: Cluster,
+    ledger: Ledger,
+    policy: PolicyConfig,
+    binder: Binder,
+    recent: RecentPods,
+    clock: Callable[[], float] = time.time,
+) -> str:
+    """Bind the pod; returns "" on success, else the error for the reply's `Error` field."""
+    async with ledger.lock(request.node):
+        with ledger.in_flight(request.uid):
+            return await _bind_locked(request, cluster, ledger, policy, binder, recent, clock)
+
+
+async def _bind_locked(
+    request: BindRequest,
+    cluster: Cluster,
+    ledger: Ledger,
+    policy: PolicyConfig,
+    binder: Binder,
+    recent: RecentPods,
+    clock: Callable[[], float],
+) -> str:
+    uid, node, key = request.uid, request.node, request.key
+    record = cluster.pods.get(uid)
+    if record is not None and record.node_name:
+        if record.node_name == node:
+            return ""
+        return f"pod {key} is already bound to {record.node_name}, not {node}"
+    hold = cluster.hold_of(uid)
+    if hold is not None and hold.bound:
+        if hold.allocation.node == node:
+            return ""
+        return f"pod {key} is already bound to {hold.allocation.node}, not {node}"
+    pod = recent.get(uid)
+    if record is None and pod is None:
+        return f"pod {key} (uid {uid}) is unknown: not in the extender's cache and never filtered"
+    if pod is None:
+        pod = {"metadata": {"name": request.name, "namespace": request.namespace, "uid": uid}}
+    if record is None:
+        record = pod_record(pod, cluster.profile)
+    if record.demand is None:
+        return f"pod {key}: {record.problem}"
+    demand = record.demand
+    if demand.is_zero:
+        return await _write(binder, pod, node, {}, ledger, uid, key)
+    state = cluster.nodes.get(node)
+    if state is None or not state.known:
+        return f"node {node} is not in the extender's cache"
+    ledger.release(uid)  # a reservation of ours from before a restart: decide afresh
+    indexes = choose_devices(demand, state, policy.device_strategy)
+    if indexes is None:
+        return f"pod {key} no longer fits on {node}: {judge(demand, state, policy.unit)[1]}"
+    allocation = Allocation(uid, key, node, indexes, demand.per_device)
+    refusal = ledger.reserve(allocation)
+    if refusal:
+        return f"pod {key}: {refusal}"
+    device_capacity = state.devices[state.position(indexes[0])].capacity
+    annotations = allocation_annotations(allocation, device_capacity, clock(), cluster.profile)
+    log.info("reserved %s on %s GPU %s (%s each)", key, node, ",".join(map(str, indexes)), demand.per_device)
+    return await _write(binder, pod, node, annotations, ledger, uid, key)
+
+
+async def _write(binder: Binder, pod: Raw, node: str, annotations: dict[str, str], ledger: Ledger, uid: str, key: str) -> str:
+    try:
+        await binder.bind(pod, node, annotations)
+    except BindError as error:
+        released = ledger.release(uid)
+        log.warning("bind of %s to %s failed: %s%s", key, node, error, "; reservation released" if released else "")
+        return f"binding {key} to {node} failed: {error}"
+    except BaseException:
+        ledger.release(uid)
+        raise
+    ledger.mark_bound(uid)
+    return ""

@@ -1,0 +1,172 @@
+"""Wire types of the scheduler extender API (k8s.io/kube-scheduler/extender/v1), with the Go field names.
+
+The Go types carry no json tags, so the keys are the Go field names (`NodeNames`, `FailedNodes`, ...), while
+embedded Pods and Nodes are ordinary Kubernetes JSON, kept here as plain dicts. Requests are validated with
+pydantic (strict: no silent coercion of a number into a node name); replies are built as plain dicts by the
+`*_reply` functions, which never put a null where the scheduler expects a list or map. The models of the
+replies exist so tests can check every reply against them.
+
+This module knows nothing of GPUs, caches or HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+MAX_EXTENDER_PRIORITY = 10
+
+Raw = dict[str, Any]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class NodeList(_Wire):
+    """A v1.NodeList, as sent when the extender is not `nodeCacheCapable`."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+    items: list[Raw] | None = None
+
+
+class ExtenderArgs(_Wire):
+    """Body of filter and prioritize."""
+
+    Pod: Raw
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+
+
+class ExtenderFilterResult(_Wire):
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+    FailedNodes: dict[str, str]
+    FailedAndUnresolvableNodes: dict[str, str]
+    Error: str
+
+
+class HostPriority(_Wire):
+    Host: str
+    Score: int = Field(ge=0, le=MAX_EXTENDER_PRIORITY)
+
+
+HostPriorityList = TypeAdapter(list[HostPriority])
+
+
+class ExtenderBindingArgs(_Wire):
+    PodName: str = Field(min_length=1)
+    PodNamespace: str = Field(min_length=1)
+    PodUID: str = Field(min_length=1)
+    Node: str = Field(min_length=1)
+
+
+class ExtenderBindingResult(_Wire):
+    Error: str
+
+
+class MetaPod(_Wire):
+    UID: str
+
+
+class MetaVictims(_Wire):
+    Pods: list[MetaPod] | None = None
+    NumPDBViolations: int = 0
+
+
+class Victims(_Wire):
+    Pods: list[Raw] | None = None
+    NumPDBViolations: int = 0
+
+
+class ExtenderPreemptionArgs(_Wire):
+    Pod: Raw
+    NodeNameToVictims: dict[str, Victims | None] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
+
+
+class ExtenderPreemptionResult(_Wire):
+    NodeNameToMetaVictims: dict[str, MetaVictims]
+
+
+def describe_error(error: ValidationError) -> str:
+    """One line naming each wrong field, e.g. `NodeNames.3: Input should be a valid string`."""
+    parts = []
+    for problem in error.errors(include_url=False):
+        where = ".".join(str(part) for part in problem["loc"]) or "body"
+        parts.append(f"{where}: {problem['msg']}")
+    return "; ".join(parts)
+
+
+def node_name(node: Raw) -> str:
+    meta = node.get("metadata")
+    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+
+
+def requested_names(args: ExtenderArgs) -> list[str]:
+    """The node names asked about, from whichever form the scheduler used."""
+    if args.NodeNames is not None:
+        return args.NodeNames
+    if args.Nodes is not None and args.Nodes.items:
+        return [node_name(node) for node in args.Nodes.items]
+    return []
+
+
+def filter_reply(
+    args: ExtenderArgs,
+    passed: list[str],
+    failed: dict[str, str],
+    unresolvable: dict[str, str],
+    error: str = "",
+) -> Raw:
+    """An ExtenderFilterResult in the form the request used (names, whole nodes, or both)."""
+    reply: Raw = {
+        "NodeNames": None,
+        "Nodes": None,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": unresolvable,
+        "Error": error,
+    }
+    if args.Nodes is not None:
+        keep = set(passed)
+        items = [node for node in args.Nodes.items or () if node_name(node) in keep]
+        reply["Nodes"] = {"metadata": {}, "items": items}
+    if args.NodeNames is not None or args.Nodes is None:
+        reply["NodeNames"] = passed
+    return reply
+
+
+def priority_reply(scores: list[tuple[str, int]]) -> list[Raw]:
+    return [{"Host": host, "Score": score} for host, score in scores]
+
+
+def binding_reply(error: str = "") -> Raw:
+    return {"Error": error}
+
+
+def preemption_reply(kept: dict[str, list[str]], violations: dict[str, int]) -> Raw:
+    return {
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": violations.get(node, 0)}
+            for node, uids in kept.items()
+        }
+    }
+
+
+def preemption_candidates(args: ExtenderPreemptionArgs) -> tuple[dict[str, list[str]], dict[str, int], list[Raw]]:
+    """Victim UIDs per candidate node, PDB violations per node, and the victim objects when sent whole."""
+    candidates: dict[str, list[str]] = {}
+    violations: dict[str, int] = {}
+    objects: list[Raw] = []
+    if args.NodeNameToMetaVictims is not None:
+        for node, meta in args.NodeNameToMetaVictims.items():
+            candidates[node] = [pod.UID for pod in (meta.Pods or ())] if meta else []
+            violations[node] = meta.NumPDBViolations if meta else 0
+    elif args.NodeNameToVictims is not None:
+        for node, victims in args.NodeNameToVictims.items():
+            pods = (victims.Pods or []) if victims else []
+            objects.extend(pods)
+            candidates[node] = [str((pod.get("metadata") or {}).get("uid") or "") for pod in pods]
+            violations[node] = victims.NumPDBViolations if victims else 0
+    return candidates, violations, objects

@@ -1,0 +1,88 @@
+"""Reservations: device memory taken at bind, before the API shows the pod bound (DESIGN §3).
+
+The rules live here and nowhere else:
+- `reserve` re-checks free memory and records the hold in one step (no await in between), so two binds can
+  never take the same memory; callers also hold `lock(node)` across their I/O so binds to one node queue.
+- `release` undoes a reservation after any failure; an observed allocation is never released from here.
+- `expire` frees reservations the API has not confirmed within the TTL, except those whose bind is running.
+- After every operation `used <= capacity` holds for every device a reservation touched.
+
+Decisions about *which* devices are the policy's; this module only refuses what does not fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from extender.cluster import Allocation, Cluster, Hold
+
+
+class Ledger:
+    """Mutable: the reservations' bookkeeping over the cache's holds."""
+
+    def __init__(self, cluster: Cluster, ttl: float, clock: Callable[[], float] = time.time) -> None:
+        self.cluster = cluster
+        self.ttl = ttl
+        """Seconds a reservation may wait for the API to show its pod bound."""
+        self.clock = clock
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._in_flight: set[str] = set()
+
+    def lock(self, node: str) -> asyncio.Lock:
+        """The lock that orders binds to one node."""
+        lock = self._locks.get(node)
+        if lock is None:
+            lock = self._locks[node] = asyncio.Lock()
+        return lock
+
+    @contextmanager
+    def in_flight(self, uid: str) -> Iterator[None]:
+        """Mark a pod's bind as running: its reservation is not expired meanwhile."""
+        self._in_flight.add(uid)
+        try:
+            yield
+        finally:
+            self._in_flight.discard(uid)
+
+    def reserve(self, allocation: Allocation) -> str:
+        """Take the allocation's memory; returns "" on success, else why it does not fit now."""
+        state = self.cluster.nodes.get(allocation.node)
+        if state is None or not state.known:
+            return f"node {allocation.node} is not in the extender's cache"
+        own = state.holds.get(allocation.pod_uid)
+        for index in allocation.indexes:
+            position = state.position(index)
+            if position < 0:
+                return f"node {allocation.node} has no GPU {index}"
+            free = state.devices[position].capacity - state.used[position]
+            if own is not None and index in own.allocation.indexes:
+                free += own.allocation.per_device
+            if free < allocation.per_device:
+                return f"GPU {index} on {allocation.node} has {max(free, 0)} free, needs {allocation.per_device}"
+        self.cluster.hold(Hold(allocation, observed=False, since=self.clock()))
+        return ""
+
+    def mark_bound(self, uid: str) -> None:
+        """The API accepted the binding; the watch will confirm it."""
+        self.cluster.mark_bound(uid)
+
+    def release(self, uid: str) -> Hold | None:
+        """Undo a reservation (not an observed allocation); returns it, or None if there was none."""
+        if uid not in self.cluster.reserved:
+            return None
+        return self.cluster.release(uid)
+
+    def expire(self) -> list[Hold]:
+        """Free every reservation older than the TTL whose bind is not running; returns them."""
+        deadline = self.clock() - self.ttl
+        expired = [
+            hold
+            for uid, hold in self.cluster.reserved.items()
+            if hold.since < deadline and uid not in self._in_flight
+        ]
+        for hold in expired:
+            self.cluster.release(hold.allocation.pod_uid)
+        return expired

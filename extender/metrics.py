@@ -1,0 +1,57 @@
+"""Prometheus metric definitions, in a registry of their own per service instance (tests build many).
+
+Counters and histograms are updated where things happen; the gauges of state (cache sizes, allocations by
+state) are read from the cache when /metrics is scraped, so nothing on the hot path keeps them current.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from extender.cluster import Cluster
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "extender_requests", "Extender verb calls by outcome (ok, error, bad_request).",
+            ["verb", "outcome"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "extender_request_duration_seconds", "Time to answer an extender verb, by outcome.",
+            ["verb", "outcome"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.nodes = Counter(
+            "extender_filter_nodes", "Node names judged by filter: accepted, failed, unresolvable.",
+            ["result"], registry=self.registry,
+        )
+        self.expiries = Counter(
+            "extender_reservation_expiries", "Reservations freed because the API never showed their pod bound.",
+            registry=self.registry,
+        )
+        self.allocations = Gauge(
+            "extender_allocations", "Pods holding GPU memory, by state: reserved, bound (awaiting watch), observed.",
+            ["state"], registry=self.registry,
+        )
+        self.cache_nodes = Gauge("extender_cache_nodes", "Nodes in the cache.", registry=self.registry)
+        self.cache_pods = Gauge("extender_cache_pods", "Pods in the cache.", registry=self.registry)
+        for verb in ("filter", "prioritize", "bind", "preempt"):
+            for outcome in ("ok", "error", "bad_request"):
+                self.requests.labels(verb, outcome)
+        for result in ("accepted", "failed", "unresolvable"):
+            self.nodes.labels(result)
+
+    def render(self, cluster: Cluster) -> bytes:
+        """The exposition text, with the state gauges read from the cache now."""
+        reserved = sum(1 for hold in cluster.reserved.values() if not hold.bound)
+        bound = len(cluster.reserved) - reserved
+        observed = sum(len(state.holds) for state in cluster.nodes.values()) - len(cluster.reserved)
+        self.allocations.labels("reserved").set(reserved)
+        self.allocations.labels("bound").set(bound)
+        self.allocations.labels("observed").set(observed)
+        self.cache_nodes.set(sum(1 for state in cluster.nodes.values() if state.known))
+        self.cache_pods.set(len(cluster.pods))
+        return generate_latest(self.registry)

@@ -1,0 +1,221 @@
+"""Placement decisions: filter, score, device choice and the preemption check, as pure functions.
+
+Each function reads the cache's per-node summaries (never the pods) and returns values: a reason per rejected
+node, a score per node, a tuple of device indexes. Nothing here mutates the cache; the ledger records what the
+bind path decides. Scores follow kube-scheduler's `noderesources` arithmetic on a 0..10 scale (the extender
+API's MaxExtenderPriority); ties in device choice break by device index, so one state gives one answer.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from extender.cluster import Allocation, Cluster, NodeState
+from extender.resources import Demand
+
+MAX_SCORE = 10
+"""MaxExtenderPriority in k8s.io/kube-scheduler/extender/v1."""
+
+
+class Strategy(enum.StrEnum):
+    BINPACK = "binpack"
+    """Fill the fullest device (or node) that still fits: keeps whole GPUs free for big pods."""
+    SPREAD = "spread"
+    """Use the emptiest: spreads load and memory pressure."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """How to choose among nodes and devices that fit."""
+
+    node_strategy: Strategy = Strategy.BINPACK
+    device_strategy: Strategy = Strategy.BINPACK
+    node_weight: int = 1
+    """Weight of the node-level fill in a node's score."""
+    device_weight: int = 1
+    """Weight of the chosen devices' fill in a node's score."""
+    unit: str = "GiB"
+    """How reasons name a unit of GPU memory."""
+
+
+class Verdict(enum.IntEnum):
+    FITS = 0
+    FAILED = 1
+    """Does not fit now; evicting pods could make room."""
+    UNRESOLVABLE = 2
+    """No device here could ever hold the demand: preemption cannot help."""
+
+
+@dataclass(slots=True)
+class FilterOutcome:
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+
+NOT_IN_CACHE = "node is not in the extender's cache (yet)"
+
+
+def judge(demand: Demand, state: NodeState | None, unit: str) -> tuple[Verdict, str]:
+    """Whether the demand fits on the node now, and if not, a reason a person can act on."""
+    if state is None or not state.known:
+        return Verdict.FAILED, NOT_IN_CACHE
+    need, count = demand.per_device, demand.devices
+    if count == 1:
+        if state.largest_free >= need and state.ready:
+            return Verdict.FITS, ""
+    elif len(state.free_desc) >= count and state.free_desc[count - 1] >= need and state.ready:
+        return Verdict.FITS, ""
+    total = len(state.devices)
+    if not total:
+        return Verdict.UNRESOLVABLE, f"no GPUs: {state.problem}" if state.problem else "no GPUs"
+    capacity = state.capacity_desc
+    if count == 1 and capacity[0] < need:
+        return Verdict.UNRESOLVABLE, f"needs {need} {unit} on one GPU; the largest GPU here has {capacity[0]} {unit}"
+    if count > 1 and (total < count or capacity[count - 1] < need):
+        large = sum(1 for amount in capacity if amount >= need)
+        return (
+            Verdict.UNRESOLVABLE,
+            f"needs {count} GPUs with {need} {unit} each; {large} of {total} GPUs here are that large",
+        )
+    if not state.ready:
+        return Verdict.FAILED, "node is not Ready"
+    if count == 1:
+        return (
+            Verdict.FAILED,
+            f"needs {need} {unit} on one GPU; largest free is {state.largest_free} {unit} "
+            f"(GPU {state.largest_free_index} of {total})",
+        )
+    enough = sum(1 for amount in state.free_desc if amount >= need)
+    return Verdict.FAILED, f"needs {count} GPUs with {need} {unit} free each; {enough} of {total} have that much"
+
+
+def filter_nodes(demand: Demand, names: Iterable[str], states: Mapping[str, NodeState], unit: str) -> FilterOutcome:
+    """Split node names into those that fit and those that do not, with a reason for each of the latter."""
+    outcome = FilterOutcome()
+    if demand.is_zero:
+        outcome.passed = list(names)
+        return outcome
+    passed, failed, unresolvable = outcome.passed, outcome.failed, outcome.unresolvable
+    need, count = demand.per_device, demand.devices
+    for name in names:
+        state = states.get(name)
+        # The common case inline: a known, ready node whose largest free device holds a one-device demand.
+        if count == 1 and state is not None and state.largest_free >= need and state.known and state.ready:
+            passed.append(name)
+            continue
+        verdict, reason = judge(demand, state, unit)
+        if verdict is Verdict.FITS:
+            passed.append(name)
+        elif verdict is Verdict.FAILED:
+            failed[name] = reason
+        else:
+            unresolvable[name] = reason
+    return outcome
+
+
+# --- scoring ----------------------------------------------------------------------------------------------
+
+
+def most_allocated(used: int, capacity: int) -> int:
+    """Binpack: the fuller after placement, the higher (kube-scheduler's MostAllocated)."""
+    return used * MAX_SCORE // capacity if capacity > 0 else 0
+
+
+def least_allocated(used: int, capacity: int) -> int:
+    """Spread: the emptier after placement, the higher (kube-scheduler's LeastAllocated)."""
+    return (capacity - used) * MAX_SCORE // capacity if capacity > 0 else 0
+
+
+_SCORERS = {Strategy.BINPACK: most_allocated, Strategy.SPREAD: least_allocated}
+
+
+def choose_devices(demand: Demand, state: NodeState, strategy: Strategy) -> tuple[int, ...] | None:
+    """The device indexes to give the pod on this node, or None when fewer than needed have room.
+
+    Binpack takes the devices with the least free memory that still fit; spread the most. Equal free memory
+    breaks by lower index.
+    """
+    need = demand.per_device
+    fitting = [(free, device.index) for free, device in zip(state.free, state.devices, strict=True) if free >= need]
+    if len(fitting) < demand.devices:
+        return None
+    if strategy is Strategy.BINPACK:
+        fitting.sort()
+    else:
+        fitting.sort(key=lambda pair: (-pair[0], pair[1]))
+    return tuple(sorted(index for _, index in fitting[: demand.devices]))
+
+
+def score_node(demand: Demand, state: NodeState | None, config: PolicyConfig) -> int:
+    """0..10: the weighted fill after placement of the chosen devices and of the node; 0 when it does not fit."""
+    if demand.is_zero or state is None or not state.known or not state.ready:
+        return 0
+    indexes = choose_devices(demand, state, config.device_strategy)
+    if indexes is None:
+        return 0
+    added = demand.per_device * len(indexes)
+    chosen = [state.position(index) for index in indexes]
+    device_capacity = sum(state.devices[position].capacity for position in chosen)
+    device_used = sum(state.used[position] for position in chosen) + added
+    device_score = _SCORERS[config.device_strategy](device_used, device_capacity)
+    node_score = _SCORERS[config.node_strategy](state.used_total + added, state.capacity_total)
+    weights = config.device_weight + config.node_weight
+    return (config.device_weight * device_score + config.node_weight * node_score) // weights if weights else 0
+
+
+def score_nodes(demand: Demand, names: Iterable[str], states: Mapping[str, NodeState], config: PolicyConfig) -> list[tuple[str, int]]:
+    return [(name, score_node(demand, states.get(name), config)) for name in names]
+
+
+# --- preemption -------------------------------------------------------------------------------------------
+
+
+def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allocation]) -> bool:
+    """Whether the demand fits on the node once the victims' memory on it is free."""
+    freed = [0] * len(state.devices)
+    for allocation in victims:
+        if allocation.node != state.name:
+            continue
+        for index in allocation.indexes:
+            position = state.position(index)
+            if position >= 0:
+                freed[position] += allocation.per_device
+    need = demand.per_device
+    room = sum(
+        1
+        for device, used, more in zip(state.devices, state.used, freed, strict=True)
+        if device.capacity - (used - more) >= need
+    )
+    return room >= demand.devices and state.ready
+
+
+def preempt_candidates(
+    demand: Demand,
+    candidates: Mapping[str, list[str]],
+    cluster: Cluster,
+    known_victims: Mapping[str, Allocation],
+) -> dict[str, list[str]]:
+    """The candidate nodes where evicting the listed victims frees enough memory; victims unchanged.
+
+    A victim's allocation is taken from the cache by UID, else from `known_victims` (read from the victim
+    objects the scheduler sent). A demand of zero keeps every candidate: we have no say over such pods.
+    """
+    if demand.is_zero:
+        return {node: list(uids) for node, uids in candidates.items()}
+    kept: dict[str, list[str]] = {}
+    for node, uids in candidates.items():
+        state = cluster.nodes.get(node)
+        if state is None or not state.known:
+            continue
+        victims: list[Allocation] = []
+        for uid in uids:
+            hold = state.holds.get(uid)
+            allocation = hold.allocation if hold is not None else known_victims.get(uid)
+            if allocation is not None:
+                victims.append(allocation)
+        if fits_after_eviction(demand, state, victims):
+            kept[node] = list(uids)
+    return kept

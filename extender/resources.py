@@ -1,0 +1,273 @@
+"""Quantities, resource names, a pod's demand and a node's devices: pure functions over Kubernetes dicts.
+
+Everything here reads plain Kubernetes JSON (as decoded by orjson) and returns small frozen values. It never
+does I/O and never keeps state: the cache (`cluster.py`) calls it once per object change, not per request.
+
+Units: GPU memory is counted in the device plugin's own units (the gpushare plugin advertises
+`aliyun.com/gpu-mem: 16` for 16 GiB), so quantities are whole numbers and `Profile.memory_unit` only names
+them in messages.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import orjson
+
+Raw = dict[str, Any]
+"""A Kubernetes object or fragment as decoded JSON."""
+
+
+class InvalidQuantity(ValueError):
+    """A resource quantity that is not a whole, non-negative Kubernetes quantity."""
+
+
+class InvalidPod(ValueError):
+    """A pod whose GPU request cannot be understood; the message names the container and the value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Which resource names and annotation keys a device plugin uses.
+
+    The default is the gpushare device plugin's, so a cluster can swap its extender for ours without touching
+    the nodes. Another plugin is served by another profile built from settings.
+    """
+
+    memory_resource: str = "aliyun.com/gpu-mem"
+    """Node total and pod demand of GPU memory, in the plugin's units."""
+    count_resource: str = "aliyun.com/gpu-count"
+    """Number of GPUs on a node; on a pod, how many GPUs its memory is split over (1 when absent)."""
+    memory_unit: str = "GiB"
+    """How messages name one unit of `memory_resource`."""
+    index_annotation: str = "ALIYUN_COM_GPU_MEM_IDX"
+    """Pod: the device index, for single-device allocations (what the gpushare plugin reads)."""
+    pod_memory_annotation: str = "ALIYUN_COM_GPU_MEM_POD"
+    """Pod: the memory the pod was given, in total."""
+    device_memory_annotation: str = "ALIYUN_COM_GPU_MEM_DEV"
+    """Pod: the capacity of the device it was given."""
+    assigned_annotation: str = "ALIYUN_COM_GPU_MEM_ASSIGNED"
+    """Pod: "false" when we write it; the plugin sets "true" once the container gets the device."""
+    assume_time_annotation: str = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
+    """Pod: when we decided, in Unix nanoseconds; the reservation's TTL counts from here after a restart."""
+    indexes_annotation: str = "gpu-extender.io/device-indexes"
+    """Pod: every device index, comma-separated; the only record of multi-device allocations."""
+    node_annotation: str = "gpu-extender.io/node"
+    """Pod: the node we reserved on, so a reservation made before a crash is found again before binding."""
+    node_devices_annotation: str = "gpu-extender.io/devices"
+    """Node: JSON list of devices, `[{"index": 0, "memory": 16, "healthy": true}, ...]`, overriding capacity."""
+
+    @property
+    def managed_resources(self) -> tuple[str, ...]:
+        """The resources whose pods the scheduler must send us."""
+        return (self.memory_resource,)
+
+
+# --- quantities -------------------------------------------------------------------------------------------
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+_SUFFIX: dict[str, Decimal] = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_count(value: object) -> int:
+    """A whole, non-negative Kubernetes quantity ("16", "2k", "1Gi", 4) as an int.
+
+    Extended resources are integers in Kubernetes; a fraction, a negative number or garbage is refused with a
+    message that quotes the value.
+    """
+    if isinstance(value, bool):
+        raise InvalidQuantity(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        number = Decimal(value)
+    else:
+        text = str(value).strip() if isinstance(value, (str, float)) else None
+        match = _QUANTITY.match(text) if text else None
+        if match is None:
+            raise InvalidQuantity(f"{value!r} is not a quantity")
+        try:
+            number = Decimal(match.group(1)) * _SUFFIX[match.group(2) or ""]
+        except InvalidOperation:
+            raise InvalidQuantity(f"{value!r} is not a quantity") from None
+    if number < 0:
+        raise InvalidQuantity(f"{value!r} is negative")
+    if number != number.to_integral_value():
+        raise InvalidQuantity(f"{value!r} is not a whole number")
+    return int(number)
+
+
+# --- a pod's demand ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What a pod asks of one node: `devices` GPUs with `per_device` memory on each."""
+
+    memory: int
+    """Total GPU memory, as the device plugin and kubelet account it."""
+    devices: int = 1
+
+    @property
+    def per_device(self) -> int:
+        """Memory needed on each device; rounded up so a split never gives less than asked."""
+        return math.ceil(self.memory / self.devices) if self.devices else 0
+
+    @property
+    def is_zero(self) -> bool:
+        return self.memory == 0
+
+
+NO_DEMAND = Demand(memory=0, devices=1)
+
+
+def _container_amount(container: Raw, resource: str, where: str) -> int:
+    resources = container.get("resources") or {}
+    if not isinstance(resources, dict):
+        raise InvalidPod(f"{where}: resources must be an object")
+    for field in ("limits", "requests"):
+        table = resources.get(field) or {}
+        if not isinstance(table, dict):
+            raise InvalidPod(f"{where}: resources.{field} must be an object")
+        if resource in table:
+            try:
+                return parse_count(table[resource])
+            except InvalidQuantity as error:
+                raise InvalidPod(f"{where}: {field} {resource} {error}") from None
+    return 0
+
+
+def _pod_amount(pod: Raw, resource: str) -> int:
+    """Effective pod amount of one resource, by Kubernetes' rule: max(sum of containers, largest init)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise InvalidPod("Pod.spec is missing or not an object")
+    name = pod_key(pod)
+    total = 0
+    containers = spec.get("containers") or []
+    if not isinstance(containers, list):
+        raise InvalidPod("Pod.spec.containers must be a list")
+    for container in containers:
+        if not isinstance(container, dict):
+            raise InvalidPod("Pod.spec.containers must hold objects")
+        total += _container_amount(container, resource, f"pod {name} container {container.get('name', '?')}")
+    init_largest = 0
+    for container in spec.get("initContainers") or []:
+        if not isinstance(container, dict):
+            raise InvalidPod("Pod.spec.initContainers must hold objects")
+        where = f"pod {name} init container {container.get('name', '?')}"
+        init_largest = max(init_largest, _container_amount(container, resource, where))
+    return max(total, init_largest)
+
+
+def pod_demand(pod: Raw, profile: Profile) -> Demand:
+    """The pod's GPU demand; raises InvalidPod naming the container and value when it cannot be read."""
+    memory = _pod_amount(pod, profile.memory_resource)
+    if memory == 0:
+        return NO_DEMAND
+    devices = _pod_amount(pod, profile.count_resource) or 1
+    return Demand(memory=memory, devices=devices)
+
+
+def pod_key(pod: Raw) -> str:
+    """`namespace/name` for messages and logs."""
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        return "?/?"
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
+
+
+# --- a node's devices -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One GPU: its index as the device plugin numbers it, and its memory (0 when unhealthy)."""
+
+    index: int
+    capacity: int
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDevices:
+    """The devices of a node, and why there are none when there are none."""
+
+    devices: tuple[Device, ...]
+    problem: str = ""
+    """Non-empty when the node advertises GPUs we could not read: shown in /inspect and in filter reasons."""
+
+
+def node_devices(node: Raw, profile: Profile) -> NodeDevices:
+    """Devices from the per-device annotation when present and valid, else from capacity."""
+    meta = node.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    listed = annotations.get(profile.node_devices_annotation)
+    problem = ""
+    if listed is not None:
+        try:
+            return NodeDevices(_devices_from_annotation(listed))
+        except ValueError as error:
+            problem = f"annotation {profile.node_devices_annotation} ignored: {error}; "
+    capacity = (node.get("status") or {}).get("capacity") or {}
+    if profile.memory_resource not in capacity:
+        return NodeDevices((), problem + f"no {profile.memory_resource} in capacity")
+    try:
+        memory = parse_count(capacity[profile.memory_resource])
+        count = parse_count(capacity.get(profile.count_resource, 0))
+    except InvalidQuantity as error:
+        return NodeDevices((), problem + f"capacity unreadable: {error}")
+    if count == 0:
+        return NodeDevices((), problem + f"{profile.memory_resource} {memory} but no {profile.count_resource}")
+    each = memory // count
+    return NodeDevices(tuple(Device(index, each) for index in range(count)), problem.rstrip("; "))
+
+
+def _devices_from_annotation(text: str) -> tuple[Device, ...]:
+    try:
+        entries = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise ValueError("not JSON") from None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError("expected a non-empty list of devices")
+    devices: list[Device] = []
+    seen: set[int] = set()
+    for entry in entries:
+        if not isinstance(entry, dict) or "index" not in entry or "memory" not in entry:
+            raise ValueError('each device needs "index" and "memory"')
+        index = entry["index"]
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0 or index in seen:
+            raise ValueError(f"bad or repeated device index {index!r}")
+        seen.add(index)
+        try:
+            memory = parse_count(entry["memory"])
+        except InvalidQuantity as error:
+            raise ValueError(f"device {index} memory {error}") from None
+        healthy = entry.get("healthy", True) is not False
+        devices.append(Device(index, memory if healthy else 0, healthy))
+    return tuple(sorted(devices, key=lambda device: device.index))
+
+
+def node_ready(node: Raw) -> bool:
+    """True unless the node reports condition Ready other than True (no conditions: trust the scheduler)."""
+    for condition in (node.get("status") or {}).get("conditions") or ():
+        if isinstance(condition, dict) and condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return True

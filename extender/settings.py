@@ -1,0 +1,198 @@
+"""One frozen settings object, built once from defaults, a config file, `EXTENDER_*` variables and flags.
+
+Precedence, lowest to highest: the defaults below, `--config FILE` (YAML or JSON, keys as the field names,
+dashes or underscores), the environment (`EXTENDER_TLS_CERT` for `tls_cert`), the command line
+(`--tls-cert`). Every field is a flag and a variable; the docstring under a field is its help text.
+A wrong value is a `SettingsError` naming where it came from, never a stack trace.
+
+Everything else receives the object (or the parts it needs) explicitly; nothing reads the environment later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.policy import PolicyConfig, Strategy
+from extender.resources import Profile
+
+ENV_PREFIX = "EXTENDER_"
+
+
+class SettingsError(ValueError):
+    """A setting that is missing, malformed or inconsistent; the message names it and its source."""
+
+
+class LogFormat(enum.StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+def _doc(help_text: str, **extra: Any) -> Any:
+    return dataclasses.field(default=extra.pop("default"), metadata={"help": help_text, **extra})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # -- serving
+    host: str = _doc("Address to listen on.", default="0.0.0.0")
+    port: int = _doc("Port to listen on.", default=8443)
+    tls_cert: str = _doc("PEM certificate chain to serve HTTPS with.", default="")
+    tls_key: str = _doc("PEM private key of --tls-cert.", default="")
+    client_ca: str = _doc("PEM CA bundle: when set, only clients with a certificate it signed are served (mTLS).", default="")
+    insecure_http: bool = _doc("Serve plain HTTP instead of HTTPS (logged as a warning; tests and demos only).", default=False)
+    max_body_bytes: int = _doc("Largest request body accepted; larger ones get 413.", default=32 * 1024 * 1024)
+    # -- the cache
+    cluster: str = _doc("File of Kubernetes Nodes and Pods (YAML or JSON) to serve from instead of an API server.", default="")
+    reservation_ttl: float = _doc("Seconds a reservation waits for the API to show its pod bound before it is freed.", default=300.0)
+    expiry_interval: float = _doc("Seconds between sweeps for expired reservations.", default=5.0)
+    # -- the device plugin's profile
+    memory_resource: str = _doc("Resource holding GPU memory (node total, pod demand).", default=Profile.memory_resource)
+    count_resource: str = _doc("Resource holding the GPU count of a node (and, on a pod, how many GPUs it spans).", default=Profile.count_resource)
+    memory_unit: str = _doc("How messages name one unit of --memory-resource.", default=Profile.memory_unit)
+    index_annotation: str = _doc("Pod annotation: device index.", default=Profile.index_annotation)
+    pod_memory_annotation: str = _doc("Pod annotation: memory given to the pod.", default=Profile.pod_memory_annotation)
+    device_memory_annotation: str = _doc("Pod annotation: memory of the device.", default=Profile.device_memory_annotation)
+    assigned_annotation: str = _doc("Pod annotation: assigned flag (we write \"false\").", default=Profile.assigned_annotation)
+    assume_time_annotation: str = _doc("Pod annotation: decision time, Unix nanoseconds.", default=Profile.assume_time_annotation)
+    indexes_annotation: str = _doc("Pod annotation: all device indexes, comma-separated.", default=Profile.indexes_annotation)
+    node_annotation: str = _doc("Pod annotation: the node reserved on.", default=Profile.node_annotation)
+    node_devices_annotation: str = _doc("Node annotation: JSON list of devices overriding capacity.", default=Profile.node_devices_annotation)
+    # -- policy
+    node_strategy: Strategy = _doc("Node scoring: binpack (fill the fullest node) or spread.", default=Strategy.BINPACK)
+    device_strategy: Strategy = _doc("Device choice: binpack (fullest GPU that fits) or spread.", default=Strategy.BINPACK)
+    node_weight: int = _doc("Weight of node fill in a node's score.", default=1)
+    device_weight: int = _doc("Weight of the chosen GPUs' fill in a node's score.", default=1)
+    # -- how kube-scheduler reaches us (scheduler-config)
+    url: str = _doc("URL kube-scheduler calls us at (its urlPrefix).", default="https://gpu-extender.gpu-extender.svc:443")
+    http_timeout: float = _doc("Seconds kube-scheduler waits for a reply (its httpTimeout).", default=5.0)
+    weight: int = _doc("Weight kube-scheduler gives our prioritize scores (> 0).", default=5)
+    ignorable: bool = _doc("Let the scheduler go on when we are unreachable (pods would then bypass GPU checks).", default=False)
+    scheduler_ca_file: str = _doc("Path, on the scheduler, of the CA that signed our serving certificate.", default="/etc/kubernetes/gpu-extender/ca.crt")
+    scheduler_cert_file: str = _doc("Path, on the scheduler, of its client certificate for mTLS.", default="/etc/kubernetes/gpu-extender/client.crt")
+    scheduler_key_file: str = _doc("Path, on the scheduler, of its client key for mTLS.", default="/etc/kubernetes/gpu-extender/client.key")
+    # -- logging
+    log_level: str = _doc("Logging level.", default="INFO")
+    log_format: LogFormat = _doc("Log lines as text or JSON.", default=LogFormat.TEXT)
+
+    @property
+    def profile(self) -> Profile:
+        return Profile(**{field.name: getattr(self, field.name) for field in dataclasses.fields(Profile)})
+
+    @property
+    def policy(self) -> PolicyConfig:
+        return PolicyConfig(
+            node_strategy=self.node_strategy,
+            device_strategy=self.device_strategy,
+            node_weight=self.node_weight,
+            device_weight=self.device_weight,
+            unit=self.memory_unit,
+        )
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.insecure_http else "https"
+
+    def check(self) -> Settings:
+        """Refuse inconsistent combinations; returns self so it chains."""
+        if not 0 <= self.port <= 65535:
+            raise SettingsError(f"port {self.port} is out of range 0..65535")
+        if not self.insecure_http and not (self.tls_cert and self.tls_key):
+            raise SettingsError("HTTPS needs --tls-cert and --tls-key (or --insecure-http for plain HTTP)")
+        if self.insecure_http and self.client_ca:
+            raise SettingsError("--client-ca needs HTTPS: drop --insecure-http")
+        for name in ("reservation_ttl", "expiry_interval", "http_timeout", "max_body_bytes"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.weight <= 0:
+            raise SettingsError(f"weight must be > 0, not {self.weight}")
+        if self.node_weight < 0 or self.device_weight < 0 or self.node_weight + self.device_weight == 0:
+            raise SettingsError("node_weight and device_weight must be >= 0 and not both 0")
+        return self
+
+
+def fields() -> tuple[dataclasses.Field[Any], ...]:
+    return dataclasses.fields(Settings)
+
+
+def flag(field: dataclasses.Field[Any]) -> str:
+    return "--" + field.name.replace("_", "-")
+
+
+def env_name(field: dataclasses.Field[Any]) -> str:
+    return ENV_PREFIX + field.name.upper()
+
+
+def _convert(field: dataclasses.Field[Any], value: Any, source: str) -> Any:
+    kind = type(field.default)
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in {"1", "true", "yes", "on"}:
+                return True
+            if text in {"0", "false", "no", "off", ""}:
+                return False
+            raise ValueError("expected true or false")
+        if kind is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError("expected a whole number")
+            return int(value)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError("expected a number")
+            return float(value)
+        if issubclass(kind, enum.Enum):
+            return kind(str(value))
+        if not isinstance(value, (str, int, float)):
+            raise ValueError("expected a string")
+        return str(value)
+    except ValueError as error:
+        choices = f" (one of: {', '.join(member.value for member in kind)})" if issubclass(kind, enum.Enum) else ""
+        raise SettingsError(f"{source}={value!r}: {error}{choices}") from None
+
+
+def _read_config(path: str) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except OSError as error:
+        raise SettingsError(f"config file {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise SettingsError(f"config file {path}: not YAML or JSON: {error}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise SettingsError(f"config file {path}: expected a mapping of setting names to values")
+    return {str(key).replace("-", "_"): value for key, value in loaded.items()}
+
+
+def load(
+    flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None, config: str = "", check: bool = True
+) -> Settings:
+    """Build (and unless `check=False`, check) the settings. `flags` maps field names to the flags given."""
+    flags = flags or {}
+    env = os.environ if env is None else env
+    config = config or env.get(ENV_PREFIX + "CONFIG", "")
+    from_file = _read_config(config) if config else {}
+    known = {field.name: field for field in fields()}
+    unknown = sorted(set(from_file) - set(known))
+    if unknown:
+        raise SettingsError(f"config file {config}: unknown settings {', '.join(unknown)}")
+    values: dict[str, Any] = {}
+    for name, field in known.items():
+        if name in flags and flags[name] is not None:
+            values[name] = _convert(field, flags[name], flag(field))
+        elif env_name(field) in env:
+            values[name] = _convert(field, env[env_name(field)], env_name(field))
+        elif name in from_file:
+            values[name] = _convert(field, from_file[name], f"{config}: {name}")
+    built = Settings(**values)
+    return built.check() if check else built
