@@ -54,22 +54,23 @@ def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     return server_context(settings.tls_cert, settings.tls_key, settings.client_ca)
 
 
-async def serve(service: Service, settings: Settings, started: asyncio.Event | None = None) -> None:
+async def serve(service: Service, settings: Settings, context: ssl.SSLContext | None) -> None:
     """Serve until SIGTERM/SIGINT, then stop accepting, finish in-flight requests and return."""
-    context = ssl_context(settings)
     runner = web.AppRunner(build_app(service), handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=context, shutdown_timeout=10.0)
     await site.start()
     log.info(
-        "serving %s on %s:%d%s", settings.scheme, settings.host, settings.port, " with mTLS" if settings.client_ca else ""
+        "serving %s on %s:%d%s",
+        settings.scheme,
+        settings.host,
+        settings.port,
+        " with mTLS" if settings.client_ca else "",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    if started is not None:
-        started.set()
     try:
         await stop.wait()
         log.info("signal received: shutting down gracefully")

@@ -160,7 +160,9 @@ async def _bind_locked(
     return await _write(binder, pod, node, annotations, ledger, uid, key)
 
 
-async def _write(binder: Binder, pod: Raw, node: str, annotations: dict[str, str], ledger: Ledger, uid: str, key: str) -> str:
+async def _write(
+    binder: Binder, pod: Raw, node: str, annotations: dict[str, str], ledger: Ledger, uid: str, key: str
+) -> str:
     try:
         await binder.bind(pod, node, annotations)
     except BindError as error:

@@ -56,8 +56,11 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"{field.metadata['help']} (env: {settings_module.env_name(field)}; default: {field.default})"
         if isinstance(field.default, bool):
             parser.add_argument(
-                settings_module.flag(field), dest=field.name, default=None,
-                action=argparse.BooleanOptionalAction, help=help_text,
+                settings_module.flag(field),
+                dest=field.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
             )
         else:
             parser.add_argument(settings_module.flag(field), dest=field.name, default=None, help=help_text)
@@ -69,7 +72,7 @@ def _settings(arguments: argparse.Namespace, check: bool = True) -> Settings:
 
 
 def _serve(arguments: argparse.Namespace) -> int:
-    from extender.app import file_service, serve
+    from extender.app import file_service, serve, ssl_context
 
     current = _settings(arguments)
     setup_logging(current.log_level, current.log_format)
@@ -77,8 +80,9 @@ def _serve(arguments: argparse.Namespace) -> int:
         raise SettingsError(
             "no source for the cache: give --cluster FILE (serving from a live API server is not built yet)"
         )
+    context = ssl_context(current)  # before loading anything: a bad certificate fails at once
     service, _ = file_service(current, current.cluster)
-    asyncio.run(serve(service, current))
+    asyncio.run(serve(service, current, context))
     return 0
 
 
@@ -101,8 +105,13 @@ def _inspect(arguments: argparse.Namespace) -> int:
 
     sys.stdout.write(
         fetch_and_render(
-            arguments.url, arguments.node, ca=arguments.ca, cert=arguments.cert, key=arguments.key,
-            insecure=arguments.insecure, as_json=arguments.json,
+            arguments.url,
+            arguments.node,
+            ca=arguments.ca,
+            cert=arguments.cert,
+            key=arguments.key,
+            insecure=arguments.insecure,
+            as_json=arguments.json,
         )
     )
     return 0

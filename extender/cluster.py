@@ -82,7 +82,9 @@ class PodRecord:
 # --- the annotation protocol ------------------------------------------------------------------------------
 
 
-def allocation_annotations(allocation: Allocation, device_capacity: int, now: float, profile: Profile) -> dict[str, str]:
+def allocation_annotations(
+    allocation: Allocation, device_capacity: int, now: float, profile: Profile
+) -> dict[str, str]:
     """The pod annotations that record an allocation durably (DESIGN §4)."""
     annotations = {
         profile.pod_memory_annotation: str(allocation.memory),
@@ -105,7 +107,9 @@ def _read_allocation(
         return None
     try:
         indexes = tuple(int(part) for part in str(listed).split(","))
-        memory = int(annotations[profile.pod_memory_annotation]) if profile.pod_memory_annotation in annotations else None
+        memory = (
+            int(annotations[profile.pod_memory_annotation]) if profile.pod_memory_annotation in annotations else None
+        )
     except ValueError:
         return None
     if memory is None:
@@ -211,6 +215,8 @@ class Cluster:
         self._hold_node: dict[str, str] = {}
         self.reserved: dict[str, Hold] = {}
         """Holds not yet observed, by pod UID: what the ledger expires."""
+        self.expired: set[str] = set()
+        """Pods whose reservation expired: their annotations alone never reserve again (only a binding does)."""
 
     # -- holds
 
@@ -302,6 +308,7 @@ class Cluster:
         phase = (pod.get("status") or {}).get("phase")
         if deleted or phase in TERMINAL_PHASES:
             self.pods.pop(uid, None)
+            self.expired.discard(uid)
             self.release(uid)
             return
         record = pod_record(pod, self.profile)
@@ -309,10 +316,11 @@ class Cluster:
         allocation = record.allocation
         current = self.hold_of(uid)
         if allocation is not None and record.node_name:
+            self.expired.discard(uid)
             if current is None or not current.observed or current.allocation != allocation:
                 self.hold(Hold(allocation, observed=True, since=record.assume_time))
         elif allocation is not None:
-            if current is None:
+            if current is None and uid not in self.expired:
                 # Annotated by us but never bound (a crash between patch and binding): a reservation again,
                 # counted from its assume time, so the ledger's TTL frees it if the binding never comes.
                 self.hold(Hold(allocation, observed=False, since=record.assume_time))
@@ -335,6 +343,7 @@ class Cluster:
         for uid in list(self.pods):
             if uid not in listed_pods:
                 self.pods.pop(uid)
+                self.expired.discard(uid)
                 self.release(uid)
         for uid in list(self._hold_node):
             hold = self.hold_of(uid)

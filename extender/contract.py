@@ -154,11 +154,10 @@ def preemption_reply(kept: dict[str, list[str]], violations: dict[str, int]) -> 
     }
 
 
-def preemption_candidates(args: ExtenderPreemptionArgs) -> tuple[dict[str, list[str]], dict[str, int], list[Raw]]:
-    """Victim UIDs per candidate node, PDB violations per node, and the victim objects when sent whole."""
+def preemption_candidates(args: ExtenderPreemptionArgs) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """Victim UIDs per candidate node (from either form) and PDB violations per node."""
     candidates: dict[str, list[str]] = {}
     violations: dict[str, int] = {}
-    objects: list[Raw] = []
     if args.NodeNameToMetaVictims is not None:
         for node, meta in args.NodeNameToMetaVictims.items():
             candidates[node] = [pod.UID for pod in (meta.Pods or ())] if meta else []
@@ -166,7 +165,6 @@ def preemption_candidates(args: ExtenderPreemptionArgs) -> tuple[dict[str, list[
     elif args.NodeNameToVictims is not None:
         for node, victims in args.NodeNameToVictims.items():
             pods = (victims.Pods or []) if victims else []
-            objects.extend(pods)
             candidates[node] = [str((pod.get("metadata") or {}).get("uid") or "") for pod in pods]
             violations[node] = victims.NumPDBViolations if victims else 0
-    return candidates, violations, objects
+    return candidates, violations

@@ -79,10 +79,9 @@ class Ledger:
         """Free every reservation older than the TTL whose bind is not running; returns them."""
         deadline = self.clock() - self.ttl
         expired = [
-            hold
-            for uid, hold in self.cluster.reserved.items()
-            if hold.since < deadline and uid not in self._in_flight
+            hold for uid, hold in self.cluster.reserved.items() if hold.since < deadline and uid not in self._in_flight
         ]
         for hold in expired:
             self.cluster.release(hold.allocation.pod_uid)
+            self.cluster.expired.add(hold.allocation.pod_uid)
         return expired

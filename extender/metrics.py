@@ -17,24 +17,34 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "extender_requests", "Extender verb calls by outcome (ok, error, bad_request).",
-            ["verb", "outcome"], registry=self.registry,
+            "extender_requests",
+            "Extender verb calls by outcome (ok, error, bad_request).",
+            ["verb", "outcome"],
+            registry=self.registry,
         )
         self.latency = Histogram(
-            "extender_request_duration_seconds", "Time to answer an extender verb, by outcome.",
-            ["verb", "outcome"], buckets=LATENCY_BUCKETS, registry=self.registry,
+            "extender_request_duration_seconds",
+            "Time to answer an extender verb, by outcome.",
+            ["verb", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.nodes = Counter(
-            "extender_filter_nodes", "Node names judged by filter: accepted, failed, unresolvable.",
-            ["result"], registry=self.registry,
+            "extender_filter_nodes",
+            "Node names judged by filter: accepted, failed, unresolvable.",
+            ["result"],
+            registry=self.registry,
         )
         self.expiries = Counter(
-            "extender_reservation_expiries", "Reservations freed because the API never showed their pod bound.",
+            "extender_reservation_expiries",
+            "Reservations freed because the API never showed their pod bound.",
             registry=self.registry,
         )
         self.allocations = Gauge(
-            "extender_allocations", "Pods holding GPU memory, by state: reserved, bound (awaiting watch), observed.",
-            ["state"], registry=self.registry,
+            "extender_allocations",
+            "Pods holding GPU memory, by state: reserved, bound (awaiting watch), observed.",
+            ["state"],
+            registry=self.registry,
         )
         self.cache_nodes = Gauge("extender_cache_nodes", "Nodes in the cache.", registry=self.registry)
         self.cache_pods = Gauge("extender_cache_pods", "Pods in the cache.", registry=self.registry)

@@ -166,7 +166,9 @@ def score_node(demand: Demand, state: NodeState | None, config: PolicyConfig) ->
     return (config.device_weight * device_score + config.node_weight * node_score) // weights if weights else 0
 
 
-def score_nodes(demand: Demand, names: Iterable[str], states: Mapping[str, NodeState], config: PolicyConfig) -> list[tuple[str, int]]:
+def score_nodes(
+    demand: Demand, names: Iterable[str], states: Mapping[str, NodeState], config: PolicyConfig
+) -> list[tuple[str, int]]:
     return [(name, score_node(demand, states.get(name), config)) for name in names]
 
 
@@ -192,16 +194,12 @@ def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allo
     return room >= demand.devices and state.ready
 
 
-def preempt_candidates(
-    demand: Demand,
-    candidates: Mapping[str, list[str]],
-    cluster: Cluster,
-    known_victims: Mapping[str, Allocation],
-) -> dict[str, list[str]]:
+def preempt_candidates(demand: Demand, candidates: Mapping[str, list[str]], cluster: Cluster) -> dict[str, list[str]]:
     """The candidate nodes where evicting the listed victims frees enough memory; victims unchanged.
 
-    A victim's allocation is taken from the cache by UID, else from `known_victims` (read from the victim
-    objects the scheduler sent). A demand of zero keeps every candidate: we have no say over such pods.
+    What a victim frees is what the cache counts for its UID on that node (observed or reserved): a victim
+    the cache does not count holds no GPU memory there, so evicting it frees none. A demand of zero keeps
+    every candidate: we have no say over such pods.
     """
     if demand.is_zero:
         return {node: list(uids) for node, uids in candidates.items()}
@@ -210,12 +208,7 @@ def preempt_candidates(
         state = cluster.nodes.get(node)
         if state is None or not state.known:
             continue
-        victims: list[Allocation] = []
-        for uid in uids:
-            hold = state.holds.get(uid)
-            allocation = hold.allocation if hold is not None else known_victims.get(uid)
-            if allocation is not None:
-                victims.append(allocation)
+        victims = [state.holds[uid].allocation for uid in uids if uid in state.holds]
         if fits_after_eviction(demand, state, victims):
             kept[node] = list(uids)
     return kept

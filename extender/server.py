@@ -14,6 +14,7 @@ lookup and a comparison per node name (the cache keeps per-node summaries curren
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,9 +30,8 @@ from extender.binding import Binder, BindRequest, RecentPods, bind
 from extender.cluster import Cluster, NodeState
 from extender.ledger import Ledger
 from extender.metrics import Metrics
-from extender.policy import PolicyConfig, Verdict, filter_nodes, preempt_candidates, score_nodes
+from extender.policy import PolicyConfig, filter_nodes, preempt_candidates, score_nodes
 from extender.resources import Demand, InvalidPod, Raw, pod_demand, pod_key
-from extender.cluster import pod_record
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,9 @@ async def _parse(request: web.Request, model: type[Model]) -> Model:
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise BadRequest(413, f"request body is over the limit of {request.app[SERVICE].max_body_bytes} bytes") from None
+        raise BadRequest(
+            413, f"request body is over the limit of {request.app[SERVICE].max_body_bytes} bytes"
+        ) from None
     if not body:
         raise BadRequest(400, f"empty body: expected a JSON {model.__name__}")
     try:
@@ -123,7 +125,10 @@ def _verb(name: str, handler: Callable[[web.Request, Service], Awaitable[tuple[A
             response, outcome = _error(problem.status, problem.message), "bad_request"
         except Exception as unexpected:
             log.exception("%s: unexpected failure", name)
-            response, outcome = _error(500, f"internal error in {name}: {type(unexpected).__name__}: {unexpected}"), "error"
+            response, outcome = (
+                _error(500, f"internal error in {name}: {type(unexpected).__name__}: {unexpected}"),
+                "error",
+            )
         service.metrics.requests.labels(name, outcome).inc()
         service.metrics.latency.labels(name, outcome).observe(time.perf_counter() - started)
         return response
@@ -177,13 +182,8 @@ async def _bind(request: web.Request, service: Service) -> tuple[Any, str]:
 async def _preempt(request: web.Request, service: Service) -> tuple[Any, str]:
     args = await _parse(request, contract.ExtenderPreemptionArgs)
     demand = _demand(args.Pod, service)
-    candidates, violations, objects = contract.preemption_candidates(args)
-    known = {}
-    for victim in objects:
-        record = pod_record(victim, service.cluster.profile)
-        if record.allocation is not None:
-            known[record.uid] = record.allocation
-    kept = preempt_candidates(demand, candidates, service.cluster, known)
+    candidates, violations = contract.preemption_candidates(args)
+    kept = preempt_candidates(demand, candidates, service.cluster)
     return contract.preemption_reply(kept, violations), ""
 
 
@@ -294,16 +294,16 @@ async def _expiry_sweep(app: web.Application) -> AsyncIterator[None]:
                 allocation = hold.allocation
                 log.warning(
                     "reservation of %s on %s GPU %s expired: the API never showed the pod bound",
-                    allocation.pod, allocation.node, ",".join(map(str, allocation.indexes)),
+                    allocation.pod,
+                    allocation.node,
+                    ",".join(map(str, allocation.indexes)),
                 )
 
     task = asyncio.create_task(sweep(), name="reservation-expiry")
     yield
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        pass
 
 
 def build_app(service: Service) -> web.Application:

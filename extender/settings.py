@@ -24,6 +24,7 @@ from extender.policy import PolicyConfig, Strategy
 from extender.resources import Profile
 
 ENV_PREFIX = "EXTENDER_"
+_PROFILE = Profile()
 
 
 class SettingsError(ValueError):
@@ -46,38 +47,76 @@ class Settings:
     port: int = _doc("Port to listen on.", default=8443)
     tls_cert: str = _doc("PEM certificate chain to serve HTTPS with.", default="")
     tls_key: str = _doc("PEM private key of --tls-cert.", default="")
-    client_ca: str = _doc("PEM CA bundle: when set, only clients with a certificate it signed are served (mTLS).", default="")
-    insecure_http: bool = _doc("Serve plain HTTP instead of HTTPS (logged as a warning; tests and demos only).", default=False)
+    client_ca: str = _doc(
+        "PEM CA bundle: when set, only clients with a certificate it signed are served (mTLS).", default=""
+    )
+    insecure_http: bool = _doc(
+        "Serve plain HTTP instead of HTTPS (logged as a warning; tests and demos only).", default=False
+    )
     max_body_bytes: int = _doc("Largest request body accepted; larger ones get 413.", default=32 * 1024 * 1024)
     # -- the cache
-    cluster: str = _doc("File of Kubernetes Nodes and Pods (YAML or JSON) to serve from instead of an API server.", default="")
-    reservation_ttl: float = _doc("Seconds a reservation waits for the API to show its pod bound before it is freed.", default=300.0)
+    cluster: str = _doc(
+        "File of Kubernetes Nodes and Pods (YAML or JSON) to serve from instead of an API server.", default=""
+    )
+    reservation_ttl: float = _doc(
+        "Seconds a reservation waits for the API to show its pod bound before it is freed.", default=300.0
+    )
     expiry_interval: float = _doc("Seconds between sweeps for expired reservations.", default=5.0)
     # -- the device plugin's profile
-    memory_resource: str = _doc("Resource holding GPU memory (node total, pod demand).", default=Profile.memory_resource)
-    count_resource: str = _doc("Resource holding the GPU count of a node (and, on a pod, how many GPUs it spans).", default=Profile.count_resource)
-    memory_unit: str = _doc("How messages name one unit of --memory-resource.", default=Profile.memory_unit)
-    index_annotation: str = _doc("Pod annotation: device index.", default=Profile.index_annotation)
-    pod_memory_annotation: str = _doc("Pod annotation: memory given to the pod.", default=Profile.pod_memory_annotation)
-    device_memory_annotation: str = _doc("Pod annotation: memory of the device.", default=Profile.device_memory_annotation)
-    assigned_annotation: str = _doc("Pod annotation: assigned flag (we write \"false\").", default=Profile.assigned_annotation)
-    assume_time_annotation: str = _doc("Pod annotation: decision time, Unix nanoseconds.", default=Profile.assume_time_annotation)
-    indexes_annotation: str = _doc("Pod annotation: all device indexes, comma-separated.", default=Profile.indexes_annotation)
-    node_annotation: str = _doc("Pod annotation: the node reserved on.", default=Profile.node_annotation)
-    node_devices_annotation: str = _doc("Node annotation: JSON list of devices overriding capacity.", default=Profile.node_devices_annotation)
+    memory_resource: str = _doc(
+        "Resource holding GPU memory (node total, pod demand).", default=_PROFILE.memory_resource
+    )
+    count_resource: str = _doc(
+        "Resource holding the GPU count of a node (and, on a pod, how many GPUs it spans).",
+        default=_PROFILE.count_resource,
+    )
+    memory_unit: str = _doc("How messages name one unit of --memory-resource.", default=_PROFILE.memory_unit)
+    index_annotation: str = _doc("Pod annotation: device index.", default=_PROFILE.index_annotation)
+    pod_memory_annotation: str = _doc(
+        "Pod annotation: memory given to the pod.", default=_PROFILE.pod_memory_annotation
+    )
+    device_memory_annotation: str = _doc(
+        "Pod annotation: memory of the device.", default=_PROFILE.device_memory_annotation
+    )
+    assigned_annotation: str = _doc(
+        'Pod annotation: assigned flag (we write "false").', default=_PROFILE.assigned_annotation
+    )
+    assume_time_annotation: str = _doc(
+        "Pod annotation: decision time, Unix nanoseconds.", default=_PROFILE.assume_time_annotation
+    )
+    indexes_annotation: str = _doc(
+        "Pod annotation: all device indexes, comma-separated.", default=_PROFILE.indexes_annotation
+    )
+    node_annotation: str = _doc("Pod annotation: the node reserved on.", default=_PROFILE.node_annotation)
+    node_devices_annotation: str = _doc(
+        "Node annotation: JSON list of devices overriding capacity.", default=_PROFILE.node_devices_annotation
+    )
     # -- policy
     node_strategy: Strategy = _doc("Node scoring: binpack (fill the fullest node) or spread.", default=Strategy.BINPACK)
-    device_strategy: Strategy = _doc("Device choice: binpack (fullest GPU that fits) or spread.", default=Strategy.BINPACK)
+    device_strategy: Strategy = _doc(
+        "Device choice: binpack (fullest GPU that fits) or spread.", default=Strategy.BINPACK
+    )
     node_weight: int = _doc("Weight of node fill in a node's score.", default=1)
     device_weight: int = _doc("Weight of the chosen GPUs' fill in a node's score.", default=1)
     # -- how kube-scheduler reaches us (scheduler-config)
-    url: str = _doc("URL kube-scheduler calls us at (its urlPrefix).", default="https://gpu-extender.gpu-extender.svc:443")
+    url: str = _doc(
+        "URL kube-scheduler calls us at (its urlPrefix).", default="https://gpu-extender.gpu-extender.svc:443"
+    )
     http_timeout: float = _doc("Seconds kube-scheduler waits for a reply (its httpTimeout).", default=5.0)
     weight: int = _doc("Weight kube-scheduler gives our prioritize scores (> 0).", default=5)
-    ignorable: bool = _doc("Let the scheduler go on when we are unreachable (pods would then bypass GPU checks).", default=False)
-    scheduler_ca_file: str = _doc("Path, on the scheduler, of the CA that signed our serving certificate.", default="/etc/kubernetes/gpu-extender/ca.crt")
-    scheduler_cert_file: str = _doc("Path, on the scheduler, of its client certificate for mTLS.", default="/etc/kubernetes/gpu-extender/client.crt")
-    scheduler_key_file: str = _doc("Path, on the scheduler, of its client key for mTLS.", default="/etc/kubernetes/gpu-extender/client.key")
+    ignorable: bool = _doc(
+        "Let the scheduler go on when we are unreachable (pods would then bypass GPU checks).", default=False
+    )
+    scheduler_ca_file: str = _doc(
+        "Path, on the scheduler, of the CA that signed our serving certificate.",
+        default="/etc/kubernetes/gpu-extender/ca.crt",
+    )
+    scheduler_cert_file: str = _doc(
+        "Path, on the scheduler, of its client certificate for mTLS.", default="/etc/kubernetes/gpu-extender/client.crt"
+    )
+    scheduler_key_file: str = _doc(
+        "Path, on the scheduler, of its client key for mTLS.", default="/etc/kubernetes/gpu-extender/client.key"
+    )
     # -- logging
     log_level: str = _doc("Logging level.", default="INFO")
     log_format: LogFormat = _doc("Log lines as text or JSON.", default=LogFormat.TEXT)
@@ -131,7 +170,7 @@ def env_name(field: dataclasses.Field[Any]) -> str:
 
 
 def _convert(field: dataclasses.Field[Any], value: Any, source: str) -> Any:
-    kind = type(field.default)
+    kind: type[Any] = type(field.default)
     try:
         if kind is bool:
             if isinstance(value, bool):

@@ -7,6 +7,7 @@ h2 as well and falls back cleanly, which keeps aiohttp (HTTP/1.1 only) safe to t
 
 from __future__ import annotations
 
+import os
 import ssl
 
 
@@ -18,10 +19,11 @@ def server_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_alpn_protocols(["http/1.1"])
+    for role, path in (("certificate", cert), ("key", key)):
+        if not os.path.isfile(path):
+            raise TLSConfigError(f"TLS {role} not found: {path}")
     try:
         context.load_cert_chain(cert, key)
-    except FileNotFoundError as error:
-        raise TLSConfigError(f"TLS certificate or key not found: {error.filename}") from None
     except (ssl.SSLError, OSError) as error:
         raise TLSConfigError(f"cannot use certificate {cert} with key {key}: {error}") from None
     if client_ca:

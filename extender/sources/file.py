@@ -50,7 +50,11 @@ def _documents(path: Path) -> list[Any]:
             raise ClusterFileError(f"cluster file {path}: not valid JSON: {error}") from None
         return loaded if isinstance(loaded, list) else [loaded]
     try:
-        return [document for document in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if document is not None]
+        return [
+            document
+            for document in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            if document is not None
+        ]
     except yaml.YAMLError as error:
         raise ClusterFileError(f"cluster file {path}: not valid YAML: {error}") from None
 

@@ -1,0 +1,109 @@
+"""Builders for the Kubernetes objects tests need: `make_node(gpus=2, mem=16)`, `make_pod(gpu_mem=4)`.
+
+They build the same JSON shapes the API server (and the captured fixtures) carry, reduced to what matters.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import orjson
+
+from extender.cluster import Allocation, Cluster, allocation_annotations
+from extender.ledger import Ledger
+from extender.resources import Profile
+
+PROFILE = Profile()
+_uids = itertools.count(1)
+
+
+def make_node(
+    name: str = "node-1",
+    gpus: int = 2,
+    mem: int = 16,
+    ready: bool = True,
+    devices: list[dict[str, Any]] | None = None,
+    profile: Profile = PROFILE,
+) -> dict[str, Any]:
+    """A Node with `gpus` GPUs of `mem` each (capacity holds the total, as the gpushare plugin reports)."""
+    annotations = {profile.node_devices_annotation: orjson.dumps(devices).decode()} if devices is not None else {}
+    capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+    if gpus:
+        capacity |= {profile.count_resource: str(gpus), profile.memory_resource: str(gpus * mem)}
+    return {
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations},
+        "status": {
+            "capacity": capacity,
+            "allocatable": dict(capacity),
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def make_pod(
+    name: str = "pod-1",
+    gpu_mem: int | str | None = 4,
+    gpus: int | None = None,
+    namespace: str = "default",
+    uid: str | None = None,
+    node: str = "",
+    indexes: tuple[int, ...] | None = None,
+    phase: str = "Pending",
+    assume_time: float = 1_700_000_000.0,
+    bound: bool = True,
+    profile: Profile = PROFILE,
+) -> dict[str, Any]:
+    """A Pod asking `gpu_mem` (in limits) over `gpus` GPUs; with `indexes`, annotated as allocated on `node`,
+    and bound to `node` (spec.nodeName) unless `bound=False` (annotated, binding never made)."""
+    uid = uid or f"uid-{name}-{next(_uids)}"
+    limits: dict[str, Any] = {}
+    if gpu_mem is not None:
+        limits[profile.memory_resource] = gpu_mem
+    if gpus is not None:
+        limits[profile.count_resource] = str(gpus)
+    annotations: dict[str, str] = {}
+    if indexes is not None:
+        per_device = -(-int(gpu_mem or 0) // len(indexes))
+        allocation = Allocation(uid, f"{namespace}/{name}", node, indexes, per_device)
+        annotations = allocation_annotations(allocation, 16, assume_time, profile)
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "registry.example/none", "resources": {"limits": limits}}]
+    }
+    if node and bound:
+        spec["nodeName"] = node
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def bound_pod(name: str, node: str, indexes: tuple[int, ...], gpu_mem: int, **kwargs: Any) -> dict[str, Any]:
+    """A running pod bound to `node` that carries our allocation annotations."""
+    return make_pod(name, gpu_mem=gpu_mem, node=node, indexes=indexes, phase="Running", **kwargs)
+
+
+def make_cluster(*nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] = (), profile: Profile = PROFILE) -> Cluster:
+    cluster = Cluster(profile)
+    cluster.replace(list(nodes), list(pods))
+    return cluster
+
+
+class FakeClock:
+    """Wall-clock seconds that only move when a test says so."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_ledger(cluster: Cluster, ttl: float = 60.0, clock: FakeClock | None = None) -> Ledger:
+    return Ledger(cluster, ttl, clock or FakeClock())

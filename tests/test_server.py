@@ -1,0 +1,167 @@
+"""The HTTP surface: bad input gets a 4xx naming what was wrong, probes, metrics and inspection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from extender.binding import BindError
+from tests.builders import bound_pod, make_cluster, make_node, make_pod
+from tests.conftest import ClientFor, make_service
+
+
+def filter_body(pod: dict[str, Any] | None = None, names: Any = ("n1",)) -> dict[str, Any]:
+    return {"Pod": pod if pod is not None else make_pod(gpu_mem=4), "Nodes": None, "NodeNames": list(names)}
+
+
+def bind_body(pod: dict[str, Any], node: str = "n1") -> dict[str, Any]:
+    meta = pod["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
+
+
+BAD_BODIES = [
+    pytest.param("filter", b"nope", 400, "body is not JSON", id="not-json"),
+    pytest.param("filter", b"", 400, "empty body", id="empty"),
+    pytest.param("filter", b"[1, 2]", 400, "body must be a JSON object", id="array"),
+    pytest.param("filter", b'{"NodeNames": ["n1"]}', 400, "Pod: Field required", id="missing-pod"),
+    pytest.param("filter", b'{"Pod": null, "NodeNames": []}', 400, "Pod: Input should be a valid dictionary", id="null-pod"),
+    pytest.param("prioritize", b'{"Pod": {}, "NodeNames": "n1"}', 400, "NodeNames: Input should be a valid list", id="names-not-list"),
+    pytest.param("filter", b'{"Pod": {"spec": {}}, "NodeNames": ["a", 3]}', 400, "NodeNames.1: Input should be a valid string", id="name-not-string"),
+    pytest.param("filter", orjson.dumps(filter_body(make_pod(gpu_mem="-4"))), 400, "limits aliyun.com/gpu-mem '-4' is negative", id="negative"),
+    pytest.param("filter", orjson.dumps(filter_body(make_pod(gpu_mem="4 gigs"))), 400, "'4 gigs' is not a quantity", id="unparsable"),
+    pytest.param("filter", b'{"Pod": {"metadata": {}}, "NodeNames": []}', 400, "Pod.spec is missing", id="pod-without-spec"),
+    pytest.param("bind", b'{"PodName": "p", "PodNamespace": "d", "Node": "n1"}', 400, "PodUID: Field required", id="bind-missing-uid"),
+    pytest.param("bind", b'{"PodName": "p", "PodNamespace": "d", "PodUID": 7, "Node": "n1"}', 400, "PodUID: Input should be a valid string", id="bind-uid-number"),
+    pytest.param("preempt", b'{"Pod": {"spec": {}}, "NodeNameToMetaVictims": {"n1": {"Pods": [{"uid": 1}]}}}', 400, "NodeNameToMetaVictims.n1.Pods.0.UID: Field required", id="victim-without-uid"),
+]
+
+
+@pytest.mark.parametrize(("verb", "body", "status", "message"), BAD_BODIES)
+async def test_bad_input_gets_a_4xx_that_names_the_problem(
+    verb: str, body: bytes, status: int, message: str, client_for: ClientFor
+) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    response = await client.post(f"/{verb}", data=body)
+    assert response.status == status
+    reply = await response.json()
+    assert message in reply["Error"]
+    assert "Traceback" not in reply["Error"]
+
+
+async def test_a_body_over_the_limit_gets_413(client_for: ClientFor) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1")), max_body_bytes=1024))
+    response = await client.post("/filter", data=orjson.dumps(filter_body(names=[f"n{i}" for i in range(500)])))
+    assert response.status == 413
+    assert "over the limit of 1024 bytes" in (await response.json())["Error"]
+
+
+async def test_unknown_routes_and_methods_answer_json(client_for: ClientFor) -> None:
+    client = await client_for(make_service(make_cluster()))
+    missing = await client.get("/nowhere")
+    wrong = await client.get("/filter")
+    assert (missing.status, (await missing.json())["Error"]) == (404, "GET /nowhere: Not Found")
+    assert (wrong.status, (await wrong.json())["Error"]) == (405, "GET /filter: Method Not Allowed")
+
+
+async def test_an_unknown_node_name_is_a_reason_not_a_failure(client_for: ClientFor) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    response = await client.post("/filter", data=orjson.dumps(filter_body(names=["n1", "ghost"])))
+    reply = await response.json()
+    assert response.status == 200
+    assert reply["NodeNames"] == ["n1"]
+    assert reply["FailedNodes"] == {"ghost": "node is not in the extender's cache (yet)"}
+    assert reply["Error"] == ""
+
+
+async def test_prioritize_scores_every_node_sent(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("empty"), make_node("half"), pods=(bound_pod("a", "half", (0,), 8),))
+    client = await client_for(make_service(cluster))
+    response = await client.post("/prioritize", data=orjson.dumps(filter_body(names=["empty", "half", "ghost"])))
+    # empty: device 4*10//16=2, node 4*10//32=1 -> 1; half: device 12*10//16=7, node 12*10//32=3 -> 5.
+    assert await response.json() == [
+        {"Host": "empty", "Score": 1},
+        {"Host": "half", "Score": 5},
+        {"Host": "ghost", "Score": 0},
+    ]
+
+
+async def test_an_unexpected_failure_is_a_500_with_a_message_and_the_reservation_is_released(
+    client_for: ClientFor,
+) -> None:
+    class Exploding:
+        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+            raise RuntimeError("boom")
+
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=4)
+    cluster.apply_pod(pod)
+    client = await client_for(make_service(cluster, binder=Exploding()))
+    response = await client.post("/bind", data=orjson.dumps(bind_body(pod)))
+    assert response.status == 500
+    assert (await response.json())["Error"] == "internal error in bind: RuntimeError: boom"
+    assert cluster.nodes["n1"].used == [0, 0]
+
+
+async def test_a_failed_bind_reports_the_error_and_frees_the_memory(client_for: ClientFor) -> None:
+    class Refusing:
+        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+            raise BindError("creating the binding: 403 forbidden")
+
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=4)
+    cluster.apply_pod(pod)
+    client = await client_for(make_service(cluster, binder=Refusing()))
+    response = await client.post("/bind", data=orjson.dumps(bind_body(pod)))
+    assert response.status == 200
+    assert (await response.json())["Error"] == "binding default/p to n1 failed: creating the binding: 403 forbidden"
+    assert cluster.nodes["n1"].used == [0, 0]
+    assert not cluster.reserved
+
+
+async def test_probes(client_for: ClientFor) -> None:
+    ready = {"now": False}
+    client = await client_for(make_service(make_cluster(make_node("n1")), ready=lambda: ready["now"]))
+    assert (await client.get("/healthz")).status == 200
+    assert (await client.get("/readyz")).status == 503
+    unready_filter = await (await client.post("/filter", data=orjson.dumps(filter_body()))).json()
+    assert unready_filter["Error"].startswith("extender is not ready")
+    ready["now"] = True
+    assert (await client.get("/readyz")).status == 200
+
+
+async def test_metrics_count_requests_nodes_and_allocations(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("n1", gpus=1, mem=8), make_node("n2"), pods=(bound_pod("a", "n2", (0,), 4),))
+    client = await client_for(make_service(cluster))
+    await client.post("/filter", data=orjson.dumps(filter_body(make_pod(gpu_mem=12), names=["n1", "n2", "x"])))
+    await client.post("/filter", data=b"nope")
+    text = await (await client.get("/metrics")).text()
+    assert 'extender_requests_total{outcome="ok",verb="filter"} 1.0' in text
+    assert 'extender_requests_total{outcome="bad_request",verb="filter"} 1.0' in text
+    assert 'extender_filter_nodes_total{result="accepted"} 1.0' in text
+    assert 'extender_filter_nodes_total{result="failed"} 1.0' in text
+    assert 'extender_filter_nodes_total{result="unresolvable"} 1.0' in text
+    assert 'extender_request_duration_seconds_count{outcome="ok",verb="filter"} 1.0' in text
+    assert 'extender_allocations{state="observed"} 1.0' in text
+    assert "extender_cache_nodes 2.0" in text
+
+
+async def test_inspect_shows_devices_pods_and_reservations_with_their_age(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("n1"), pods=(bound_pod("a", "n1", (1,), 6),))
+    client = await client_for(make_service(cluster))
+    pod = make_pod("b", gpu_mem=4)
+    await client.post("/filter", data=orjson.dumps(filter_body(pod)))
+    assert (await (await client.post("/bind", data=orjson.dumps(bind_body(pod)))).json()) == {"Error": ""}
+    node = await (await client.get("/inspect/n1")).json()
+    assert (node["capacity"], node["used"]) == (32, 10)
+    gpu1 = node["devices"][1]
+    assert (gpu1["capacity"], gpu1["used"], gpu1["free"]) == (16, 10, 6)
+    assert sorted((holder["pod"], holder["memory"], holder["state"]) for holder in gpu1["pods"]) == [
+        ("default/a", 6, "observed"),
+        ("default/b", 4, "observed"),
+    ]
+    everything = await (await client.get("/inspect")).json()
+    assert [entry["name"] for entry in everything["nodes"]] == ["n1"]
+    missing = await client.get("/inspect/ghost")
+    assert (missing.status, (await missing.json())["Error"]) == (404, "node ghost is not in the extender's cache")
