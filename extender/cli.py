@@ -101,7 +101,7 @@ def _demo(arguments: argparse.Namespace) -> int:
 
 
 def _inspect(arguments: argparse.Namespace) -> int:
-    from extender.inspect import fetch_and_render
+    from extender.inspection import fetch_and_render
 
     sys.stdout.write(
         fetch_and_render(

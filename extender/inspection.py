@@ -1,0 +1,239 @@
+"""`extender inspect`: fetch a running extender's `/inspect` report and show it as a table people can read.
+
+One GET per run, so the standard library does it (urllib + ssl): HTTPS verified against `--ca` or the system
+store, an optional client certificate for an extender that requires mTLS, or no verification only when asked
+with `--insecure`. The URL is reached directly (proxy variables are ignored: an extender is reached in-cluster
+or through a port-forward). Every failure a user can fix (refused connection, failed TLS verification, an
+unknown node, an answer that is not a report) is an `InspectError`: one line naming the URL, never a stack
+trace. This module only reads: it never changes the extender's state and never imports the server.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+TIMEOUT = 5.0
+"""Seconds to connect and to wait for the answer."""
+BAR_WIDTH = 20
+
+
+class InspectError(ValueError):
+    """The report could not be fetched or read; the message names the URL and what to do."""
+
+
+# --- fetching ---------------------------------------------------------------------------------------------
+
+
+def _ssl_context(ca: str, cert: str, key: str, insecure: bool) -> ssl.SSLContext:
+    if key and not cert:
+        raise InspectError("--key needs --cert")
+    try:
+        context = ssl.create_default_context(cafile=ca or None)
+    except FileNotFoundError:
+        raise InspectError(f"CA file not found: {ca}") from None
+    except (ssl.SSLError, OSError) as error:
+        raise InspectError(f"cannot use CA file {ca}: {error}") from None
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if cert:
+        try:
+            context.load_cert_chain(cert, key or None)
+        except FileNotFoundError as error:
+            raise InspectError(f"client certificate or key not found: {error.filename or cert}") from None
+        except (ssl.SSLError, OSError) as error:
+            raise InspectError(f"cannot use client certificate {cert} with key {key or cert}: {error}") from None
+    return context
+
+
+def _server_error(body: bytes) -> str:
+    """The `Error` of a JSON error body, else the start of the body as text."""
+    try:
+        decoded = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace").strip()[:200]
+    if isinstance(decoded, dict) and decoded.get("Error"):
+        return str(decoded["Error"])
+    return json.dumps(decoded)[:200]
+
+
+def _why(reason: object, scheme: str, cert: str) -> str:
+    """A failure to connect, in words that say what to check."""
+    # Over TLS 1.3 a server that requires a client certificate refuses it after the handshake: the client sees
+    # an alert, or just a closed connection, depending on timing.
+    client_cert_hint = ""
+    if scheme == "https" and not cert:
+        client_cert_hint = ": the extender may require a client certificate (--cert and --key)"
+    closed_hint = ": is it serving HTTPS? use an https:// URL" if scheme == "http" else client_cert_hint
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return (
+            f"TLS verification failed ({reason.verify_message or reason.reason}): "
+            "give --ca with the CA that signed the extender's certificate (or --insecure to skip the check)"
+        )
+    if isinstance(reason, ssl.SSLError):
+        text = str(reason).upper()
+        hint = ""
+        if "CERTIFICATE_REQUIRED" in text or "HANDSHAKE_FAILURE" in text or "UNKNOWN_CA" in text:
+            hint = client_cert_hint or ": the extender may not accept this client certificate"
+        elif "WRONG_VERSION_NUMBER" in text or "RECORD_LAYER" in text:
+            hint = ": is the extender serving plain HTTP? use an http:// URL"
+        return f"TLS handshake failed ({reason.reason or reason}){hint}"
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused: is the extender running and listening there?"
+    if isinstance(reason, TimeoutError):
+        return f"no answer within {TIMEOUT:g} s"
+    if isinstance(reason, (http.client.RemoteDisconnected, ConnectionResetError, ssl.SSLEOFError)):
+        return f"the extender closed the connection{closed_hint}"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason) or type(reason).__name__
+
+
+def fetch(url: str, node: str, ca: str, cert: str, key: str, insecure: bool) -> dict[str, Any]:
+    """GET `{url}/inspect` (or `/inspect/{node}`) and return the decoded report."""
+    base = url.strip().rstrip("/")
+    scheme = urlsplit(base).scheme
+    if scheme not in {"http", "https"} or not urlsplit(base).hostname:
+        raise InspectError(f"--url {url!r} must be an http:// or https:// URL with a host")
+    target = f"{base}/inspect" + (f"/{quote(node, safe='')}" if node else "")
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if scheme == "https":
+        handlers.append(urllib.request.HTTPSHandler(context=_ssl_context(ca, cert, key, insecure)))
+    opener = urllib.request.build_opener(*handlers)
+    request = urllib.request.Request(target, headers={"Accept": "application/json"})
+    try:
+        with opener.open(request, timeout=TIMEOUT) as response:
+            body: bytes = response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            message = _server_error(error.read())
+        if error.code == 404 and node:
+            raise InspectError(f"{target}: {message or 'unknown node'}") from None
+        raise InspectError(f"{target}: HTTP {error.code}: {message or error.reason}") from None
+    except urllib.error.URLError as error:
+        raise InspectError(f"{target}: {_why(error.reason, scheme, cert)}") from None
+    except (OSError, http.client.HTTPException) as error:
+        raise InspectError(f"{target}: {_why(error, scheme, cert)}") from None
+    try:
+        report = json.loads(body)
+    except ValueError:
+        raise InspectError(f"{target}: the answer is not JSON; is this the extender's URL?") from None
+    expected = "name" if node else "nodes"
+    if not isinstance(report, dict) or expected not in report:
+        raise InspectError(f"{target}: the answer is not an extender /inspect report (no {expected!r})")
+    return report
+
+
+# --- rendering --------------------------------------------------------------------------------------------
+
+
+def bar(used: int, capacity: int, width: int = BAR_WIDTH) -> str:
+    """`[#####...............]`: the used share of capacity, rounded up so any use shows."""
+    if capacity <= 0:
+        return "[" + " " * width + "]"
+    filled = min(width, -(-max(used, 0) * width // capacity))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _age(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "age unknown"
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole}s ago"
+    if whole < 7200:
+        return f"{whole // 60}m ago"
+    return f"{whole // 3600}h ago"
+
+
+def _holder(holder: dict[str, Any], unit: str) -> str:
+    state = str(holder.get("state", "?"))
+    text = f"{holder.get('pod', '?')} {holder.get('memory', '?')} {unit} {state}"
+    if state != "observed":
+        text += f" {_age(holder.get('age_seconds'))}"
+    return text
+
+
+def _whole(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One GPU: the aligned cells, then its holders (one per line)."""
+
+    cells: tuple[str, str, str, str]
+    holders: tuple[str, ...]
+
+
+def _node(node: dict[str, Any], unit: str) -> tuple[list[str], list[_Row]]:
+    """A node's header lines and its GPUs' rows."""
+    status = "ready" if node.get("ready", True) else "NOT READY"
+    if not node.get("known", True):
+        status = "not listed by the API (known only from pods bound to it)"
+    devices: list[dict[str, Any]] = [device for device in node.get("devices") or [] if isinstance(device, dict)]
+    header = [
+        f"{node.get('name', '?')}  {status}  {_whole(node.get('used'))}/{_whole(node.get('capacity'))} {unit} used  "
+        f"{len(devices)} GPU{'' if len(devices) == 1 else 's'}"
+    ]
+    if node.get("problem"):
+        header.append(f"  problem: {node['problem']}")
+    if node.get("stray"):
+        header.append(f"  {_whole(node['stray'])} {unit} held on GPUs this node no longer has")
+    rows = []
+    for device in devices:
+        used, capacity = _whole(device.get("used")), _whole(device.get("capacity"))
+        free = _whole(device["free"]) if "free" in device else max(0, capacity - used)
+        gpu = f"GPU {device.get('index', '?')}" + ("" if device.get("healthy", True) else " unhealthy")
+        holders = tuple(_holder(holder, unit) for holder in device.get("pods") or [] if isinstance(holder, dict))
+        cells = (gpu, f"{used}/{capacity} {unit}", f"free {free}", bar(used, capacity))
+        rows.append(_Row(cells, holders or ("-",)))
+    return header, rows
+
+
+def _lines(nodes: list[dict[str, Any]], unit: str) -> list[str]:
+    """Every node's lines, the GPU columns aligned across all nodes, a blank line between nodes."""
+    described = [_node(node, unit) for node in nodes]
+    every_row = [row for _, rows in described for row in rows]
+    widths = [max((len(row.cells[column]) for row in every_row), default=0) for column in range(4)]
+    lines: list[str] = []
+    for header, rows in described:
+        if lines:
+            lines.append("")
+        lines.extend(header)
+        for row in rows:
+            prefix = "  " + "  ".join(cell.ljust(width) for cell, width in zip(row.cells, widths, strict=True)) + "  "
+            lines.append(prefix + row.holders[0])
+            lines.extend(" " * len(prefix) + holder for holder in row.holders[1:])
+    return lines
+
+
+def render_table(report: dict[str, Any]) -> str:
+    """The report as text: per node a header line, per GPU a line with its pods and reservations."""
+    unit = str(report.get("unit", ""))
+    if "nodes" not in report:
+        return "\n".join(_lines([report], unit)) + "\n"
+    nodes: list[dict[str, Any]] = [node for node in report.get("nodes") or [] if isinstance(node, dict)]
+    gpus = sum(len(node.get("devices") or []) for node in nodes)
+    readiness = "ready" if report.get("ready", True) else "NOT READY (cache not filled yet)"
+    summary = (
+        f"{len(nodes)} node{'' if len(nodes) == 1 else 's'}, {gpus} GPU{'' if gpus == 1 else 's'}, "
+        f"{_whole(report.get('pods'))} pods in the cache, {_whole(report.get('reservations'))} reserved; "
+        f"extender {readiness}"
+    )
+    return "\n".join([*_lines(nodes, unit), "", summary]) + "\n" if nodes else summary + "\n"
+
+
+def fetch_and_render(url: str, node: str, ca: str, cert: str, key: str, insecure: bool, as_json: bool) -> str:
+    """What `extender inspect` prints: the table, or with `as_json` the report as indented JSON."""
+    report = fetch(url, node, ca, cert, key, insecure)
+    if as_json:
+        return json.dumps(report, indent=2) + "\n"
+    return render_table(report)
