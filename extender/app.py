@@ -56,9 +56,9 @@ def ssl_context(settings: Settings) -> ssl.SSLContext | None:
 
 async def serve(service: Service, settings: Settings, context: ssl.SSLContext | None) -> None:
     """Serve until SIGTERM/SIGINT, then stop accepting, finish in-flight requests and return."""
-    runner = web.AppRunner(build_app(service), handle_signals=False, access_log=None)
+    runner = web.AppRunner(build_app(service), handle_signals=False, access_log=None, shutdown_timeout=10.0)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=context, shutdown_timeout=10.0)
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=context)
     await site.start()
     log.info(
         "serving %s on %s:%d%s",

@@ -83,6 +83,8 @@ def judge(demand: Demand, state: NodeState | None, unit: str) -> tuple[Verdict, 
     if not state.ready:
         return Verdict.FAILED, "node is not Ready"
     if count == 1:
+        if state.largest_free == 0:
+            return Verdict.FAILED, f"needs {need} {unit} on one GPU; all {total} GPUs here are full"
         return (
             Verdict.FAILED,
             f"needs {need} {unit} on one GPU; largest free is {state.largest_free} {unit} "

@@ -47,7 +47,9 @@ def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "EXTENDER_PORT": str(port), "EXTENDER_INSECURE_HTTP": "true"}
     process = subprocess.Popen(
         [sys.executable, "-m", "extender", "serve", "--cluster", str(cluster), "--host", "127.0.0.1"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -75,8 +77,10 @@ def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
         (["serve", "--insecure-http", "--port", "x"], "--port='x'"),
         (["serve", "--insecure-http"], "no source for the cache: give --cluster FILE"),
         (["serve", "--insecure-http", "--cluster", "/nonexistent/c.yaml"], "cluster file /nonexistent/c.yaml"),
-        (["serve", "--tls-cert", "/nonexistent/s.crt", "--tls-key", "k", "--cluster", "CLUSTER"],
-         "TLS certificate not found: /nonexistent/s.crt"),
+        (
+            ["serve", "--tls-cert", "/nonexistent/s.crt", "--tls-key", "k", "--cluster", "CLUSTER"],
+            "TLS certificate not found: /nonexistent/s.crt",
+        ),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(

@@ -117,7 +117,9 @@ async def test_a_pod_too_big_for_any_single_gpu_is_refused_at_bind_with_the_reas
     cluster, _ = cluster_for("k8s-1.34")
     client = await client_for(make_service(cluster))
     for name in ("ext2-007-filter", "ext2-008-bind"):
-        response = await client.post(f"/{name.rsplit('-', 1)[1]}", data=(CAPTURED / f"k8s-1.34/{name}.req.json").read_bytes())
+        response = await client.post(
+            f"/{name.rsplit('-', 1)[1]}", data=(CAPTURED / f"k8s-1.34/{name}.req.json").read_bytes()
+        )
     assert (await response.json())["Error"] == (
         "pod default/filler-a no longer fits on node-a: needs 12 GiB on one GPU; the largest GPU here has 8 GiB"
     )

@@ -60,7 +60,7 @@ def test_bad_files_are_refused_naming_the_document(tmp_path: Path, content: str,
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ClusterFileError, match="absent.yaml: No such file"):
+    with pytest.raises(ClusterFileError, match=r"absent\.yaml: No such file"):
         load_cluster_file(tmp_path / "absent.yaml")
 
 

@@ -22,23 +22,50 @@ def bind_body(pod: dict[str, Any], node: str = "n1") -> dict[str, Any]:
 
 
 BAD_BODIES = [
-    pytest.param("filter", b"nope", 400, "body is not JSON", id="not-json"),
-    pytest.param("filter", b"", 400, "empty body", id="empty"),
-    pytest.param("filter", b"[1, 2]", 400, "body must be a JSON object", id="array"),
-    pytest.param("filter", b'{"NodeNames": ["n1"]}', 400, "Pod: Field required", id="missing-pod"),
-    pytest.param("filter", b'{"Pod": null, "NodeNames": []}', 400, "Pod: Input should be a valid dictionary", id="null-pod"),
-    pytest.param("prioritize", b'{"Pod": {}, "NodeNames": "n1"}', 400, "NodeNames: Input should be a valid list", id="names-not-list"),
-    pytest.param("filter", b'{"Pod": {"spec": {}}, "NodeNames": ["a", 3]}', 400, "NodeNames.1: Input should be a valid string", id="name-not-string"),
-    pytest.param("filter", orjson.dumps(filter_body(make_pod(gpu_mem="-4"))), 400, "limits aliyun.com/gpu-mem '-4' is negative", id="negative"),
-    pytest.param("filter", orjson.dumps(filter_body(make_pod(gpu_mem="4 gigs"))), 400, "'4 gigs' is not a quantity", id="unparsable"),
-    pytest.param("filter", b'{"Pod": {"metadata": {}}, "NodeNames": []}', 400, "Pod.spec is missing", id="pod-without-spec"),
-    pytest.param("bind", b'{"PodName": "p", "PodNamespace": "d", "Node": "n1"}', 400, "PodUID: Field required", id="bind-missing-uid"),
-    pytest.param("bind", b'{"PodName": "p", "PodNamespace": "d", "PodUID": 7, "Node": "n1"}', 400, "PodUID: Input should be a valid string", id="bind-uid-number"),
-    pytest.param("preempt", b'{"Pod": {"spec": {}}, "NodeNameToMetaVictims": {"n1": {"Pods": [{"uid": 1}]}}}', 400, "NodeNameToMetaVictims.n1.Pods.0.UID: Field required", id="victim-without-uid"),
+    # (id, verb, body, status, what the error must say)
+    ("not-json", "filter", b"nope", 400, "body is not JSON"),
+    ("empty", "filter", b"", 400, "empty body"),
+    ("array", "filter", b"[1, 2]", 400, "body must be a JSON object"),
+    ("missing-pod", "filter", b'{"NodeNames": ["n1"]}', 400, "Pod: Field required"),
+    ("null-pod", "filter", b'{"Pod": null, "NodeNames": []}', 400, "Pod: Input should be a valid dictionary"),
+    ("names-not-list", "prioritize", b'{"Pod": {}, "NodeNames": "n1"}', 400, "NodeNames: Input should be a valid list"),
+    (
+        "name-not-string",
+        "filter",
+        b'{"Pod": {"spec": {}}, "NodeNames": ["a", 3]}',
+        400,
+        "NodeNames.1: Input should be a valid string",
+    ),
+    (
+        "negative",
+        "filter",
+        orjson.dumps(filter_body(make_pod(gpu_mem="-4"))),
+        400,
+        "limits aliyun.com/gpu-mem '-4' is negative",
+    ),
+    ("unparsable", "filter", orjson.dumps(filter_body(make_pod(gpu_mem="4 gigs"))), 400, "'4 gigs' is not a quantity"),
+    ("pod-without-spec", "filter", b'{"Pod": {"metadata": {}}, "NodeNames": []}', 400, "Pod.spec is missing"),
+    ("bind-missing-uid", "bind", b'{"PodName": "p", "PodNamespace": "d", "Node": "n1"}', 400, "PodUID: Field required"),
+    (
+        "bind-uid-number",
+        "bind",
+        b'{"PodName": "p", "PodNamespace": "d", "PodUID": 7, "Node": "n1"}',
+        400,
+        "PodUID: Input should be a valid string",
+    ),
+    (
+        "victim-without-uid",
+        "preempt",
+        b'{"Pod": {"spec": {}}, "NodeNameToMetaVictims": {"n1": {"Pods": [{"uid": 1}]}}}',
+        400,
+        "NodeNameToMetaVictims.n1.Pods.0.UID: Field required",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("verb", "body", "status", "message"), BAD_BODIES)
+@pytest.mark.parametrize(
+    ("verb", "body", "status", "message"), [pytest.param(*case[1:], id=case[0]) for case in BAD_BODIES]
+)
 async def test_bad_input_gets_a_4xx_that_names_the_problem(
     verb: str, body: bytes, status: int, message: str, client_for: ClientFor
 ) -> None:

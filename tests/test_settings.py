@@ -23,7 +23,10 @@ def test_flags_beat_the_environment_which_beats_the_config_file(tmp_path: Path) 
     config.write_text("port: 7000\nhost: 10.0.0.1\nmemory-resource: example.com/gpu-mem\nreservation_ttl: 30\n")
     settings = load({**TLS, "port": "9000"}, env={"EXTENDER_PORT": "8000", "EXTENDER_HOST": "::"}, config=str(config))
     assert (settings.port, settings.host, settings.memory_resource, settings.reservation_ttl) == (
-        9000, "::", "example.com/gpu-mem", 30.0,
+        9000,
+        "::",
+        "example.com/gpu-mem",
+        30.0,
     )
 
 

@@ -118,7 +118,9 @@ async def test_mtls_serves_the_schedulers_certificate_every_verb(pki: Pki, mtls_
     assert await _post(mtls_url, "filter", FILTER, context) == 200
     assert await _post(mtls_url, "prioritize", FILTER, context) == 200
     assert await _post(mtls_url, "bind", BIND, context) == 200
-    assert await _post(mtls_url, "preempt", orjson.dumps({"Pod": make_pod(), "NodeNameToMetaVictims": {}}), context) == 200
+    assert (
+        await _post(mtls_url, "preempt", orjson.dumps({"Pod": make_pod(), "NodeNameToMetaVictims": {}}), context) == 200
+    )
 
 
 async def test_alpn_settles_on_http_1_1_when_h2_is_offered(pki: Pki, https_url: str) -> None:
@@ -128,14 +130,14 @@ async def test_alpn_settles_on_http_1_1_when_h2_is_offered(pki: Pki, https_url: 
     context = client_context(pki)
     context.set_alpn_protocols(["h2", "http/1.1"])
     host, port = https_url.removeprefix("https://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port), ssl=context)
+    _, writer = await asyncio.open_connection(host, int(port), ssl=context)
     assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "http/1.1"
     writer.close()
     await writer.wait_closed()
 
 
 def test_missing_or_mismatched_files_are_named(pki: Pki, tmp_path: Path) -> None:
-    with pytest.raises(TLSConfigError, match="not found: .*absent.crt"):
+    with pytest.raises(TLSConfigError, match=r"not found: .*absent\.crt"):
         server_context(str(tmp_path / "absent.crt"), str(pki.key))
     with pytest.raises(TLSConfigError, match="cannot use certificate"):
         server_context(str(pki.cert), str(pki.client_key))
