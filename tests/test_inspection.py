@@ -5,15 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import ssl
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trustme
 import yaml
 from aiohttp import web
 
@@ -25,36 +22,10 @@ from extender.server import build_app
 from extender.settings import Settings
 from extender.tls import server_context
 from tests.builders import bound_pod, make_node
+from tests.conftest import Pki, serve_app
 
 RESERVED_AGE = 600.0
 """Seconds ago the test reservation was made: shows as "10m ago" however slow the test runs."""
-
-
-@dataclass(frozen=True, slots=True)
-class Pki:
-    ca: str
-    server_cert: str
-    server_key: str
-    client_cert: str
-    """Client certificate and key in one PEM file."""
-    other_ca: str
-    """A CA that signed nothing here."""
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    folder = tmp_path_factory.mktemp("pki")
-    ca, other = trustme.CA(), trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    client = ca.issue_cert("kube-scheduler")
-    paths = {name: folder / f"{name}.pem" for name in ("ca", "cert", "key", "client", "other")}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    other.cert_pem.write_to_path(str(paths["other"]))
-    server.private_key_pem.write_to_path(str(paths["key"]))
-    for blob in server.cert_chain_pems:
-        blob.write_to_path(str(paths["cert"]), append=True)
-    client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
-    return Pki(*(str(paths[name]) for name in ("ca", "cert", "key", "client", "other")))
 
 
 def write_cluster(folder: Path) -> str:
@@ -69,18 +40,6 @@ def write_cluster(folder: Path) -> str:
     return str(path)
 
 
-async def serve(app: web.Application, context: ssl.SSLContext | None) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"{'https' if context else 'http'}://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-
-
 def extender_app(tmp_path: Path) -> web.Application:
     service, _ = file_service(Settings(), write_cluster(tmp_path))
     waiting = Allocation("uid-waiting", "default/waiting", "gpu-node-1", (1,), 8)
@@ -90,13 +49,13 @@ def extender_app(tmp_path: Path) -> web.Application:
 
 @pytest.fixture
 async def https_url(tmp_path: Path, pki: Pki) -> AsyncIterator[str]:
-    async for url in serve(extender_app(tmp_path), server_context(pki.server_cert, pki.server_key)):
+    async for url in serve_app(extender_app(tmp_path), server_context(pki.server_cert, pki.server_key)):
         yield url
 
 
 @pytest.fixture
 async def mtls_url(tmp_path: Path, pki: Pki) -> AsyncIterator[str]:
-    async for url in serve(extender_app(tmp_path), server_context(pki.server_cert, pki.server_key, pki.ca)):
+    async for url in serve_app(extender_app(tmp_path), server_context(pki.server_cert, pki.server_key, pki.ca)):
         yield url
 
 
@@ -155,7 +114,7 @@ async def test_insecure_skips_verification(https_url: str) -> None:
 async def test_mtls_needs_a_client_certificate(mtls_url: str, pki: Pki) -> None:
     with pytest.raises(InspectError, match="client certificate"):
         await inspect(mtls_url, ca=pki.ca)
-    assert "gpu-node-1" in await inspect(mtls_url, ca=pki.ca, cert=pki.client_cert)
+    assert "gpu-node-1" in await inspect(mtls_url, ca=pki.ca, cert=pki.client_pem)
 
 
 async def test_an_answer_that_is_not_json_is_an_error() -> None:
@@ -164,7 +123,7 @@ async def test_an_answer_that_is_not_json_is_an_error() -> None:
 
     app = web.Application()
     app.router.add_get("/inspect", hello)
-    async for url in serve(app, None):
+    async for url in serve_app(app, None):
         with pytest.raises(InspectError, match=r"/inspect: the answer is not JSON"):
             await inspect(url)
 

@@ -5,80 +5,39 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import orjson
 import pytest
-import trustme
-from aiohttp import web
 
 from extender.server import build_app
 from extender.tls import TLSConfigError, server_context
 from tests.builders import make_cluster, make_node, make_pod
-from tests.conftest import make_service
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: trustme.CA
-    cert: Path
-    key: Path
-    ca_file: Path
-    client_cert: Path
-    client_key: Path
-    stranger_cert: Path
-    stranger_key: Path
-
-
-def _write(issued: trustme.LeafCert, directory: Path, name: str) -> tuple[Path, Path]:
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    cert.write_bytes(b"".join(blob.bytes() for blob in issued.cert_chain_pems))
-    issued.private_key_pem.write_to_path(str(key))
-    return cert, key
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    directory = tmp_path_factory.mktemp("pki")
-    ca, other_ca = trustme.CA(), trustme.CA()
-    cert, key = _write(ca.issue_cert("127.0.0.1", "localhost"), directory, "server")
-    client_cert, client_key = _write(ca.issue_cert("kube-scheduler"), directory, "client")
-    stranger_cert, stranger_key = _write(other_ca.issue_cert("kube-scheduler"), directory, "stranger")
-    ca_file = directory / "ca.crt"
-    ca.cert_pem.write_to_path(str(ca_file))
-    return Pki(ca, cert, key, ca_file, client_cert, client_key, stranger_cert, stranger_key)
+from tests.conftest import Pki, make_service, serve_app
 
 
 async def _serve(context: ssl.SSLContext) -> AsyncIterator[str]:
-    runner = web.AppRunner(build_app(make_service(make_cluster(make_node("n1")))))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"https://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async for url in serve_app(build_app(make_service(make_cluster(make_node("n1")))), context):
+        yield url
 
 
 @pytest.fixture
 async def https_url(pki: Pki) -> AsyncIterator[str]:
-    async for url in _serve(server_context(str(pki.cert), str(pki.key))):
+    async for url in _serve(server_context(pki.server_cert, pki.server_key)):
         yield url
 
 
 @pytest.fixture
 async def mtls_url(pki: Pki) -> AsyncIterator[str]:
-    async for url in _serve(server_context(str(pki.cert), str(pki.key), client_ca=str(pki.ca_file))):
+    async for url in _serve(server_context(pki.server_cert, pki.server_key, client_ca=pki.ca)):
         yield url
 
 
-def client_context(pki: Pki, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=str(pki.ca_file))
-    if cert is not None:
-        context.load_cert_chain(str(cert), str(key))
+def client_context(pki: Pki, cert: str = "", key: str = "") -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=pki.ca)
+    if cert:
+        context.load_cert_chain(cert, key)
     return context
 
 
@@ -138,8 +97,8 @@ async def test_alpn_settles_on_http_1_1_when_h2_is_offered(pki: Pki, https_url: 
 
 def test_missing_or_mismatched_files_are_named(pki: Pki, tmp_path: Path) -> None:
     with pytest.raises(TLSConfigError, match=r"not found: .*absent\.crt"):
-        server_context(str(tmp_path / "absent.crt"), str(pki.key))
+        server_context(str(tmp_path / "absent.crt"), pki.server_key)
     with pytest.raises(TLSConfigError, match="cannot use certificate"):
-        server_context(str(pki.cert), str(pki.client_key))
+        server_context(pki.server_cert, pki.client_key)
     with pytest.raises(TLSConfigError, match="client CA not found"):
-        server_context(str(pki.cert), str(pki.key), client_ca=str(tmp_path / "none.crt"))
+        server_context(pki.server_cert, pki.server_key, client_ca=str(tmp_path / "none.crt"))

@@ -1,0 +1,31 @@
+"""The README says what the code does: every setting is in its configuration table, every route in its
+HTTP table, and the quick start is the two commands CI runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from extender import settings
+from extender.server import Service, build_app
+from tests.builders import make_cluster
+from tests.conftest import make_service
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def test_every_setting_is_documented() -> None:
+    missing = [field.name for field in settings.fields() if f"`{field.name}`" not in README]
+    assert not missing, f"settings missing from the README's configuration table: {missing}"
+
+
+def test_every_route_is_documented() -> None:
+    service: Service = make_service(make_cluster())
+    routes = {resource.canonical for resource in build_app(service).router.resources()}
+    missing = [route for route in routes if f"`{route}`" not in README and f"{route}`" not in README]
+    assert not missing, f"routes missing from the README's HTTP table: {missing}"
+
+
+def test_the_quick_start_is_make_demo_and_make_test_and_ci_runs_make_test() -> None:
+    assert "make demo" in README and "make test" in README
+    ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    assert "make test" in ci
