@@ -47,7 +47,8 @@ class BindRequest:
 
 
 def slim_pod(pod: Raw) -> Raw:
-    """The parts of a pod a bind needs (identity and container resources), to remember it cheaply."""
+    """The parts of a pod a bind needs (identity, annotations, container resources, node and phase), to keep
+    many pods cheaply: a whole pod is kilobytes of volumes, probes and managed fields."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     slim_spec: Raw = {}
@@ -56,6 +57,8 @@ def slim_pod(pod: Raw) -> Raw:
             slim_spec[key] = [
                 {"name": c.get("name"), "resources": c.get("resources") or {}} for c in spec[key] if isinstance(c, dict)
             ]
+    if spec.get("nodeName"):
+        slim_spec["nodeName"] = spec["nodeName"]
     return {
         "metadata": {
             "name": meta.get("name"),
@@ -64,7 +67,7 @@ def slim_pod(pod: Raw) -> Raw:
             "annotations": dict(meta.get("annotations") or {}),
         },
         "spec": slim_spec,
-        "status": {"phase": "Pending"},
+        "status": {"phase": (pod.get("status") or {}).get("phase") or "Pending"},
     }
 
 

@@ -72,7 +72,7 @@ def _settings(arguments: argparse.Namespace, check: bool = True) -> Settings:
 
 
 def _serve(arguments: argparse.Namespace) -> int:
-    from extender.app import file_service, serve, ssl_context
+    from extender.app import event_loop_factory, file_service, serve, ssl_context
 
     current = _settings(arguments)
     setup_logging(current.log_level, current.log_format)
@@ -82,7 +82,8 @@ def _serve(arguments: argparse.Namespace) -> int:
         )
     context = ssl_context(current)  # before loading anything: a bad certificate fails at once
     service, _ = file_service(current, current.cluster)
-    asyncio.run(serve(service, current, context))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(serve(service, current, context))
     return 0
 
 

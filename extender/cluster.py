@@ -13,6 +13,8 @@ never decides placement: that is `policy.py`, and reservations' rules are `ledge
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -171,6 +173,10 @@ class NodeState:
     used_total: int = 0
     stray: int = 0
     """Memory held on device indexes this node does not have (a device vanished under running pods)."""
+    fit_free: int = -1
+    """The largest one-GPU demand this node takes now: `largest_free`, or -1 when unknown or not Ready."""
+    memo: dict[str, Any] = field(default_factory=dict)
+    """What the policy derived from this state (verdicts, scores), by its question; emptied on every change."""
 
     def position(self, index: int) -> int:
         """Where device `index` sits in `devices`, or -1."""
@@ -203,6 +209,43 @@ class NodeState:
             self.largest_free, self.largest_free_index = self.free[best], self.devices[best].index
         else:
             self.largest_free, self.largest_free_index = 0, -1
+        self.fit_free = self.largest_free if self.known and self.ready else -1
+        self.memo.clear()
+
+
+class FitIndex:
+    """For the one-GPU demands asked recently, the set of nodes that can take each now.
+
+    A filter then costs one set membership per node name (C speed: `fitting.issuperset(names)` when all fit)
+    instead of a Python loop. Kept current by the cache on every node change; bounded to the `limit` demand
+    sizes used most recently (a cluster's pods come in a handful of sizes).
+    """
+
+    def __init__(self, limit: int = 32) -> None:
+        self.limit = limit
+        self._sets: OrderedDict[int, set[str]] = OrderedDict()
+
+    def fitting(self, need: int, nodes: Mapping[str, NodeState]) -> set[str]:
+        """The names of the nodes whose largest free GPU holds `need` (known and Ready ones only)."""
+        names = self._sets.get(need)
+        if names is None:
+            names = self._sets[need] = {name for name, state in nodes.items() if state.fit_free >= need}
+            if len(self._sets) > self.limit:
+                self._sets.popitem(last=False)
+        elif need != next(reversed(self._sets)):
+            self._sets.move_to_end(need)
+        return names
+
+    def update(self, state: NodeState) -> None:
+        for need, names in self._sets.items():
+            if state.fit_free >= need:
+                names.add(state.name)
+            else:
+                names.discard(state.name)
+
+    def forget(self, name: str) -> None:
+        for names in self._sets.values():
+            names.discard(name)
 
 
 class Cluster:
@@ -217,6 +260,12 @@ class Cluster:
         """Holds not yet observed, by pod UID: what the ledger expires."""
         self.expired: set[str] = set()
         """Pods whose reservation expired: their annotations alone never reserve again (only a binding does)."""
+        self.fit_index = FitIndex()
+
+    def _changed(self, state: NodeState) -> None:
+        """Recompute a node's summary after any change, and the indexes built on it."""
+        state.refresh()
+        self.fit_index.update(state)
 
     # -- holds
 
@@ -233,7 +282,7 @@ class Cluster:
         self._hold_node[uid] = state.name
         if not hold.observed:
             self.reserved[uid] = hold
-        state.refresh()
+        self._changed(state)
 
     def mark_bound(self, uid: str) -> None:
         hold = self.reserved.get(uid)
@@ -250,7 +299,7 @@ class Cluster:
         self.reserved.pop(uid, None)
         state = self.nodes[node]
         hold = state.holds.pop(uid)
-        state.refresh()
+        self._changed(state)
         self._forget_if_empty(state)
         return hold
 
@@ -260,12 +309,13 @@ class Cluster:
         state = self.nodes.get(name)
         if state is None:
             state = self.nodes[name] = NodeState(name, known=False)
-            state.refresh()
+            self._changed(state)
         return state
 
     def _forget_if_empty(self, state: NodeState) -> None:
         if not state.known and not state.holds:
             del self.nodes[state.name]
+            self.fit_index.forget(state.name)
 
     def apply_node(self, node: Raw, deleted: bool = False) -> None:
         name = str((node.get("metadata") or {}).get("name") or "")
@@ -275,7 +325,7 @@ class Cluster:
             state = self.nodes.get(name)
             if state is not None:
                 state.known, state.devices, state.ready = False, (), True
-                state.refresh()
+                self._changed(state)
                 self._forget_if_empty(state)
             return
         state = self._state(name)
@@ -283,7 +333,7 @@ class Cluster:
         state.known = True
         state.devices, state.problem = found.devices, found.problem
         state.ready = node_ready(node)
-        state.refresh()
+        self._changed(state)
 
     def describe(self, node: Raw) -> NodeState:
         """The state of a node the scheduler sent as a whole object: the cache's if known, else built from it."""

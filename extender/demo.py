@@ -33,11 +33,10 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from extender.app import file_service
 from extender.certs import CertificateFiles, write_certificates
-from extender.server import build_app
+from extender.server import build_server
 from extender.settings import load
 from extender.tls import server_context
 
@@ -436,18 +435,16 @@ async def _play(pods: int, seed: int, cluster_path: Path, cluster_label: str, ce
         env={},
     )
     service, _ = file_service(settings, str(cluster_path))
-    runner = web.AppRunner(build_app(service), access_log=None, handle_signals=False, shutdown_timeout=2.0)
-    await runner.setup()
+    server = build_server(service)
     try:
         context = server_context(settings.tls_cert, settings.tls_key, settings.client_ca)
-        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=context)
-        await site.start()
-        port = runner.addresses[0][1]
+        await server.start(settings.host, settings.port, context)
+        port = server.port
         connector = aiohttp.TCPConnector(ssl=_client_context(files))
         async with aiohttp.ClientSession(connector=connector) as session:
             return await _drive(session, f"https://127.0.0.1:{port}", pods, seed, cluster_label, started)
     finally:
-        await runner.cleanup()
+        await server.stop(grace=2.0)
 
 
 async def _drive(

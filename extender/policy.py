@@ -38,6 +38,12 @@ class PolicyConfig:
     """Weight of the chosen devices' fill in a node's score."""
     unit: str = "GiB"
     """How reasons name a unit of GPU memory."""
+    memo_key: str = field(init=False, compare=False, repr=False)
+    """Names this configuration in the nodes' memos of scores (a str: its hash is computed once)."""
+
+    def __post_init__(self) -> None:
+        key = f"{self.node_strategy}:{self.device_strategy}:{self.node_weight}:{self.device_weight}"
+        object.__setattr__(self, "memo_key", key)
 
 
 class Verdict(enum.IntEnum):
@@ -58,10 +64,26 @@ class FilterOutcome:
 NOT_IN_CACHE = "node is not in the extender's cache (yet)"
 
 
-def judge(demand: Demand, state: NodeState | None, unit: str) -> tuple[Verdict, str]:
-    """Whether the demand fits on the node now, and if not, a reason a person can act on."""
+def judge(demand: Demand, state: NodeState | None, unit: str, memo_key: str = "") -> tuple[Verdict, str]:
+    """Whether the demand fits on the node now, and if not, a reason a person can act on.
+
+    The answer is remembered in the node's memo under `memo_key` (see `_judge_key`) until the node changes:
+    a burst of same-sized pods gets its reasons formatted once per node, not once per request.
+    """
     if state is None or not state.known:
         return Verdict.FAILED, NOT_IN_CACHE
+    key = memo_key or _judge_key(demand, unit)
+    answer: tuple[Verdict, str] | None = state.memo.get(key)
+    if answer is None:
+        answer = state.memo[key] = _judge(demand, state, unit)
+    return answer
+
+
+def _judge_key(demand: Demand, unit: str) -> str:
+    return f"judge:{demand.per_device}:{demand.devices}:{unit}"
+
+
+def _judge(demand: Demand, state: NodeState, unit: str) -> tuple[Verdict, str]:
     need, count = demand.per_device, demand.devices
     if count == 1:
         if state.largest_free >= need and state.ready:
@@ -94,21 +116,34 @@ def judge(demand: Demand, state: NodeState | None, unit: str) -> tuple[Verdict, 
     return Verdict.FAILED, f"needs {count} GPUs with {need} {unit} free each; {enough} of {total} have that much"
 
 
-def filter_nodes(demand: Demand, names: Iterable[str], states: Mapping[str, NodeState], unit: str) -> FilterOutcome:
-    """Split node names into those that fit and those that do not, with a reason for each of the latter."""
+def filter_nodes(
+    demand: Demand,
+    names: list[str],
+    states: Mapping[str, NodeState],
+    unit: str,
+    fitting: set[str] | frozenset[str] | None = None,
+) -> FilterOutcome:
+    """Split node names into those that fit and those that do not, with a reason for each of the latter.
+
+    `fitting`, when given, is the set of node names that take this one-GPU demand now (the cache's
+    `FitIndex`): membership then decides the common case at C speed, and only the other names are judged.
+    """
     outcome = FilterOutcome()
     if demand.is_zero:
         outcome.passed = list(names)
         return outcome
+    if fitting is not None and demand.devices == 1:
+        if fitting.issuperset(names):
+            outcome.passed = list(names)
+            return outcome
+        outcome.passed = [name for name in names if name in fitting]
+        rejected = [name for name in names if name not in fitting]
+    else:
+        rejected = names
     passed, failed, unresolvable = outcome.passed, outcome.failed, outcome.unresolvable
-    need, count = demand.per_device, demand.devices
-    for name in names:
-        state = states.get(name)
-        # The common case inline: a known, ready node whose largest free device holds a one-device demand.
-        if count == 1 and state is not None and state.largest_free >= need and state.known and state.ready:
-            passed.append(name)
-            continue
-        verdict, reason = judge(demand, state, unit)
+    key = _judge_key(demand, unit)
+    for name in rejected:
+        verdict, reason = judge(demand, states.get(name), unit, key)
         if verdict is Verdict.FITS:
             passed.append(name)
         elif verdict is Verdict.FAILED:
@@ -141,6 +176,8 @@ def choose_devices(demand: Demand, state: NodeState, strategy: Strategy) -> tupl
     breaks by lower index.
     """
     need = demand.per_device
+    if demand.devices == 1:
+        return _choose_one(need, state, strategy)
     fitting = [(free, device.index) for free, device in zip(state.free, state.devices, strict=True) if free >= need]
     if len(fitting) < demand.devices:
         return None
@@ -151,10 +188,35 @@ def choose_devices(demand: Demand, state: NodeState, strategy: Strategy) -> tupl
     return tuple(sorted(index for _, index in fitting[: demand.devices]))
 
 
-def score_node(demand: Demand, state: NodeState | None, config: PolicyConfig) -> int:
-    """0..10: the weighted fill after placement of the chosen devices and of the node; 0 when it does not fit."""
+def _choose_one(need: int, state: NodeState, strategy: Strategy) -> tuple[int, ...] | None:
+    """`choose_devices` for one device, in one pass: the same order (free memory, then index), no sorting."""
+    chosen, chosen_free = -1, 0
+    binpack = strategy is Strategy.BINPACK
+    for position, free in enumerate(state.free):
+        if free >= need and (chosen < 0 or (free < chosen_free if binpack else free > chosen_free)):
+            chosen, chosen_free = position, free
+    return (state.devices[chosen].index,) if chosen >= 0 else None
+
+
+def score_node(demand: Demand, state: NodeState | None, config: PolicyConfig, memo_key: str = "") -> int:
+    """0..10: the weighted fill after placement of the chosen devices and of the node; 0 when it does not fit.
+
+    Remembered in the node's memo under `memo_key` (see `_score_key`) until the node changes.
+    """
     if demand.is_zero or state is None or not state.known or not state.ready:
         return 0
+    key = memo_key or _score_key(demand, config)
+    score: int | None = state.memo.get(key)
+    if score is None:
+        score = state.memo[key] = _score(demand, state, config)
+    return score
+
+
+def _score_key(demand: Demand, config: PolicyConfig) -> str:
+    return f"score:{demand.per_device}:{demand.devices}:{config.memo_key}"
+
+
+def _score(demand: Demand, state: NodeState, config: PolicyConfig) -> int:
     indexes = choose_devices(demand, state, config.device_strategy)
     if indexes is None:
         return 0
@@ -171,7 +233,10 @@ def score_node(demand: Demand, state: NodeState | None, config: PolicyConfig) ->
 def score_nodes(
     demand: Demand, names: Iterable[str], states: Mapping[str, NodeState], config: PolicyConfig
 ) -> list[tuple[str, int]]:
-    return [(name, score_node(demand, states.get(name), config)) for name in names]
+    if demand.is_zero:
+        return [(name, 0) for name in names]
+    key = _score_key(demand, config)
+    return [(name, score_node(demand, states.get(name), config, key)) for name in names]
 
 
 # --- preemption -------------------------------------------------------------------------------------------

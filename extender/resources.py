@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -124,11 +124,12 @@ class Demand:
     memory: int
     """Total GPU memory, as the device plugin and kubelet account it."""
     devices: int = 1
+    per_device: int = field(init=False, compare=False)
+    """Memory needed on each device; rounded up so a split never gives less than asked. Stored, not a
+    property: the filter reads it once per request and the policy's caches key on it."""
 
-    @property
-    def per_device(self) -> int:
-        """Memory needed on each device; rounded up so a split never gives less than asked."""
-        return math.ceil(self.memory / self.devices) if self.devices else 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "per_device", math.ceil(self.memory / self.devices) if self.devices else 0)
 
     @property
     def is_zero(self) -> bool:
@@ -142,15 +143,15 @@ def _container_amount(container: Raw, resource: str, where: str) -> int:
     resources = container.get("resources") or {}
     if not isinstance(resources, dict):
         raise InvalidPod(f"{where}: resources must be an object")
-    for field in ("limits", "requests"):
-        table = resources.get(field) or {}
+    for section in ("limits", "requests"):
+        table = resources.get(section) or {}
         if not isinstance(table, dict):
-            raise InvalidPod(f"{where}: resources.{field} must be an object")
+            raise InvalidPod(f"{where}: resources.{section} must be an object")
         if resource in table:
             try:
                 return parse_count(table[resource])
             except InvalidQuantity as error:
-                raise InvalidPod(f"{where}: {field} {resource} {error}") from None
+                raise InvalidPod(f"{where}: {section} {resource} {error}") from None
     return 0
 
 

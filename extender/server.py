@@ -3,31 +3,33 @@
 `POST /filter /prioritize /bind /preempt` follow the wire contract (`contract.py`); `GET /healthz /readyz
 /metrics /inspect /inspect/{node}` are for people and probes. Every failure of a request is a JSON body
 `{"Error": "..."}` naming what was wrong: 400 for a malformed body, 413 for one over the size limit, 404 for
-an unknown route or node; an unexpected exception is logged with its traceback and answered 500 with a
-one-line message, never the traceback. Application state lives in typed `web.AppKey`s; background work (the
-reservation expiry sweep) starts and stops with the app through `cleanup_ctx`.
+an unknown route or node, 405 for a wrong method; an unexpected exception is logged with its traceback and
+answered 500 with a one-line message, never the traceback. The reservation expiry sweep runs beside the
+server and stops with it.
 
-The handlers decode with orjson and validate with the contract's models; the work per request is a dict
-lookup and a comparison per node name (the cache keeps per-node summaries current).
+The transport is `httpserver.py` (why not aiohttp's server: measured there). Handlers that never wait
+(filter, prioritize, preempt, the GETs) are plain functions run inline; bind awaits the binder. Per request
+the work is an orjson decode, a pydantic validation, and a set membership or a memo lookup per node name (the
+cache keeps per-node summaries and fit sets current).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
-from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from extender import contract
 from extender.binding import Binder, BindRequest, RecentPods, bind
 from extender.cluster import Cluster, NodeState
+from extender.httpserver import HttpServer, Request, Response, Router, json_error
 from extender.ledger import Ledger
 from extender.metrics import Metrics
 from extender.policy import PolicyConfig, filter_nodes, preempt_candidates, score_nodes
@@ -36,7 +38,6 @@ from extender.resources import Demand, InvalidPod, Raw, pod_demand, pod_key
 log = logging.getLogger(__name__)
 
 Model = TypeVar("Model", bound=BaseModel)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(slots=True)
@@ -55,9 +56,6 @@ class Service:
     max_body_bytes: int = 32 * 1024 * 1024
 
 
-SERVICE = web.AppKey("service", Service)
-
-
 class BadRequest(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -65,21 +63,12 @@ class BadRequest(Exception):
         self.message = message
 
 
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(status, orjson.dumps(body))
 
 
-def _error(status: int, message: str) -> web.Response:
-    return _json({"Error": message}, status)
-
-
-async def _parse(request: web.Request, model: type[Model]) -> Model:
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise BadRequest(
-            413, f"request body is over the limit of {request.app[SERVICE].max_body_bytes} bytes"
-        ) from None
+def _parse(request: Request, model: type[Model]) -> Model:
+    body = request.body
     if not body:
         raise BadRequest(400, f"empty body: expected a JSON {model.__name__}")
     try:
@@ -111,27 +100,54 @@ def _states(args: contract.ExtenderArgs, cluster: Cluster) -> dict[str, NodeStat
 # --- verbs ------------------------------------------------------------------------------------------------
 
 
-def _verb(name: str, handler: Callable[[web.Request, Service], Awaitable[tuple[Any, str]]]) -> Handler:
+VerbResult = tuple[Any, str]
+"""A verb's reply body, and the error it reports ("" when none): the outcome its metrics count."""
+
+
+def _respond(service: Service, name: str, started: float, result: VerbResult | Exception) -> Response:
+    """Turn a verb's result (or what it raised) into the response, and count it by outcome."""
+    if isinstance(result, BadRequest):
+        log.info("%s: %d %s", name, result.status, result.message)
+        response, outcome = json_error(result.status, result.message), "bad_request"
+    elif isinstance(result, Exception):
+        log.error("%s: unexpected failure", name, exc_info=result)
+        message = f"internal error in {name}: {type(result).__name__}: {result}"
+        response, outcome = json_error(500, message), "error"
+    else:
+        body, error = result
+        response, outcome = _json(body), ("error" if error else "ok")
+    count, latency = service.metrics.verbs[name, outcome]
+    count.inc()
+    latency.observe(time.perf_counter() - started)
+    return response
+
+
+def _verb(
+    service: Service, name: str, handler: Callable[[Request, Service], VerbResult]
+) -> Callable[[Request], Response]:
     """Wrap a verb: time it, count it by outcome, and turn errors into the contract's `Error` bodies."""
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        service = request.app[SERVICE]
+    def handle(request: Request) -> Response:
         started = time.perf_counter()
         try:
-            body, error = await handler(request, service)
-            response, outcome = _json(body), ("error" if error else "ok")
-        except BadRequest as problem:
-            log.info("%s: %d %s", name, problem.status, problem.message)
-            response, outcome = _error(problem.status, problem.message), "bad_request"
-        except Exception as unexpected:
-            log.exception("%s: unexpected failure", name)
-            response, outcome = (
-                _error(500, f"internal error in {name}: {type(unexpected).__name__}: {unexpected}"),
-                "error",
-            )
-        service.metrics.requests.labels(name, outcome).inc()
-        service.metrics.latency.labels(name, outcome).observe(time.perf_counter() - started)
-        return response
+            result: VerbResult | Exception = handler(request, service)
+        except Exception as failure:
+            result = failure
+        return _respond(service, name, started, result)
+
+    return handle
+
+
+def _async_verb(
+    service: Service, name: str, handler: Callable[[Request, Service], Awaitable[VerbResult]]
+) -> Callable[[Request], Awaitable[Response]]:
+    async def handle(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            result: VerbResult | Exception = await handler(request, service)
+        except Exception as failure:
+            result = failure
+        return _respond(service, name, started, result)
 
     return handle
 
@@ -139,35 +155,40 @@ def _verb(name: str, handler: Callable[[web.Request, Service], Awaitable[tuple[A
 NOT_READY = "extender is not ready: its cache has not been filled yet"
 
 
-async def _filter(request: web.Request, service: Service) -> tuple[Any, str]:
-    args = await _parse(request, contract.ExtenderArgs)
+def _filter(request: Request, service: Service) -> VerbResult:
+    args = _parse(request, contract.ExtenderArgs)
     demand = _demand(args.Pod, service)
     names = contract.requested_names(args)
     if not service.ready():
         return contract.filter_reply(args, [], {}, {}, NOT_READY), NOT_READY
     service.recent.remember(args.Pod)
-    outcome = filter_nodes(demand, names, _states(args, service.cluster), service.policy.unit)
-    nodes = service.metrics.nodes
-    nodes.labels("accepted").inc(len(outcome.passed))
+    cluster = service.cluster
+    states = _states(args, cluster)
+    fitting = None
+    if states is cluster.nodes and demand.devices == 1 and not demand.is_zero:
+        fitting = cluster.fit_index.fitting(demand.per_device, cluster.nodes)
+    outcome = filter_nodes(demand, names, states, service.policy.unit, fitting)
+    metrics = service.metrics
+    metrics.nodes_accepted.inc(len(outcome.passed))
     if outcome.failed:
-        nodes.labels("failed").inc(len(outcome.failed))
+        metrics.nodes_failed.inc(len(outcome.failed))
     if outcome.unresolvable:
-        nodes.labels("unresolvable").inc(len(outcome.unresolvable))
+        metrics.nodes_unresolvable.inc(len(outcome.unresolvable))
     if demand.memory and len(outcome.passed) < len(names):
         log.debug("filter %s: %d of %d nodes fit", pod_key(args.Pod), len(outcome.passed), len(names))
     return contract.filter_reply(args, outcome.passed, outcome.failed, outcome.unresolvable), ""
 
 
-async def _prioritize(request: web.Request, service: Service) -> tuple[Any, str]:
-    args = await _parse(request, contract.ExtenderArgs)
+def _prioritize(request: Request, service: Service) -> VerbResult:
+    args = _parse(request, contract.ExtenderArgs)
     demand = _demand(args.Pod, service)
     names = contract.requested_names(args)
     scores = score_nodes(demand, names, _states(args, service.cluster), service.policy)
     return contract.priority_reply(scores), ""
 
 
-async def _bind(request: web.Request, service: Service) -> tuple[Any, str]:
-    args = await _parse(request, contract.ExtenderBindingArgs)
+async def _bind(request: Request, service: Service) -> VerbResult:
+    args = _parse(request, contract.ExtenderBindingArgs)
     if not service.ready():
         return contract.binding_reply(NOT_READY), NOT_READY
     target = BindRequest(args.PodName, args.PodNamespace, args.PodUID, args.Node)
@@ -179,8 +200,8 @@ async def _bind(request: web.Request, service: Service) -> tuple[Any, str]:
     return contract.binding_reply(error), error
 
 
-async def _preempt(request: web.Request, service: Service) -> tuple[Any, str]:
-    args = await _parse(request, contract.ExtenderPreemptionArgs)
+def _preempt(request: Request, service: Service) -> VerbResult:
+    args = _parse(request, contract.ExtenderPreemptionArgs)
     demand = _demand(args.Pod, service)
     candidates, violations = contract.preemption_candidates(args)
     kept = preempt_candidates(demand, candidates, service.cluster)
@@ -190,19 +211,18 @@ async def _preempt(request: web.Request, service: Service) -> tuple[Any, str]:
 # --- people and probes ------------------------------------------------------------------------------------
 
 
-async def _healthz(request: web.Request) -> web.Response:
+def _healthz(service: Service, request: Request) -> Response:
     return _json({"status": "ok"})
 
 
-async def _readyz(request: web.Request) -> web.Response:
-    if request.app[SERVICE].ready():
+def _readyz(service: Service, request: Request) -> Response:
+    if service.ready():
         return _json({"status": "ready"})
     return _json({"status": "not ready", "Error": NOT_READY}, 503)
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    return web.Response(body=service.metrics.render(service.cluster), content_type="text/plain", charset="utf-8")
+def _metrics(service: Service, request: Request) -> Response:
+    return Response(200, service.metrics.render(service.cluster), "text/plain; version=0.0.4; charset=utf-8")
 
 
 def describe_node(state: NodeState, now: float) -> Raw:
@@ -245,8 +265,7 @@ def describe_node(state: NodeState, now: float) -> Raw:
     }
 
 
-async def _inspect(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
+def _inspect(service: Service, request: Request) -> Response:
     cluster, now = service.cluster, time.time()
     nodes = [describe_node(cluster.nodes[name], now) for name in sorted(cluster.nodes)]
     return _json(
@@ -260,63 +279,49 @@ async def _inspect(request: web.Request) -> web.Response:
     )
 
 
-async def _inspect_node(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    name = request.match_info["node"]
+def _inspect_node(service: Service, request: Request) -> Response:
+    name = request.params["node"]
     state = service.cluster.nodes.get(name)
     if state is None:
-        return _error(404, f"node {name} is not in the extender's cache")
+        return json_error(404, f"node {name} is not in the extender's cache")
     return _json({"unit": service.policy.unit, **describe_node(state, time.time())})
 
 
 # --- the app ----------------------------------------------------------------------------------------------
 
 
-@web.middleware
-async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Unknown routes and wrong methods answer JSON too."""
-    try:
-        return await handler(request)
-    except web.HTTPException as error:
-        if error.status < 400:
-            raise
-        return _error(error.status, f"{request.method} {request.path}: {error.reason}")
+async def _expiry_sweep(service: Service) -> None:
+    """Free reservations the API never confirmed, every `expiry_interval` seconds."""
+    while True:
+        await asyncio.sleep(service.expiry_interval)
+        for hold in service.ledger.expire():
+            service.metrics.expiries.inc()
+            allocation = hold.allocation
+            log.warning(
+                "reservation of %s on %s GPU %s expired: the API never showed the pod bound",
+                allocation.pod,
+                allocation.node,
+                ",".join(map(str, allocation.indexes)),
+            )
 
 
-async def _expiry_sweep(app: web.Application) -> AsyncIterator[None]:
-    service = app[SERVICE]
+def build_server(service: Service) -> HttpServer:
+    """The HTTP server for a service, not yet listening: `await server.start(host, port, ssl_context)`."""
+    router = Router()
+    router.add("POST", "/filter", _verb(service, "filter", _filter))
+    router.add("POST", "/prioritize", _verb(service, "prioritize", _prioritize))
+    router.add("POST", "/bind", _async_verb(service, "bind", _bind))
+    router.add("POST", "/preempt", _verb(service, "preempt", _preempt))
+    for path, page in (
+        ("/healthz", _healthz),
+        ("/readyz", _readyz),
+        ("/metrics", _metrics),
+        ("/inspect", _inspect),
+        ("/inspect/{node}", _inspect_node),
+    ):
+        router.add("GET", path, functools.partial(page, service))
 
-    async def sweep() -> None:
-        while True:
-            await asyncio.sleep(service.expiry_interval)
-            for hold in service.ledger.expire():
-                service.metrics.expiries.inc()
-                allocation = hold.allocation
-                log.warning(
-                    "reservation of %s on %s GPU %s expired: the API never showed the pod bound",
-                    allocation.pod,
-                    allocation.node,
-                    ",".join(map(str, allocation.indexes)),
-                )
+    async def expiry_sweep() -> None:
+        await _expiry_sweep(service)
 
-    task = asyncio.create_task(sweep(), name="reservation-expiry")
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
-def build_app(service: Service) -> web.Application:
-    app = web.Application(client_max_size=service.max_body_bytes, middlewares=[_json_errors])
-    app[SERVICE] = service
-    app.cleanup_ctx.append(_expiry_sweep)
-    app.router.add_post("/filter", _verb("filter", _filter))
-    app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
-    app.router.add_post("/bind", _verb("bind", _bind))
-    app.router.add_post("/preempt", _verb("preempt", _preempt))
-    app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/metrics", _metrics)
-    app.router.add_get("/inspect", _inspect)
-    app.router.add_get("/inspect/{node}", _inspect_node)
-    return app
+    return HttpServer(router, service.max_body_bytes, background=(expiry_sweep,))

@@ -1,4 +1,5 @@
-"""Shared fixtures: a Service over a cluster built in the test, served by aiohttp's test client."""
+"""Shared fixtures: a Service over a cluster built in the test, served on loopback and called over HTTP;
+real certificates for the TLS tests."""
 
 from __future__ import annotations
 
@@ -8,16 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 import trustme
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from extender.cluster import Cluster
+from extender.httpserver import HttpServer
 from extender.ledger import Ledger
 from extender.policy import PolicyConfig
-from extender.server import Service, build_app
+from extender.server import Service, build_server
 from extender.sources.file import FileBinder
 from tests.builders import FakeClock
 
@@ -40,16 +41,43 @@ def make_service(cluster: Cluster, binder: Any = None, **kwargs: Any) -> Service
     )
 
 
-ClientFor = Callable[[Service], Awaitable[TestClient[Any, Any]]]
+class Client:
+    """Calls a running service over real loopback HTTP with aiohttp's client; returns its responses
+    (`.status`, `await .json()`, `await .text()`)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
+        self.session = session
+        self.base = base
+
+    async def post(self, path: str, data: bytes = b"") -> aiohttp.ClientResponse:
+        return await self.session.post(self.base + path, data=data)
+
+    async def get(self, path: str) -> aiohttp.ClientResponse:
+        return await self.session.get(self.base + path)
+
+
+ClientFor = Callable[[Service], Awaitable[Client]]
 
 
 @pytest.fixture
-def client_for(aiohttp_client: Any) -> ClientFor:
-    async def start(service: Service) -> TestClient[Any, Any]:
-        client: TestClient[Any, Any] = await aiohttp_client(build_app(service))
-        return client
+async def client_for() -> AsyncIterator[ClientFor]:
+    """Start a service on a loopback port (plain HTTP) and return a client for it; all stopped afterwards."""
+    servers: list[HttpServer] = []
+    sessions: list[aiohttp.ClientSession] = []
 
-    return start
+    async def start(service: Service) -> Client:
+        server = build_server(service)
+        await server.start("127.0.0.1", 0)
+        servers.append(server)
+        session = aiohttp.ClientSession()
+        sessions.append(session)
+        return Client(session, f"http://127.0.0.1:{server.port}")
+
+    yield start
+    for session in sessions:
+        await session.close()
+    for server in servers:
+        await server.stop(grace=1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +120,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return Pki(**{name: str(path) for name, path in files.items()})
 
 
-async def serve_app(app: web.Application, context: ssl.SSLContext | None) -> AsyncIterator[str]:
-    """Serve `app` on a loopback port (HTTPS when given a context) and yield its base URL."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-    await site.start()
-    port = runner.addresses[0][1]
+async def serve(server: HttpServer, context: ssl.SSLContext | None) -> AsyncIterator[str]:
+    """Serve on a loopback port (HTTPS when given a context) and yield the base URL; stop afterwards."""
+    await server.start("127.0.0.1", 0, context)
     try:
-        yield f"{'https' if context else 'http'}://127.0.0.1:{port}"
+        yield f"{'https' if context else 'http'}://127.0.0.1:{server.port}"
     finally:
-        await runner.cleanup()
+        await server.stop(grace=1.0)

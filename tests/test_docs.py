@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from extender import settings
-from extender.server import Service, build_app
+from extender.server import Service, build_server
 from tests.builders import make_cluster
 from tests.conftest import make_service
 
@@ -20,7 +20,7 @@ def test_every_setting_is_documented() -> None:
 
 def test_every_route_is_documented() -> None:
     service: Service = make_service(make_cluster())
-    routes = {resource.canonical for resource in build_app(service).router.resources()}
+    routes = set(build_server(service).router.paths)
     missing = [route for route in routes if f"`{route}`" not in README and f"{route}`" not in README]
     assert not missing, f"routes missing from the README's HTTP table: {missing}"
 

@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 import yaml
-from aiohttp import web
 
 from extender import cli
 from extender.app import file_service
 from extender.cluster import Allocation, Hold
+from extender.httpserver import HttpServer, Request, Response, Router
 from extender.inspection import InspectError, bar, fetch_and_render
-from extender.server import build_app
+from extender.server import build_server
 from extender.settings import Settings
 from extender.tls import server_context
 from tests.builders import bound_pod, make_node
-from tests.conftest import Pki, serve_app
+from tests.conftest import Pki, serve
 
 RESERVED_AGE = 600.0
 """Seconds ago the test reservation was made: shows as "10m ago" however slow the test runs."""
@@ -40,22 +40,22 @@ def write_cluster(folder: Path) -> str:
     return str(path)
 
 
-def extender_app(tmp_path: Path) -> web.Application:
+def extender_server(tmp_path: Path) -> HttpServer:
     service, _ = file_service(Settings(), write_cluster(tmp_path))
     waiting = Allocation("uid-waiting", "default/waiting", "gpu-node-1", (1,), 8)
     service.cluster.hold(Hold(waiting, observed=False, since=time.time() - RESERVED_AGE))
-    return build_app(service)
+    return build_server(service)
 
 
 @pytest.fixture
 async def https_url(tmp_path: Path, pki: Pki) -> AsyncIterator[str]:
-    async for url in serve_app(extender_app(tmp_path), server_context(pki.server_cert, pki.server_key)):
+    async for url in serve(extender_server(tmp_path), server_context(pki.server_cert, pki.server_key)):
         yield url
 
 
 @pytest.fixture
 async def mtls_url(tmp_path: Path, pki: Pki) -> AsyncIterator[str]:
-    async for url in serve_app(extender_app(tmp_path), server_context(pki.server_cert, pki.server_key, pki.ca)):
+    async for url in serve(extender_server(tmp_path), server_context(pki.server_cert, pki.server_key, pki.ca)):
         yield url
 
 
@@ -118,12 +118,12 @@ async def test_mtls_needs_a_client_certificate(mtls_url: str, pki: Pki) -> None:
 
 
 async def test_an_answer_that_is_not_json_is_an_error() -> None:
-    async def hello(request: web.Request) -> web.Response:
-        return web.Response(text="hello")
+    def hello(request: Request) -> Response:
+        return Response(200, b"hello", "text/plain")
 
-    app = web.Application()
-    app.router.add_get("/inspect", hello)
-    async for url in serve_app(app, None):
+    router = Router()
+    router.add("GET", "/inspect", hello)
+    async for url in serve(HttpServer(router, max_body_bytes=1024), None):
         with pytest.raises(InspectError, match=r"/inspect: the answer is not JSON"):
             await inspect(url)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from extender.cluster import Cluster
 from extender.policy import (
     NOT_IN_CACHE,
     PolicyConfig,
@@ -158,3 +161,89 @@ def test_preempt_ignores_victims_that_hold_no_gpu_memory() -> None:
 
 def test_preempt_keeps_every_candidate_for_a_pod_without_gpu_demand() -> None:
     assert preempt_candidates(Demand(0), {"x": ["1"], "y": []}, make_cluster()) == {"x": ["1"], "y": []}
+
+
+# --- the fast paths agree with the plain definitions -------------------------------------------------------
+
+
+def _random_cluster(rng: random.Random) -> Cluster:
+    nodes = [
+        make_node(f"n{i}", gpus=rng.choice((1, 2, 4)), mem=rng.choice((8, 16)), ready=rng.random() > 0.1)
+        for i in range(12)
+    ]
+    cluster = make_cluster(*nodes)
+    for i in range(30):
+        node = f"n{rng.randrange(12)}"
+        state = cluster.nodes[node]
+        index = rng.randrange(len(state.devices))
+        amount = rng.randint(1, 8)
+        if state.free[index] >= amount:
+            cluster.apply_pod(bound_pod(f"p{i}", node, (index,), amount))
+    return cluster
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_filtering_through_the_fit_index_gives_the_same_answer_as_judging_each_node(seed: int) -> None:
+    rng = random.Random(seed)
+    cluster = _random_cluster(rng)
+    names = [*cluster.nodes, "ghost"]
+    rng.shuffle(names)
+    for need in range(1, 18):
+        demand = Demand(need)
+        fitting = cluster.fit_index.fitting(need, cluster.nodes)
+        fast = filter_nodes(demand, names, cluster.nodes, "GiB", fitting)
+        plain = [name for name in names if judge(demand, cluster.nodes.get(name), "GiB")[0] is Verdict.FITS]
+        assert fast.passed == plain
+        assert fast == filter_nodes(demand, names, cluster.nodes, "GiB")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_choosing_one_device_in_one_pass_matches_the_sorted_order(seed: int) -> None:
+    rng = random.Random(seed)
+    cluster = _random_cluster(rng)
+    for state in cluster.nodes.values():
+        for need in range(1, 17):
+            for strategy in Strategy:
+                pairs = zip(state.free, state.devices, strict=True)
+                order = sorted(
+                    ((free, device.index) for free, device in pairs if free >= need),
+                    key=(lambda pair: pair) if strategy is Strategy.BINPACK else (lambda pair: (-pair[0], pair[1])),
+                )
+                expected = (order[0][1],) if order else None
+                assert choose_devices(Demand(need), state, strategy) == expected
+
+
+def test_the_fit_index_follows_every_change_of_a_node() -> None:
+    node = make_node("n1", gpus=1, mem=16)
+    cluster = make_cluster(node)
+    fits_12 = cluster.fit_index.fitting(12, cluster.nodes)
+    assert fits_12 == {"n1"}
+    pod = bound_pod("a", "n1", (0,), 8)
+    cluster.apply_pod(pod)
+    assert fits_12 == set()  # 8 free now
+    cluster.apply_pod(pod, deleted=True)
+    assert fits_12 == {"n1"}
+    cluster.apply_node(make_node("n1", gpus=1, mem=16, ready=False))
+    assert fits_12 == set()
+    cluster.apply_node(node)
+    cluster.apply_node(node, deleted=True)
+    assert fits_12 == set()
+
+
+def test_remembered_scores_and_reasons_are_forgotten_when_the_node_changes() -> None:
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
+    state = cluster.nodes["n1"]
+    assert score_node(Demand(4), state, BINPACK) == 2  # device 4*10//16 = 2, node the same
+    assert judge(Demand(12), state, "GiB") == (Verdict.FITS, "")
+    cluster.apply_pod(bound_pod("a", "n1", (0,), 8))
+    assert score_node(Demand(4), state, BINPACK) == 7  # (8+4)*10//16 = 7
+    assert judge(Demand(12), state, "GiB")[0] is Verdict.FAILED
+
+
+def test_the_fit_index_keeps_only_the_most_recent_demand_sizes() -> None:
+    cluster = make_cluster(make_node("n1"))
+    cluster.fit_index.limit = 2
+    first = cluster.fit_index.fitting(1, cluster.nodes)
+    cluster.fit_index.fitting(2, cluster.nodes)
+    cluster.fit_index.fitting(3, cluster.nodes)
+    assert cluster.fit_index.fitting(1, cluster.nodes) is not first  # evicted, rebuilt

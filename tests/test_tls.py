@@ -11,14 +11,14 @@ import aiohttp
 import orjson
 import pytest
 
-from extender.server import build_app
+from extender.server import build_server
 from extender.tls import TLSConfigError, server_context
 from tests.builders import make_cluster, make_node, make_pod
-from tests.conftest import Pki, make_service, serve_app
+from tests.conftest import Pki, make_service, serve
 
 
 async def _serve(context: ssl.SSLContext) -> AsyncIterator[str]:
-    async for url in serve_app(build_app(make_service(make_cluster(make_node("n1")))), context):
+    async for url in serve(build_server(make_service(make_cluster(make_node("n1")))), context):
         yield url
 
 

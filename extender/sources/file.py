@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import yaml
 
-from extender.binding import BindError
+from extender.binding import BindError, slim_pod
 from extender.cluster import Cluster
 from extender.resources import Raw
 
@@ -98,11 +98,12 @@ def load_cluster_file(path: str | Path) -> ClusterObjects:
 
 class FileBinder:
     """Binds by updating the in-memory pod (annotations, nodeName) and feeding it to the cache, as a watch
-    would after a real binding. A pod the file did not list is added, as if it had been created pending."""
+    would after a real binding. A pod the file did not list is added, as if it had been created pending.
+    It keeps only the slim form of each pod (`slim_pod`): what the cache reads, not the whole object."""
 
     def __init__(self, cluster: Cluster, pods: list[Raw]) -> None:
         self.cluster = cluster
-        self._pods: dict[str, Raw] = {str(pod["metadata"]["uid"]): pod for pod in pods}
+        self._pods: dict[str, Raw] = {str(pod["metadata"]["uid"]): slim_pod(pod) for pod in pods}
 
     async def bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
