@@ -175,8 +175,6 @@ class NodeState:
     """Memory held on device indexes this node does not have (a device vanished under running pods)."""
     fit_free: int = -1
     """The largest one-GPU demand this node takes now: `largest_free`, or -1 when unknown or not Ready."""
-    memo: dict[str, Any] = field(default_factory=dict)
-    """What the policy derived from this state (verdicts, scores), by its question; emptied on every change."""
 
     def position(self, index: int) -> int:
         """Where device `index` sits in `devices`, or -1."""
@@ -210,7 +208,6 @@ class NodeState:
         else:
             self.largest_free, self.largest_free_index = 0, -1
         self.fit_free = self.largest_free if self.known and self.ready else -1
-        self.memo.clear()
 
 
 class FitIndex:
@@ -248,6 +245,34 @@ class FitIndex:
             names.discard(name)
 
 
+class NodeMemo:
+    """Answers derived from node states (a verdict, a score), one table per question, by node name.
+
+    A question is a string naming the demand and whatever else the answer depends on (the policy's
+    `judge_key`, the server's reply keys). A node's answers are dropped from every table when the node
+    changes, so a table never holds a stale answer. One dict per question, not one per node: at 5,000
+    nodes, per-node dicts cost a cache miss each. Bounded to the `limit` questions asked most recently.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._tables: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def table(self, question: str) -> dict[str, Any]:
+        table = self._tables.get(question)
+        if table is None:
+            table = self._tables[question] = {}
+            if len(self._tables) > self.limit:
+                self._tables.popitem(last=False)
+        else:
+            self._tables.move_to_end(question)
+        return table
+
+    def forget(self, name: str) -> None:
+        for table in self._tables.values():
+            table.pop(name, None)
+
+
 class Cluster:
     """Nodes, pods and holds. Mutable; single-threaded (one asyncio loop), so no operation is interleaved."""
 
@@ -261,11 +286,13 @@ class Cluster:
         self.expired: set[str] = set()
         """Pods whose reservation expired: their annotations alone never reserve again (only a binding does)."""
         self.fit_index = FitIndex()
+        self.memo = NodeMemo()
 
     def _changed(self, state: NodeState) -> None:
         """Recompute a node's summary after any change, and the indexes built on it."""
         state.refresh()
         self.fit_index.update(state)
+        self.memo.forget(state.name)
 
     # -- holds
 
@@ -316,6 +343,7 @@ class Cluster:
         if not state.known and not state.holds:
             del self.nodes[state.name]
             self.fit_index.forget(state.name)
+            self.memo.forget(state.name)
 
     def apply_node(self, node: Raw, deleted: bool = False) -> None:
         name = str((node.get("metadata") or {}).get("name") or "")

@@ -137,8 +137,13 @@ def filter_reply(
     return reply
 
 
+def host_priority(host: str, score: int) -> Raw:
+    """One entry of a HostPriorityList. The server keeps these per node between requests: never mutate one."""
+    return {"Host": host, "Score": score}
+
+
 def priority_reply(scores: list[tuple[str, int]]) -> list[Raw]:
-    return [{"Host": host, "Score": score} for host, score in scores]
+    return [host_priority(host, score) for host, score in scores]
 
 
 def binding_reply(error: str = "") -> Raw:

@@ -64,26 +64,10 @@ class FilterOutcome:
 NOT_IN_CACHE = "node is not in the extender's cache (yet)"
 
 
-def judge(demand: Demand, state: NodeState | None, unit: str, memo_key: str = "") -> tuple[Verdict, str]:
-    """Whether the demand fits on the node now, and if not, a reason a person can act on.
-
-    The answer is remembered in the node's memo under `memo_key` (see `_judge_key`) until the node changes:
-    a burst of same-sized pods gets its reasons formatted once per node, not once per request.
-    """
+def judge(demand: Demand, state: NodeState | None, unit: str) -> tuple[Verdict, str]:
+    """Whether the demand fits on the node now, and if not, a reason a person can act on."""
     if state is None or not state.known:
         return Verdict.FAILED, NOT_IN_CACHE
-    key = memo_key or _judge_key(demand, unit)
-    answer: tuple[Verdict, str] | None = state.memo.get(key)
-    if answer is None:
-        answer = state.memo[key] = _judge(demand, state, unit)
-    return answer
-
-
-def _judge_key(demand: Demand, unit: str) -> str:
-    return f"judge:{demand.per_device}:{demand.devices}:{unit}"
-
-
-def _judge(demand: Demand, state: NodeState, unit: str) -> tuple[Verdict, str]:
     need, count = demand.per_device, demand.devices
     if count == 1:
         if state.largest_free >= need and state.ready:
@@ -116,34 +100,45 @@ def _judge(demand: Demand, state: NodeState, unit: str) -> tuple[Verdict, str]:
     return Verdict.FAILED, f"needs {count} GPUs with {need} {unit} free each; {enough} of {total} have that much"
 
 
+def judge_key(demand: Demand, unit: str) -> str:
+    """Names the question `judge` answers, for the cache's `NodeMemo` table of its answers."""
+    return f"judge:{demand.per_device}:{demand.devices}:{unit}"
+
+
 def filter_nodes(
     demand: Demand,
     names: list[str],
     states: Mapping[str, NodeState],
     unit: str,
     fitting: set[str] | frozenset[str] | None = None,
+    memo: dict[str, tuple[Verdict, str]] | None = None,
 ) -> FilterOutcome:
     """Split node names into those that fit and those that do not, with a reason for each of the latter.
 
     `fitting`, when given, is the set of node names that take this one-GPU demand now (the cache's
     `FitIndex`): membership then decides the common case at C speed, and only the other names are judged.
+    `memo`, when given, is the cache's table of `judge` answers for this demand (`judge_key`): a burst of
+    same-sized pods then gets its reasons formatted once per node, not once per request.
     """
     outcome = FilterOutcome()
-    if demand.is_zero:
-        outcome.passed = list(names)
+    if demand.is_zero or (fitting is not None and demand.devices == 1 and fitting.issuperset(names)):
+        outcome.passed = names  # the caller's own list: the common case, and 5,000 names cost a copy
         return outcome
     if fitting is not None and demand.devices == 1:
-        if fitting.issuperset(names):
-            outcome.passed = list(names)
-            return outcome
         outcome.passed = [name for name in names if name in fitting]
         rejected = [name for name in names if name not in fitting]
     else:
         rejected = names
     passed, failed, unresolvable = outcome.passed, outcome.failed, outcome.unresolvable
-    key = _judge_key(demand, unit)
+    memo = {} if memo is None else memo
     for name in rejected:
-        verdict, reason = judge(demand, states.get(name), unit, key)
+        answer = memo.get(name)
+        if answer is None:
+            state = states.get(name)
+            answer = judge(demand, state, unit)
+            if state is not None:
+                memo[name] = answer
+        verdict, reason = answer
         if verdict is Verdict.FITS:
             passed.append(name)
         elif verdict is Verdict.FAILED:
@@ -198,25 +193,10 @@ def _choose_one(need: int, state: NodeState, strategy: Strategy) -> tuple[int, .
     return (state.devices[chosen].index,) if chosen >= 0 else None
 
 
-def score_node(demand: Demand, state: NodeState | None, config: PolicyConfig, memo_key: str = "") -> int:
-    """0..10: the weighted fill after placement of the chosen devices and of the node; 0 when it does not fit.
-
-    Remembered in the node's memo under `memo_key` (see `_score_key`) until the node changes.
-    """
+def score_node(demand: Demand, state: NodeState | None, config: PolicyConfig) -> int:
+    """0..10: the weighted fill after placement of the chosen devices and of the node; 0 when it does not fit."""
     if demand.is_zero or state is None or not state.known or not state.ready:
         return 0
-    key = memo_key or _score_key(demand, config)
-    score: int | None = state.memo.get(key)
-    if score is None:
-        score = state.memo[key] = _score(demand, state, config)
-    return score
-
-
-def _score_key(demand: Demand, config: PolicyConfig) -> str:
-    return f"score:{demand.per_device}:{demand.devices}:{config.memo_key}"
-
-
-def _score(demand: Demand, state: NodeState, config: PolicyConfig) -> int:
     indexes = choose_devices(demand, state, config.device_strategy)
     if indexes is None:
         return 0
@@ -230,13 +210,9 @@ def _score(demand: Demand, state: NodeState, config: PolicyConfig) -> int:
     return (config.device_weight * device_score + config.node_weight * node_score) // weights if weights else 0
 
 
-def score_nodes(
-    demand: Demand, names: Iterable[str], states: Mapping[str, NodeState], config: PolicyConfig
-) -> list[tuple[str, int]]:
-    if demand.is_zero:
-        return [(name, 0) for name in names]
-    key = _score_key(demand, config)
-    return [(name, score_node(demand, states.get(name), config, key)) for name in names]
+def score_key(demand: Demand, config: PolicyConfig) -> str:
+    """Names the question `score_node` answers, for the cache's `NodeMemo` tables built on its answers."""
+    return f"score:{demand.per_device}:{demand.devices}:{config.memo_key}"
 
 
 # --- preemption -------------------------------------------------------------------------------------------

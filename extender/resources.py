@@ -94,6 +94,8 @@ def parse_count(value: object) -> int:
     Extended resources are integers in Kubernetes; a fraction, a negative number or garbage is refused with a
     message that quotes the value.
     """
+    if type(value) is str and value.isdigit():  # "16": nearly every quantity a device plugin sees
+        return int(value)
     if isinstance(value, bool):
         raise InvalidQuantity(f"{value!r} is not a quantity")
     if isinstance(value, int):
@@ -139,20 +141,24 @@ class Demand:
 NO_DEMAND = Demand(memory=0, devices=1)
 
 
-def _container_amount(container: Raw, resource: str, where: str) -> int:
+def _container_amount(pod: Raw, container: Raw, resource: str, kind: str) -> int:
     resources = container.get("resources") or {}
     if not isinstance(resources, dict):
-        raise InvalidPod(f"{where}: resources must be an object")
+        raise InvalidPod(f"{_where(pod, container, kind)}: resources must be an object")
     for section in ("limits", "requests"):
         table = resources.get(section) or {}
         if not isinstance(table, dict):
-            raise InvalidPod(f"{where}: resources.{section} must be an object")
+            raise InvalidPod(f"{_where(pod, container, kind)}: resources.{section} must be an object")
         if resource in table:
             try:
                 return parse_count(table[resource])
             except InvalidQuantity as error:
-                raise InvalidPod(f"{where}: {section} {resource} {error}") from None
+                raise InvalidPod(f"{_where(pod, container, kind)}: {section} {resource} {error}") from None
     return 0
+
+
+def _where(pod: Raw, container: Raw, kind: str) -> str:
+    return f"pod {pod_key(pod)} {kind} {container.get('name', '?')}"
 
 
 def _pod_amount(pod: Raw, resource: str) -> int:
@@ -160,7 +166,6 @@ def _pod_amount(pod: Raw, resource: str) -> int:
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         raise InvalidPod("Pod.spec is missing or not an object")
-    name = pod_key(pod)
     total = 0
     containers = spec.get("containers") or []
     if not isinstance(containers, list):
@@ -168,13 +173,12 @@ def _pod_amount(pod: Raw, resource: str) -> int:
     for container in containers:
         if not isinstance(container, dict):
             raise InvalidPod("Pod.spec.containers must hold objects")
-        total += _container_amount(container, resource, f"pod {name} container {container.get('name', '?')}")
+        total += _container_amount(pod, container, resource, "container")
     init_largest = 0
-    for container in spec.get("initContainers") or []:
+    for container in spec.get("initContainers") or ():
         if not isinstance(container, dict):
             raise InvalidPod("Pod.spec.initContainers must hold objects")
-        where = f"pod {name} init container {container.get('name', '?')}"
-        init_largest = max(init_largest, _container_amount(container, resource, where))
+        init_largest = max(init_largest, _container_amount(pod, container, resource, "init container"))
     return max(total, init_largest)
 
 

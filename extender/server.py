@@ -32,7 +32,7 @@ from extender.cluster import Cluster, NodeState
 from extender.httpserver import HttpServer, Request, Response, Router, json_error
 from extender.ledger import Ledger
 from extender.metrics import Metrics
-from extender.policy import PolicyConfig, filter_nodes, preempt_candidates, score_nodes
+from extender.policy import PolicyConfig, filter_nodes, judge_key, preempt_candidates, score_key, score_node
 from extender.resources import Demand, InvalidPod, Raw, pod_demand, pod_key
 
 log = logging.getLogger(__name__)
@@ -162,12 +162,14 @@ def _filter(request: Request, service: Service) -> VerbResult:
     if not service.ready():
         return contract.filter_reply(args, [], {}, {}, NOT_READY), NOT_READY
     service.recent.remember(args.Pod)
-    cluster = service.cluster
+    cluster, unit = service.cluster, service.policy.unit
     states = _states(args, cluster)
-    fitting = None
-    if states is cluster.nodes and demand.devices == 1 and not demand.is_zero:
-        fitting = cluster.fit_index.fitting(demand.per_device, cluster.nodes)
-    outcome = filter_nodes(demand, names, states, service.policy.unit, fitting)
+    fitting, memo = None, None
+    if states is cluster.nodes and not demand.is_zero:  # the cache's own indexes; views of sent nodes have none
+        memo = cluster.memo.table(judge_key(demand, unit))
+        if demand.devices == 1:
+            fitting = cluster.fit_index.fitting(demand.per_device, cluster.nodes)
+    outcome = filter_nodes(demand, names, states, unit, fitting, memo)
     metrics = service.metrics
     metrics.nodes_accepted.inc(len(outcome.passed))
     if outcome.failed:
@@ -183,8 +185,25 @@ def _prioritize(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderArgs)
     demand = _demand(args.Pod, service)
     names = contract.requested_names(args)
-    scores = score_nodes(demand, names, _states(args, service.cluster), service.policy)
-    return contract.priority_reply(scores), ""
+    cluster, policy = service.cluster, service.policy
+    states = _states(args, cluster)
+    if demand.is_zero:
+        return contract.priority_reply([(name, 0) for name in names]), ""
+    # The reply entries themselves are remembered per node until it changes: building a thousand small
+    # dicts per request cost more than scoring (measured), and kube-scheduler asks the same sizes over and over.
+    entries: dict[str, Raw] = (
+        cluster.memo.table("entry:" + score_key(demand, policy)) if states is cluster.nodes else {}
+    )
+    reply = []
+    for name in names:
+        entry = entries.get(name)
+        if entry is None:
+            state = states.get(name)
+            entry = contract.host_priority(name, score_node(demand, state, policy))
+            if state is not None:
+                entries[name] = entry
+        reply.append(entry)
+    return reply, ""
 
 
 async def _bind(request: Request, service: Service) -> VerbResult:

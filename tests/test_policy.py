@@ -15,6 +15,7 @@ from extender.policy import (
     choose_devices,
     filter_nodes,
     judge,
+    judge_key,
     least_allocated,
     most_allocated,
     preempt_candidates,
@@ -230,14 +231,27 @@ def test_the_fit_index_follows_every_change_of_a_node() -> None:
     assert fits_12 == set()
 
 
-def test_remembered_scores_and_reasons_are_forgotten_when_the_node_changes() -> None:
-    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
-    state = cluster.nodes["n1"]
-    assert score_node(Demand(4), state, BINPACK) == 2  # device 4*10//16 = 2, node the same
-    assert judge(Demand(12), state, "GiB") == (Verdict.FITS, "")
-    cluster.apply_pod(bound_pod("a", "n1", (0,), 8))
-    assert score_node(Demand(4), state, BINPACK) == 7  # (8+4)*10//16 = 7
-    assert judge(Demand(12), state, "GiB")[0] is Verdict.FAILED
+def test_remembered_answers_are_forgotten_when_their_node_changes() -> None:
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
+    names = ["n1", "n2"]
+    memo = cluster.memo.table(judge_key(Demand(12), "GiB"))
+    occupied = bound_pod("a", "n1", (0,), 8)
+    cluster.apply_pod(occupied)
+    fitting = cluster.fit_index.fitting(12, cluster.nodes)
+    first = filter_nodes(Demand(12), names, cluster.nodes, "GiB", fitting, memo)
+    assert (first.passed, list(memo)) == (["n2"], ["n1"])  # only n1 was judged, and remembered
+    cluster.apply_pod(occupied, deleted=True)
+    assert "n1" not in memo
+    assert filter_nodes(Demand(12), names, cluster.nodes, "GiB", fitting, memo).passed == names
+
+
+def test_the_memo_keeps_only_the_most_recent_questions() -> None:
+    cluster = make_cluster()
+    cluster.memo.limit = 2
+    first = cluster.memo.table("a")
+    cluster.memo.table("b")
+    cluster.memo.table("c")
+    assert cluster.memo.table("a") is not first
 
 
 def test_the_fit_index_keeps_only_the_most_recent_demand_sizes() -> None:

@@ -192,3 +192,19 @@ async def test_inspect_shows_devices_pods_and_reservations_with_their_age(client
     assert [entry["name"] for entry in everything["nodes"]] == ["n1"]
     missing = await client.get("/inspect/ghost")
     assert (missing.status, (await missing.json())["Error"]) == (404, "node ghost is not in the extender's cache")
+
+
+async def test_prioritize_answers_follow_the_cache_after_a_bind(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
+    client = await client_for(make_service(cluster))
+    body = orjson.dumps(filter_body(make_pod("q", gpu_mem=4), names=["n1", "n2"]))
+    before = await (await client.post("/prioritize", data=body)).json()
+    pod = make_pod("p", gpu_mem=8)
+    await client.post("/filter", data=orjson.dumps(filter_body(pod)))
+    assert await (await client.post("/bind", data=orjson.dumps(bind_body(pod)))).json() == {"Error": ""}
+    after = await (await client.post("/prioritize", data=body)).json()
+    # n1 now holds 8: a 4 GiB pod there fills (8+4)*10//16 = 7 on device and node; n2 stays 4*10//16 = 2.
+    assert (before, after) == (
+        [{"Host": "n1", "Score": 2}, {"Host": "n2", "Score": 2}],
+        [{"Host": "n1", "Score": 7}, {"Host": "n2", "Score": 2}],
+    )
