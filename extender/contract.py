@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation, TypeAdapter, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 MAX_EXTENDER_PRIORITY = 10
 
@@ -32,11 +33,23 @@ class NodeList(_Wire):
 
 
 class ExtenderArgs(_Wire):
-    """Body of filter and prioritize."""
+    """Body of filter and prioritize.
+
+    `NodeNames` is checked to be a list here, and its items to be strings by `checked_names` (or, on
+    filter's fast path, by their membership in a set of strings): checking 5,000 names up front cost a
+    tenth of a filter request (measured), and the fast path proves them strings anyway.
+    """
 
     Pod: Raw
     Nodes: NodeList | None = None
-    NodeNames: list[str] | None = None
+    NodeNames: SkipValidation[list[str]] | None = None
+
+    @field_validator("NodeNames", mode="before")
+    @classmethod
+    def _a_list(cls, value: Any) -> Any:
+        if value is not None and type(value) is not list:
+            raise PydanticCustomError("list_type", "Input should be a valid list")
+        return value
 
 
 class ExtenderFilterResult(_Wire):
@@ -90,11 +103,11 @@ class ExtenderPreemptionResult(_Wire):
     NodeNameToMetaVictims: dict[str, MetaVictims]
 
 
-def describe_error(error: ValidationError) -> str:
+def describe_error(error: ValidationError, prefix: str = "") -> str:
     """One line naming each wrong field, e.g. `NodeNames.3: Input should be a valid string`."""
     parts = []
     for problem in error.errors(include_url=False):
-        where = ".".join(str(part) for part in problem["loc"]) or "body"
+        where = ".".join(str(part) for part in (prefix, *problem["loc"]) if part != "") or "body"
         parts.append(f"{where}: {problem['msg']}")
     return "; ".join(parts)
 
@@ -104,10 +117,28 @@ def node_name(node: Raw) -> str:
     return str(meta.get("name") or "") if isinstance(meta, dict) else ""
 
 
-def requested_names(args: ExtenderArgs) -> list[str]:
-    """The node names asked about, from whichever form the scheduler used."""
+_NAMES = TypeAdapter(list[str], config=ConfigDict(strict=True))
+
+
+class InvalidArgs(ValueError):
+    """A request that passed the first checks but holds a wrong item; the message names it."""
+
+
+def checked_names(names: list[Any]) -> list[str]:
+    """`names`, once every item is known to be a string; else InvalidArgs naming the first that is not."""
+    try:
+        return _NAMES.validate_python(names)
+    except ValidationError as error:
+        raise InvalidArgs(f"invalid ExtenderArgs: {describe_error(error, prefix='NodeNames')}") from None
+
+
+def requested_names(args: ExtenderArgs, checked: bool = True) -> list[str]:
+    """The node names asked about, from whichever form the scheduler used.
+
+    With `checked=False` the items of `NodeNames` are not checked to be strings: the caller proves it.
+    """
     if args.NodeNames is not None:
-        return args.NodeNames
+        return checked_names(args.NodeNames) if checked else args.NodeNames
     if args.Nodes is not None and args.Nodes.items:
         return [node_name(node) for node in args.Nodes.items]
     return []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from extender.cluster import Allocation, Cluster, NodeState
 from extender.resources import Demand
@@ -100,6 +101,20 @@ def judge(demand: Demand, state: NodeState | None, unit: str) -> tuple[Verdict, 
     return Verdict.FAILED, f"needs {count} GPUs with {need} {unit} free each; {enough} of {total} have that much"
 
 
+def all_fit(demand: Demand, names: list[Any], fitting: set[str] | frozenset[str]) -> bool:
+    """Whether every name is in `fitting` (so each is a string, and each node takes the one-GPU demand).
+
+    The common case of a filter, at C speed: one hash and one probe per name. Never raises: an item that
+    cannot be hashed is simply not a name that fits.
+    """
+    if demand.devices != 1:
+        return False
+    try:
+        return fitting.issuperset(names)
+    except TypeError:
+        return False
+
+
 def judge_key(demand: Demand, unit: str) -> str:
     """Names the question `judge` answers, for the cache's `NodeMemo` table of its answers."""
     return f"judge:{demand.per_device}:{demand.devices}:{unit}"
@@ -116,13 +131,14 @@ def filter_nodes(
     """Split node names into those that fit and those that do not, with a reason for each of the latter.
 
     `fitting`, when given, is the set of node names that take this one-GPU demand now (the cache's
-    `FitIndex`): membership then decides the common case at C speed, and only the other names are judged.
+    `FitIndex`): membership then decides at C speed, and only the other names are judged (when all are in
+    it, the caller need not come here at all: see `all_fit`).
     `memo`, when given, is the cache's table of `judge` answers for this demand (`judge_key`): a burst of
     same-sized pods then gets its reasons formatted once per node, not once per request.
     """
     outcome = FilterOutcome()
-    if demand.is_zero or (fitting is not None and demand.devices == 1 and fitting.issuperset(names)):
-        outcome.passed = names  # the caller's own list: the common case, and 5,000 names cost a copy
+    if demand.is_zero:
+        outcome.passed = names
         return outcome
     if fitting is not None and demand.devices == 1:
         outcome.passed = [name for name in names if name in fitting]

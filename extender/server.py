@@ -32,7 +32,16 @@ from extender.cluster import Cluster, NodeState
 from extender.httpserver import HttpServer, Request, Response, Router, json_error
 from extender.ledger import Ledger
 from extender.metrics import Metrics
-from extender.policy import PolicyConfig, filter_nodes, judge_key, preempt_candidates, score_key, score_node
+from extender.policy import (
+    FilterOutcome,
+    PolicyConfig,
+    all_fit,
+    filter_nodes,
+    judge_key,
+    preempt_candidates,
+    score_key,
+    score_node,
+)
 from extender.resources import Demand, InvalidPod, Raw, pod_demand, pod_key
 
 log = logging.getLogger(__name__)
@@ -158,7 +167,7 @@ NOT_READY = "extender is not ready: its cache has not been filled yet"
 def _filter(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderArgs)
     demand = _demand(args.Pod, service)
-    names = contract.requested_names(args)
+    names = contract.requested_names(args, checked=False)
     if not service.ready():
         return contract.filter_reply(args, [], {}, {}, NOT_READY), NOT_READY
     service.recent.remember(args.Pod)
@@ -169,7 +178,10 @@ def _filter(request: Request, service: Service) -> VerbResult:
         memo = cluster.memo.table(judge_key(demand, unit))
         if demand.devices == 1:
             fitting = cluster.fit_index.fitting(demand.per_device, cluster.nodes)
-    outcome = filter_nodes(demand, names, states, unit, fitting, memo)
+    if fitting is not None and all_fit(demand, names, fitting):
+        outcome = FilterOutcome(passed=names)  # the common case: every name is a node that takes the pod
+    else:
+        outcome = filter_nodes(demand, _checked(names, args), states, unit, fitting, memo)
     metrics = service.metrics
     metrics.nodes_accepted.inc(len(outcome.passed))
     if outcome.failed:
@@ -181,10 +193,19 @@ def _filter(request: Request, service: Service) -> VerbResult:
     return contract.filter_reply(args, outcome.passed, outcome.failed, outcome.unresolvable), ""
 
 
+def _checked(names: list[str], args: contract.ExtenderArgs) -> list[str]:
+    if args.NodeNames is None:
+        return names  # from whole node objects: strings already
+    try:
+        return contract.checked_names(names)
+    except contract.InvalidArgs as error:
+        raise BadRequest(400, str(error)) from None
+
+
 def _prioritize(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderArgs)
     demand = _demand(args.Pod, service)
-    names = contract.requested_names(args)
+    names = _checked(contract.requested_names(args, checked=False), args)
     cluster, policy = service.cluster, service.policy
     states = _states(args, cluster)
     if demand.is_zero:

@@ -208,3 +208,24 @@ async def test_prioritize_answers_follow_the_cache_after_a_bind(client_for: Clie
         [{"Host": "n1", "Score": 2}, {"Host": "n2", "Score": 2}],
         [{"Host": "n1", "Score": 7}, {"Host": "n2", "Score": 2}],
     )
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["n1", 3], "NodeNames.1: Input should be a valid string"),
+        ([["n1"]], "NodeNames.0: Input should be a valid string"),
+        ([{"n": 1}, "n1"], "NodeNames.0: Input should be a valid string"),
+        ("n1", "NodeNames: Input should be a valid list"),
+    ],
+)
+async def test_node_names_that_are_not_strings_are_refused_on_every_path(
+    verb: str, names: Any, message: str, client_for: ClientFor
+) -> None:
+    # Filter's fast path checks names by membership in a set of strings; every other path checks them
+    # one by one. Either way a wrong item is a 400 that names it, never a 500 or a silently odd answer.
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    response = await client.post(f"/{verb}", data=orjson.dumps({"Pod": make_pod(gpu_mem=4), "NodeNames": names}))
+    assert response.status == 400
+    assert message in (await response.json())["Error"]
