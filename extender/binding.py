@@ -108,9 +108,17 @@ async def bind(
     recent: RecentPods,
     clock: Callable[[], float] = time.time,
 ) -> str:
-    """Bind the pod; returns "" on success, else the error for the reply's `Error` field."""
-    async with ledger.lock(request.node):
-        with ledger.in_flight(request.uid):
+    """Bind the pod; returns "" on success, else the error for the reply's `Error` field.
+
+    Binds to one node queue on its lock. A bind of a pod while another bind of the same pod runs (to
+    another node: the scheduler gave up on the first after its timeout) is refused, so the second can
+    never undo the first's reservation while the first may still succeed.
+    """
+    async with ledger.locked(request.node):
+        running = ledger.running_bind(request.uid)
+        if running is not None:
+            return f"pod {request.key}: a bind to {running} is still running"
+        with ledger.in_flight(request.uid, request.node):
             return await _bind_locked(request, cluster, ledger, policy, binder, recent, clock)
 
 

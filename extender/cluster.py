@@ -12,7 +12,6 @@ never decides placement: that is `policy.py`, and reservations' rules are `ledge
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -24,6 +23,8 @@ from extender.resources import (
     InvalidPod,
     Profile,
     Raw,
+    as_object,
+    ceil_div,
     node_devices,
     node_ready,
     pod_demand,
@@ -118,7 +119,7 @@ def _read_allocation(
         memory = demand.memory if demand else 0
     if any(index < 0 for index in indexes) or memory < 0:
         return None
-    return Allocation(uid, key, node, indexes, math.ceil(memory / len(indexes)))
+    return Allocation(uid, key, node, indexes, ceil_div(memory, len(indexes)))
 
 
 def _assume_time(annotations: dict[str, Any], profile: Profile) -> float:
@@ -283,8 +284,9 @@ class Cluster:
         self._hold_node: dict[str, str] = {}
         self.reserved: dict[str, Hold] = {}
         """Holds not yet observed, by pod UID: what the ledger expires."""
-        self.expired: set[str] = set()
-        """Pods whose reservation expired: their annotations alone never reserve again (only a binding does)."""
+        self.abandoned: set[str] = set()
+        """Pods whose reservation ended without a binding (expired, or its bind failed): their annotations
+        alone never reserve again; only a binding (or a new reservation) counts them."""
         self.fit_index = FitIndex()
         self.memo = NodeMemo()
 
@@ -346,7 +348,7 @@ class Cluster:
             self.memo.forget(state.name)
 
     def apply_node(self, node: Raw, deleted: bool = False) -> None:
-        name = str((node.get("metadata") or {}).get("name") or "")
+        name = str(as_object(node.get("metadata")).get("name") or "")
         if not name:
             return
         if deleted:
@@ -365,7 +367,7 @@ class Cluster:
 
     def describe(self, node: Raw) -> NodeState:
         """The state of a node the scheduler sent as a whole object: the cache's if known, else built from it."""
-        name = str((node.get("metadata") or {}).get("name") or "")
+        name = str(as_object(node.get("metadata")).get("name") or "")
         state = self.nodes.get(name)
         if state is not None and state.known:
             return state
@@ -386,7 +388,7 @@ class Cluster:
         phase = (pod.get("status") or {}).get("phase")
         if deleted or phase in TERMINAL_PHASES:
             self.pods.pop(uid, None)
-            self.expired.discard(uid)
+            self.abandoned.discard(uid)
             self.release(uid)
             return
         record = pod_record(pod, self.profile)
@@ -394,11 +396,11 @@ class Cluster:
         allocation = record.allocation
         current = self.hold_of(uid)
         if allocation is not None and record.node_name:
-            self.expired.discard(uid)
+            self.abandoned.discard(uid)
             if current is None or not current.observed or current.allocation != allocation:
                 self.hold(Hold(allocation, observed=True, since=record.assume_time))
         elif allocation is not None:
-            if current is None and uid not in self.expired:
+            if current is None and uid not in self.abandoned:
                 # Annotated by us but never bound (a crash between patch and binding): a reservation again,
                 # counted from its assume time, so the ledger's TTL frees it if the binding never comes.
                 self.hold(Hold(allocation, observed=False, since=record.assume_time))
@@ -421,7 +423,7 @@ class Cluster:
         for uid in list(self.pods):
             if uid not in listed_pods:
                 self.pods.pop(uid)
-                self.expired.discard(uid)
+                self.abandoned.discard(uid)
                 self.release(uid)
         for uid in list(self._hold_node):
             hold = self.hold_of(uid)

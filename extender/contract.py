@@ -190,6 +190,11 @@ def preemption_reply(kept: dict[str, list[str]], violations: dict[str, int]) -> 
     }
 
 
+def _uid(pod: Raw) -> str:
+    meta = pod.get("metadata")
+    return str(meta.get("uid") or "") if isinstance(meta, dict) else ""
+
+
 def preemption_candidates(args: ExtenderPreemptionArgs) -> tuple[dict[str, list[str]], dict[str, int]]:
     """Victim UIDs per candidate node (from either form) and PDB violations per node."""
     candidates: dict[str, list[str]] = {}
@@ -201,6 +206,6 @@ def preemption_candidates(args: ExtenderPreemptionArgs) -> tuple[dict[str, list[
     elif args.NodeNameToVictims is not None:
         for node, victims in args.NodeNameToVictims.items():
             pods = (victims.Pods or []) if victims else []
-            candidates[node] = [str((pod.get("metadata") or {}).get("uid") or "") for pod in pods]
+            candidates[node] = [_uid(pod) for pod in pods]
             violations[node] = victims.NumPDBViolations if victims else 0
     return candidates, violations

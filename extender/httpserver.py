@@ -117,6 +117,10 @@ class _Connection(asyncio.Protocol):
         self.queue: deque[tuple[Request | Response, bool]] = deque()
         self.busy = False
         self.closing = False
+        """The transport is closed or closing: nothing more is read or written."""
+        self.refusing = False
+        """A refusal is queued behind the request in flight: nothing more is read; what was queued before
+        it is still answered, in order, then the connection closes."""
         self.paused = False
         self.last_active = time.monotonic()
         self._reset()
@@ -140,7 +144,7 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        if self.closing or self.refusing:
             return
         self.last_active = time.monotonic()
         try:
@@ -158,21 +162,29 @@ class _Connection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self.url += url
         self.header_bytes += len(url)
+        self._check_header_size()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_bytes += len(name) + len(value)
+        self._check_header_size()
         lowered = name.lower()
         if lowered == b"content-length" and value.isdigit() and int(value) > self.server.max_body_bytes:
             self.refused = self._too_large()
         elif lowered == b"expect" and value.lower() == b"100-continue":
             self.expect_continue = True
 
-    def on_headers_complete(self) -> None:
-        if self.header_bytes > MAX_HEADER_BYTES:
-            self._refuse(json_error(431, f"request headers are over the limit of {MAX_HEADER_BYTES} bytes"))
-        elif self.refused is not None:
+    def _check_header_size(self) -> None:
+        """Refuse as soon as the request line and headers pass the limit, not after buffering them all."""
+        if self.header_bytes > MAX_HEADER_BYTES and self.refused is None:
+            self.refused = json_error(431, f"request headers are over the limit of {MAX_HEADER_BYTES} bytes")
             self._refuse(self.refused)
-        elif self.expect_continue and self.transport is not None:
+
+    def on_headers_complete(self) -> None:
+        if self.refused is not None:
+            self._refuse(self.refused)
+        elif self.expect_continue and not self.busy and not self.queue and self.transport is not None:
+            # Behind a request in flight the interim answer would come before that one's: leave it out; the
+            # client sends the body after its own short wait (Go: ExpectContinueTimeout, 1 s).
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, chunk: bytes) -> None:
@@ -184,7 +196,7 @@ class _Connection(asyncio.Protocol):
         self.body.append(chunk)
 
     def on_message_complete(self) -> None:
-        if self.closing:
+        if self.closing or self.refusing:
             return
         if self.refused is not None:
             self._refuse(self.refused)
@@ -208,11 +220,14 @@ class _Connection(asyncio.Protocol):
 
     def _refuse(self, response: Response) -> None:
         """Answer and close: the rest of what this connection sent cannot be trusted or is unwanted."""
-        if self.busy:  # after the answer to the request in flight, in order
+        if self.closing or self.refusing:
+            return
+        if self.busy:  # after the answers to the request in flight and to those queued behind it, in order
             self.queue.append((response, False))
-            self.closing = True
-            if self.transport is not None:
+            self.refusing = True
+            if self.transport is not None and not self.paused:
                 self.transport.pause_reading()
+                self.paused = True
             return
         self._write(response, keep_alive=False)
 
@@ -244,20 +259,20 @@ class _Connection(asyncio.Protocol):
         except Exception as error:
             response = _unexpected(route, error)
         self.busy = False
-        self._write(response, keep_alive, draining=True)
-        while self.queue and not self.busy:
+        self._write(response, keep_alive)
+        while self.queue and not self.busy and not self.closing:
             queued, queued_keep_alive = self.queue.popleft()
             if isinstance(queued, Response):
-                self._write(queued, keep_alive=False, draining=True)
-            elif not self.closing:
+                self._write(queued, keep_alive=False)
+            else:
                 self._handle(queued, queued_keep_alive)
-        if self.paused and not self.closing and self.transport is not None:
+        if self.paused and not self.closing and not self.refusing and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
 
-    def _write(self, response: Response, keep_alive: bool, draining: bool = False) -> None:
+    def _write(self, response: Response, keep_alive: bool) -> None:
         transport = self.transport
-        if transport is None or transport.is_closing() or (self.closing and not draining):
+        if transport is None or self.closing or transport.is_closing():
             return
         keep_alive = keep_alive and not self.server.stopping
         head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n%s\r\n" % (

@@ -2,8 +2,10 @@
 
 The rules live here and nowhere else:
 - `reserve` re-checks free memory and records the hold in one step (no await in between), so two binds can
-  never take the same memory; callers also hold `lock(node)` across their I/O so binds to one node queue.
-- `release` undoes a reservation after any failure; an observed allocation is never released from here.
+  never take the same memory; callers also hold `locked(node)` across their I/O so binds to one node queue,
+  and mark the bind `in_flight` so no second bind of the same pod starts meanwhile.
+- `release` undoes a reservation after any failure and marks the pod abandoned (its annotations alone no
+  longer reserve); an observed allocation is never released from here.
 - `expire` frees reservations the API has not confirmed within the TTL, except those whose bind is running.
 - After every operation `used <= capacity` holds for every device a reservation touched.
 
@@ -14,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 from extender.cluster import Allocation, Cluster, Hold
 
@@ -28,24 +30,41 @@ class Ledger:
         self.ttl = ttl
         """Seconds a reservation may wait for the API to show its pod bound."""
         self.clock = clock
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._in_flight: set[str] = set()
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._in_flight: dict[str, str] = {}
 
-    def lock(self, node: str) -> asyncio.Lock:
-        """The lock that orders binds to one node."""
-        lock = self._locks.get(node)
-        if lock is None:
-            lock = self._locks[node] = asyncio.Lock()
-        return lock
+    @asynccontextmanager
+    async def locked(self, node: str) -> AsyncIterator[None]:
+        """Hold the lock that orders binds to one node. A node's lock exists only while binds use it, so
+        names that come and go (or never existed) leave nothing behind."""
+        entry = self._locks.get(node)
+        if entry is None:
+            entry = self._locks[node] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[node]
+
+    def running_bind(self, uid: str) -> str | None:
+        """The node a bind of this pod is running to, if one is."""
+        return self._in_flight.get(uid)
 
     @contextmanager
-    def in_flight(self, uid: str) -> Iterator[None]:
-        """Mark a pod's bind as running: its reservation is not expired meanwhile."""
-        self._in_flight.add(uid)
+    def in_flight(self, uid: str, node: str) -> Iterator[None]:
+        """Mark a pod's bind as running: its reservation is not expired meanwhile, and no second bind of the
+        same pod may start (to any node) until it ends."""
+        if uid in self._in_flight:
+            raise RuntimeError(f"a bind of pod {uid} is already running")
+        self._in_flight[uid] = node
         try:
             yield
         finally:
-            self._in_flight.discard(uid)
+            del self._in_flight[uid]
 
     def reserve(self, allocation: Allocation) -> str:
         """Take the allocation's memory; returns "" on success, else why it does not fit now."""
@@ -70,9 +89,14 @@ class Ledger:
         self.cluster.mark_bound(uid)
 
     def release(self, uid: str) -> Hold | None:
-        """Undo a reservation (not an observed allocation); returns it, or None if there was none."""
+        """Undo a reservation (not an observed allocation); returns it, or None if there was none.
+
+        The pod is marked abandoned: annotations we may already have written on it no longer reserve
+        anything by themselves when the watch shows them (only a binding does).
+        """
         if uid not in self.cluster.reserved:
             return None
+        self.cluster.abandoned.add(uid)
         return self.cluster.release(uid)
 
     def expire(self) -> list[Hold]:
@@ -82,6 +106,5 @@ class Ledger:
             hold for uid, hold in self.cluster.reserved.items() if hold.since < deadline and uid not in self._in_flight
         ]
         for hold in expired:
-            self.cluster.release(hold.allocation.pod_uid)
-            self.cluster.expired.add(hold.allocation.pod_uid)
+            self.release(hold.allocation.pod_uid)
         return expired

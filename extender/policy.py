@@ -168,13 +168,17 @@ def filter_nodes(
 
 
 def most_allocated(used: int, capacity: int) -> int:
-    """Binpack: the fuller after placement, the higher (kube-scheduler's MostAllocated)."""
-    return used * MAX_SCORE // capacity if capacity > 0 else 0
+    """Binpack: the fuller after placement, the higher (kube-scheduler's MostAllocated).
+
+    `used` is capped at `capacity`: memory the API shows over a device's capacity (a GPU turned unhealthy
+    under running pods) must not push a score out of 0..10.
+    """
+    return min(used, capacity) * MAX_SCORE // capacity if capacity > 0 else 0
 
 
 def least_allocated(used: int, capacity: int) -> int:
-    """Spread: the emptier after placement, the higher (kube-scheduler's LeastAllocated)."""
-    return (capacity - used) * MAX_SCORE // capacity if capacity > 0 else 0
+    """Spread: the emptier after placement, the higher (kube-scheduler's LeastAllocated); `used` capped."""
+    return (capacity - min(used, capacity)) * MAX_SCORE // capacity if capacity > 0 else 0
 
 
 _SCORERS = {Strategy.BINPACK: most_allocated, Strategy.SPREAD: least_allocated}

@@ -10,7 +10,6 @@ them in messages.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -119,6 +118,11 @@ def parse_count(value: object) -> int:
 # --- a pod's demand ---------------------------------------------------------------------------------------
 
 
+def ceil_div(amount: int, parts: int) -> int:
+    """`amount / parts` rounded up, in integers (a float would overflow on a huge quantity)."""
+    return -(-amount // parts)
+
+
 @dataclass(frozen=True, slots=True)
 class Demand:
     """What a pod asks of one node: `devices` GPUs with `per_device` memory on each."""
@@ -131,7 +135,7 @@ class Demand:
     property: the filter reads it once per request and the policy's caches key on it."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "per_device", math.ceil(self.memory / self.devices) if self.devices else 0)
+        object.__setattr__(self, "per_device", ceil_div(self.memory, self.devices) if self.devices else 0)
 
     @property
     def is_zero(self) -> bool:
@@ -175,15 +179,32 @@ def _pod_amount(pod: Raw, resource: str) -> int:
             raise InvalidPod("Pod.spec.containers must hold objects")
         total += _container_amount(pod, container, resource, "container")
     init_largest = 0
-    for container in spec.get("initContainers") or ():
+    init_containers = spec.get("initContainers") or []
+    if not isinstance(init_containers, list):
+        raise InvalidPod("Pod.spec.initContainers must be a list")
+    for container in init_containers:
         if not isinstance(container, dict):
             raise InvalidPod("Pod.spec.initContainers must hold objects")
         init_largest = max(init_largest, _container_amount(pod, container, resource, "init container"))
     return max(total, init_largest)
 
 
+_POD_OBJECTS = ("metadata", "spec", "status")
+
+
 def pod_demand(pod: Raw, profile: Profile) -> Demand:
-    """The pod's GPU demand; raises InvalidPod naming the container and value when it cannot be read."""
+    """The pod's GPU demand; raises InvalidPod naming the field, container or value that cannot be read.
+
+    Also checks the shape of the parts of a pod the extender reads later (metadata and its annotations,
+    status), so one check at the door keeps every later reader from meeting a string where an object was.
+    """
+    for name in _POD_OBJECTS:
+        if name in pod and not isinstance(pod[name], dict):
+            raise InvalidPod(f"Pod.{name} must be an object")
+    meta = pod.get("metadata") or {}
+    for name in ("annotations", "labels"):
+        if name in meta and meta[name] is not None and not isinstance(meta[name], dict):
+            raise InvalidPod(f"Pod.metadata.{name} must be an object")
     memory = _pod_amount(pod, profile.memory_resource)
     if memory == 0:
         return NO_DEMAND
@@ -220,10 +241,15 @@ class NodeDevices:
     """Non-empty when the node advertises GPUs we could not read: shown in /inspect and in filter reasons."""
 
 
+def as_object(value: Any) -> Raw:
+    """`value` if it is an object, else an empty one: what a node carries that we cannot read is absent."""
+    return value if isinstance(value, dict) else {}
+
+
 def node_devices(node: Raw, profile: Profile) -> NodeDevices:
     """Devices from the per-device annotation when present and valid, else from capacity."""
-    meta = node.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
+    meta = as_object(node.get("metadata"))
+    annotations = as_object(meta.get("annotations"))
     listed = annotations.get(profile.node_devices_annotation)
     problem = ""
     if listed is not None:
@@ -231,7 +257,7 @@ def node_devices(node: Raw, profile: Profile) -> NodeDevices:
             return NodeDevices(_devices_from_annotation(listed))
         except ValueError as error:
             problem = f"annotation {profile.node_devices_annotation} ignored: {error}; "
-    capacity = (node.get("status") or {}).get("capacity") or {}
+    capacity = as_object(as_object(node.get("status")).get("capacity"))
     if profile.memory_resource not in capacity:
         return NodeDevices((), problem + f"no {profile.memory_resource} in capacity")
     try:
@@ -272,7 +298,8 @@ def _devices_from_annotation(text: str) -> tuple[Device, ...]:
 
 def node_ready(node: Raw) -> bool:
     """True unless the node reports condition Ready other than True (no conditions: trust the scheduler)."""
-    for condition in (node.get("status") or {}).get("conditions") or ():
+    conditions = as_object(node.get("status")).get("conditions")
+    for condition in conditions if isinstance(conditions, list) else ():
         if isinstance(condition, dict) and condition.get("type") == "Ready":
             return bool(condition.get("status") == "True")
     return True

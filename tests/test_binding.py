@@ -162,3 +162,54 @@ def test_slim_pod_keeps_identity_and_resources_only() -> None:
     slim = slim_pod(pod)
     assert slim["spec"] == {"containers": [{"name": "main", "resources": pod["spec"]["containers"][0]["resources"]}]}
     assert slim["metadata"]["uid"] == pod["metadata"]["uid"]
+
+
+async def test_a_second_bind_of_a_pod_to_another_node_while_the_first_runs_is_refused() -> None:
+    """kube-scheduler gives up on a bind after its timeout and may bind the pod elsewhere while the first
+    bind is still running: the second must not undo the first's reservation, which may yet succeed."""
+    cluster = make_cluster(make_node("a", gpus=1, mem=16), make_node("b", gpus=1, mem=16))
+    pod = make_pod("p", gpu_mem=10)
+    cluster.apply_pod(pod)
+    first_started, release = asyncio.Event(), asyncio.Event()
+
+    class SlowApi(FileBinder):
+        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+            if node == "a":
+                first_started.set()
+                await release.wait()
+            await super().bind(pod, node, annotations)
+
+    ledger, recent, policy = Ledger(cluster, 60, FakeClock()), RecentPods(), PolicyConfig()
+    binder = SlowApi(cluster, [pod])
+    first = asyncio.create_task(bind(request_for(pod, "a"), cluster, ledger, policy, binder, recent))
+    await first_started.wait()
+    second = await bind(request_for(pod, "b"), cluster, ledger, policy, binder, recent)
+    assert second == "pod default/p: a bind to a is still running"
+    assert cluster.nodes["a"].used == [10]  # the first's reservation stands
+    release.set()
+    assert await first == ""
+    assert (cluster.nodes["a"].used, cluster.nodes["b"].used) == ([10], [0])
+    other = make_pod("q", gpu_mem=10)
+    cluster.apply_pod(other)
+    assert "no longer fits" in await bind(request_for(other, "a"), cluster, ledger, policy, binder, recent)
+    assert not cluster.overcommitted()
+
+
+async def test_annotations_left_by_a_failed_bind_do_not_reserve_again() -> None:
+    """The patch succeeded, the binding did not: the reservation is released, and the watch event that
+    shows the annotated (still unbound) pod must not bring it back until the TTL."""
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
+    pod = make_pod("p", gpu_mem=10)
+    cluster.apply_pod(pod)
+    written: dict[str, str] = {}
+
+    class PatchThenFail:
+        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+            written.update(annotations)
+            raise BindError("creating the binding: 500")
+
+    assert "failed" in await run_bind(cluster, PatchThenFail(), request_for(pod))
+    annotated = {**pod, "metadata": {**pod["metadata"], "annotations": written}}
+    cluster.apply_pod(annotated)  # the patch, seen by the watch
+    assert cluster.nodes["n1"].used == [0]
+    assert not cluster.reserved

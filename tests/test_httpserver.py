@@ -207,3 +207,27 @@ async def test_stop_lets_a_request_in_flight_finish_then_closes() -> None:
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
     writer.close()
+
+
+async def test_a_refusal_pipelined_behind_a_slow_request_waits_for_the_requests_queued_before_it(
+    server: HttpServer,
+) -> None:
+    reader, writer = await connect(server)
+    too_big = f"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {LIMIT + 1}\r\n\r\n".encode()
+    writer.write(post("/slow", b"") + post("/echo", b"123") + too_big)
+    await asyncio.sleep(0.05)
+    server.gate.set()  # type: ignore[attr-defined]
+    answers = [await read_response(reader) for _ in range(3)]
+    assert [answer[0] for answer in answers] == [200, 200, 413]
+    assert orjson.loads(answers[1][2])["size"] == 3
+    assert answers[2][1]["connection"] == "close"
+    assert await reader.read() == b""
+    writer.close()
+
+
+async def test_an_endless_request_line_is_refused_without_buffering_it(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"GET /" + b"a" * 100_000)  # no end of line, no headers: refused before they come
+    status, headers, _ = await read_response(reader)
+    assert (status, headers["connection"]) == (431, "close")
+    writer.close()

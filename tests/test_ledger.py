@@ -71,7 +71,7 @@ def test_a_reservation_whose_bind_is_running_does_not_expire() -> None:
     ledger = make_ledger(cluster, ttl=1, clock=clock)
     ledger.reserve(allocation("a"))
     clock.advance(5)
-    with ledger.in_flight("a"):
+    with ledger.in_flight("a", "n1"):
         assert ledger.expire() == []
     assert len(ledger.expire()) == 1
 

@@ -261,3 +261,11 @@ def test_the_fit_index_keeps_only_the_most_recent_demand_sizes() -> None:
     cluster.fit_index.fitting(2, cluster.nodes)
     cluster.fit_index.fitting(3, cluster.nodes)
     assert cluster.fit_index.fitting(1, cluster.nodes) is not first  # evicted, rebuilt
+
+
+def test_scores_stay_within_0_and_10_when_a_gpu_holds_more_than_it_has() -> None:
+    # GPU 0 turned unhealthy (capacity 0) under a running 16 GiB pod; GPU 1 is empty.
+    node = make_node("n1", devices=[{"index": 0, "memory": 16, "healthy": False}, {"index": 1, "memory": 16}])
+    cluster = make_cluster(node, pods=(bound_pod("a", "n1", (0,), 16),))
+    assert 0 <= score_node(Demand(16), cluster.nodes["n1"], BINPACK) <= 10
+    assert 0 <= score_node(Demand(16), cluster.nodes["n1"], SPREAD) <= 10

@@ -16,6 +16,17 @@ def filter_body(pod: dict[str, Any] | None = None, names: Any = ("n1",)) -> dict
     return {"Pod": pod if pod is not None else make_pod(gpu_mem=4), "Nodes": None, "NodeNames": list(names)}
 
 
+class FailingBinder:
+    """Stands for an API server whose write fails: with BindError as a refused patch or binding would,
+    with anything else as a bug would."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+        raise self.error
+
+
 def bind_body(pod: dict[str, Any], node: str = "n1") -> dict[str, Any]:
     meta = pod["metadata"]
     return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
@@ -117,14 +128,10 @@ async def test_prioritize_scores_every_node_sent(client_for: ClientFor) -> None:
 async def test_an_unexpected_failure_is_a_500_with_a_message_and_the_reservation_is_released(
     client_for: ClientFor,
 ) -> None:
-    class Exploding:
-        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
-            raise RuntimeError("boom")
-
     cluster = make_cluster(make_node("n1"))
     pod = make_pod("p", gpu_mem=4)
     cluster.apply_pod(pod)
-    client = await client_for(make_service(cluster, binder=Exploding()))
+    client = await client_for(make_service(cluster, binder=FailingBinder(RuntimeError("boom"))))
     response = await client.post("/bind", data=orjson.dumps(bind_body(pod)))
     assert response.status == 500
     assert (await response.json())["Error"] == "internal error in bind: RuntimeError: boom"
@@ -132,14 +139,12 @@ async def test_an_unexpected_failure_is_a_500_with_a_message_and_the_reservation
 
 
 async def test_a_failed_bind_reports_the_error_and_frees_the_memory(client_for: ClientFor) -> None:
-    class Refusing:
-        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
-            raise BindError("creating the binding: 403 forbidden")
-
     cluster = make_cluster(make_node("n1"))
     pod = make_pod("p", gpu_mem=4)
     cluster.apply_pod(pod)
-    client = await client_for(make_service(cluster, binder=Refusing()))
+    client = await client_for(
+        make_service(cluster, binder=FailingBinder(BindError("creating the binding: 403 forbidden")))
+    )
     response = await client.post("/bind", data=orjson.dumps(bind_body(pod)))
     assert response.status == 200
     assert (await response.json())["Error"] == "binding default/p to n1 failed: creating the binding: 403 forbidden"
@@ -229,3 +234,66 @@ async def test_node_names_that_are_not_strings_are_refused_on_every_path(
     response = await client.post(f"/{verb}", data=orjson.dumps({"Pod": make_pod(gpu_mem=4), "NodeNames": names}))
     assert response.status == 400
     assert message in (await response.json())["Error"]
+
+
+def _pod_with(**changes: Any) -> dict[str, Any]:
+    pod = make_pod("p", gpu_mem=4)
+    for path, value in changes.items():
+        target = pod
+        *parents, last = path.split("__")
+        for parent in parents:
+            target = target[parent]
+        target[last] = value
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pod", "message"),
+    [
+        (_pod_with(metadata="x"), "Pod.metadata must be an object"),
+        (_pod_with(metadata__annotations="x"), "Pod.metadata.annotations must be an object"),
+        (_pod_with(status="x"), "Pod.status must be an object"),
+        (_pod_with(spec__initContainers=5), "Pod.spec.initContainers must be a list"),
+    ],
+)
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
+async def test_a_pod_of_the_wrong_shape_is_a_400(
+    pod: dict[str, Any], message: str, verb: str, client_for: ClientFor
+) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    body = {"Pod": pod, "NodeNames": ["n1"], "NodeNameToMetaVictims": {}}
+    response = await client.post(f"/{verb}", data=orjson.dumps(body))
+    assert (response.status, (await response.json())["Error"]) == (400, message)
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"metadata": "x"},
+        {"metadata": {"name": "odd"}, "status": "x"},
+        {"metadata": {"name": "odd"}, "status": {"conditions": 5, "capacity": ["x"]}},
+        {"metadata": {"name": "odd", "annotations": "x"}},
+    ],
+)
+async def test_whole_nodes_of_the_wrong_shape_are_nodes_without_gpus_not_errors(
+    node: dict[str, Any], client_for: ClientFor
+) -> None:
+    client = await client_for(make_service(make_cluster()))
+    body = orjson.dumps({"Pod": make_pod(gpu_mem=4), "Nodes": {"items": [node]}})
+    for verb in ("filter", "prioritize"):
+        response = await client.post(f"/{verb}", data=body)
+        assert response.status == 200, await response.text()
+
+
+async def test_preempt_victims_of_the_wrong_shape_are_not_a_500(client_for: ClientFor) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    body = {"Pod": make_pod(gpu_mem=4), "NodeNameToVictims": {"n1": {"Pods": [{"metadata": "x"}]}}}
+    response = await client.post("/preempt", data=orjson.dumps(body))
+    assert response.status == 200
+
+
+async def test_a_huge_quantity_is_answered_not_crashed_on(client_for: ClientFor) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    response = await client.post("/filter", data=orjson.dumps(filter_body(make_pod(gpu_mem="1e400", gpus=3))))
+    reply = await response.json()
+    assert (response.status, reply["NodeNames"], list(reply["FailedAndUnresolvableNodes"])) == (200, [], ["n1"])
