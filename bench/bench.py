@@ -14,6 +14,11 @@ name in `NodeNames`.
   (/proc/<pid>/task/*/schedstat, nanoseconds), which does not depend on how many cores the client left over.
 - Bind: every bind is for a fresh pod UID, filtered first (so the server remembers the pod), then bound to
   a node that fits; only the bind is timed.
+- HTTPS: production serves HTTPS with mutual TLS, so at the `--tls-sizes` (1,000 names) a second server over
+  the same cluster file runs with `--tls-cert --tls-key --client-ca` (certificates from `extender.certs`, made
+  in the bench's temp dir), and `filter` (all pass) and `bind` are driven exactly as above, through TLS sockets
+  that present the client certificate and verify the server against the CA. Connections stay keep-alive: one
+  handshake per connection, made before the timing starts, as kube-scheduler's Go client reuses connections.
 
 It reports numbers and never fails because a target is missed; it fails when any request errors or answers
 other than 200. It never leaves a server running (killed in `finally`, and by the kernel if this process
@@ -25,12 +30,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import gc
 import multiprocessing
 import os
 import platform
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -43,6 +50,7 @@ from typing import Any
 
 import orjson
 
+from extender.certs import CertificateFiles, write_certificates
 from extender.cluster import Cluster
 from extender.clustergen import generate, write
 from extender.resources import Profile
@@ -83,12 +91,42 @@ def encode_request(path: str, body: bytes, port: int) -> bytes:
     return head.encode() + body
 
 
-class Connection:
-    """One keep-alive connection; `exchange` sends pre-encoded request bytes and returns (status, body)."""
+@dataclass(frozen=True)
+class ClientTLS:
+    """What a client needs for mutual TLS: the CA to verify the server against, and its own certificate."""
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection((HOST, port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    ca: str
+    cert: str
+    key: str
+
+    @classmethod
+    def of(cls, files: CertificateFiles) -> ClientTLS:
+        return cls(str(files.ca_certificate), str(files.client_certificate), str(files.client_key))
+
+
+@functools.cache
+def client_context(tls: ClientTLS) -> ssl.SSLContext:
+    """Verifies the server's certificate (and its IP address) against the CA; presents the client certificate."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cafile=tls.ca)
+    context.load_cert_chain(tls.cert, tls.key)
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+class Connection:
+    """One keep-alive connection; `exchange` sends pre-encoded request bytes and returns (status, body).
+
+    With `tls`, the raw socket is wrapped in TLS and the handshake (mutual: the client certificate is
+    presented) happens here, once, so that the exchanges on the connection carry only the record-layer cost.
+    """
+
+    def __init__(self, port: int, tls: ClientTLS | None = None) -> None:
+        sock = socket.create_connection((HOST, port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            sock = client_context(tls).wrap_socket(sock, server_hostname=HOST)
+        self.sock = sock
         self.buffer = bytearray()
 
     def exchange(self, request: bytes) -> tuple[int, bytes]:
@@ -139,13 +177,24 @@ def free_port() -> int:
 
 
 class Server:
-    """`extender serve` over a cluster file, as a subprocess; stopped on exit, even on error."""
+    """`extender serve` over a cluster file, as a subprocess; stopped on exit, even on error.
 
-    def __init__(self, cluster_file: Path, log_file: Path) -> None:
+    Plain HTTP, or with `certificates` HTTPS with mutual TLS (`--tls-cert --tls-key --client-ca`).
+    """
+
+    def __init__(self, cluster_file: Path, log_file: Path, certificates: CertificateFiles | None = None) -> None:
         self.port = free_port()
         self.log_file = log_file
+        self.tls = ClientTLS.of(certificates) if certificates is not None else None
+        if certificates is None:
+            transport = ["--insecure-http"]
+        else:
+            transport = [
+                "--tls-cert", str(certificates.server_certificate), "--tls-key", str(certificates.server_key),
+                "--client-ca", str(certificates.ca_certificate),
+            ]  # fmt: skip
         command = [
-            sys.executable, "-m", "extender", "serve", "--cluster", str(cluster_file), "--insecure-http",
+            sys.executable, "-m", "extender", "serve", "--cluster", str(cluster_file), *transport,
             "--host", HOST, "--port", str(self.port), "--log-level", "WARNING",
         ]  # fmt: skip
         self.started = time.perf_counter()
@@ -159,7 +208,7 @@ class Server:
             if self.process.poll() is not None:
                 raise BenchError(f"server exited with {self.process.returncode}:\n{self.log_file.read_text()[-3000:]}")
             with contextlib.suppress(OSError, BenchError):
-                connection = Connection(self.port)
+                connection = self.connect()
                 try:
                     if connection.get("/readyz", self.port)[0] == 200:
                         return time.perf_counter() - self.started
@@ -167,6 +216,9 @@ class Server:
                     connection.close()
             time.sleep(0.1)
         raise BenchError(f"server not ready after {timeout:.0f} s")
+
+    def connect(self) -> Connection:
+        return Connection(self.port, self.tls)
 
     def cpu_seconds(self) -> float:
         """CPU time of every thread of the server so far: nanosecond schedstat, else the clock-tick stat."""
@@ -194,8 +246,10 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(cluster_file: Path, log_file: Path) -> Iterator[Server]:
-    server = Server(cluster_file, log_file)
+def running_server(
+    cluster_file: Path, log_file: Path, certificates: CertificateFiles | None = None
+) -> Iterator[Server]:
+    server = Server(cluster_file, log_file, certificates)
     try:
         yield server
     finally:
@@ -294,7 +348,7 @@ def sequential(
     seconds: float,
 ) -> tuple[list[float], float]:
     """Latencies (s) of sequential requests on one connection, and the server's CPU seconds per request."""
-    connection = Connection(server.port)
+    connection = server.connect()
     try:
         for number in range(warmup):
             status, body = connection.exchange(template.render(make_uid(run, 999, number)))
@@ -320,6 +374,7 @@ def sequential(
 
 def _repeat_worker(
     port: int,
+    tls: ClientTLS | None,
     template: Template,
     verb: str,
     run: int,
@@ -332,7 +387,7 @@ def _repeat_worker(
     check = CHECKS[verb]
     count, error = 0, ""
     try:
-        connection = Connection(port)
+        connection = Connection(port, tls)
         ready.wait()
         go.wait()
         cpu, started = time.process_time(), time.perf_counter()
@@ -350,6 +405,7 @@ def _repeat_worker(
 
 def _bind_worker(
     port: int,
+    tls: ClientTLS | None,
     nodes: list[str],
     run: int,
     worker: int,
@@ -361,7 +417,7 @@ def _bind_worker(
     binds = requests = 0
     error = ""
     try:
-        connection = Connection(port)
+        connection = Connection(port, tls)
         filters = {node: Template("/filter", filter_template_body(node), port) for node in nodes}
         ready.wait()
         go.wait()
@@ -449,6 +505,7 @@ class Plan:
     latency_seconds: float
     latency_limit: int
     warmup: int
+    tls_sizes: tuple[int, ...] = (1000,)
 
 
 def bench_args_verb(server: Server, verb: str, label: str, demand: int, names: list[str], run: int, plan: Plan) -> Row:
@@ -456,7 +513,7 @@ def bench_args_verb(server: Server, verb: str, label: str, demand: int, names: l
     check = CHECKS[verb]
     row = Row(label, len(names))
     if verb == "filter":
-        connection = Connection(server.port)
+        connection = server.connect()
         try:
             reply = orjson.loads(connection.exchange(template.render(make_uid(run, 998, 0)))[1])
         finally:
@@ -476,7 +533,10 @@ def bench_args_verb(server: Server, verb: str, label: str, demand: int, names: l
         server,
         plan.clients,
         _repeat_worker,
-        [(server.port, template, verb, run + 1, worker, plan.seconds) for worker in range(1, plan.clients + 1)],
+        [
+            (server.port, server.tls, template, verb, run + 1, worker, plan.seconds)
+            for worker in range(1, plan.clients + 1)
+        ],
     )
     row.achieved = result["rate"]
     row.per_core = result["requests"] / result["server_cpu"]
@@ -484,9 +544,9 @@ def bench_args_verb(server: Server, verb: str, label: str, demand: int, names: l
     return row
 
 
-def bench_bind(server: Server, names: list[str], run: int, plan: Plan) -> Row:
-    row = Row("bind", len(names))
-    connection = Connection(server.port)
+def bench_bind(server: Server, names: list[str], run: int, plan: Plan, label: str = "bind") -> Row:
+    row = Row(label, len(names))
+    connection = server.connect()
     latencies: list[float] = []
     bind_cpu = 0.0
     filters: dict[str, Template] = {}
@@ -536,19 +596,22 @@ def bench_bind(server: Server, names: list[str], run: int, plan: Plan) -> Row:
         server,
         plan.clients,
         _bind_worker,
-        [(server.port, shares[worker - 1], run + 1, worker, plan.seconds) for worker in range(1, plan.clients + 1)],
+        [
+            (server.port, server.tls, shares[worker - 1], run + 1, worker, plan.seconds)
+            for worker in range(1, plan.clients + 1)
+        ],
     )
     row.achieved = result["rate"]
     row.server_busy, row.client_cpu_us = result["server_busy"], result["client_cpu_per_request"] * 1e6
     row.notes.append(
-        f"bind at {len(names)}: {result['units']:.0f} binds in the concurrent run, each after its own filter "
+        f"{label} at {len(names)}: {result['units']:.0f} binds in the concurrent run, each after its own filter "
         f"(1 node name); 'req/s achieved' counts binds (filter+bind pairs), 'per server core' counts binds "
         f"alone, from the server's CPU clock read around each sequential bind"
     )
     return row
 
 
-def bench_size(size: int, workdir: Path, plan: Plan) -> list[Row]:
+def bench_size(size: int, workdir: Path, plan: Plan, certificates: CertificateFiles | None = None) -> list[Row]:
     started = time.perf_counter()
     objects = generate(size, gpus_per_node=(8,), seed=1)
     cluster_file = workdir / f"cluster-{size}.json"
@@ -575,6 +638,21 @@ def bench_size(size: int, workdir: Path, plan: Plan) -> list[Row]:
         ]
         if server.process.poll() is not None:
             raise BenchError(f"server died:\n{(workdir / f'server-{size}.log').read_text()[-3000:]}")
+    if certificates is not None and size in plan.tls_sizes:
+        log_file = workdir / f"server-{size}-tls.log"
+        with running_server(cluster_file, log_file, certificates) as server:
+            ready_after = server.wait_ready()
+            print(
+                f"  {size} nodes over HTTPS with mutual TLS: the server was ready {ready_after:.1f} s after it started",
+                file=sys.stderr,
+                flush=True,
+            )
+            rows += [
+                bench_args_verb(server, "filter", "filter (HTTPS, mTLS)", EASY_DEMAND, names, run + 9, plan),
+                bench_bind(server, names, run + 11, plan, "bind (HTTPS, mTLS)"),
+            ]
+            if server.process.poll() is not None:
+                raise BenchError(f"server died:\n{log_file.read_text()[-3000:]}")
     return rows
 
 
@@ -633,9 +711,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency-seconds", type=float, default=3.0, help="Longest sequential latency run.")
     parser.add_argument("--latency-requests", type=int, default=3000, help="Most requests in a latency run.")
     parser.add_argument("--warmup", type=int, default=50, help="Requests before each latency run.")
+    parser.add_argument(
+        "--tls-sizes", default="1000", help="Sizes also measured over HTTPS with mutual TLS (empty: none)."
+    )
     arguments = parser.parse_args(argv)
     plan = Plan(
-        arguments.clients, arguments.seconds, arguments.latency_seconds, arguments.latency_requests, arguments.warmup
+        arguments.clients,
+        arguments.seconds,
+        arguments.latency_seconds,
+        arguments.latency_requests,
+        arguments.warmup,
+        tuple(int(size) for size in arguments.tls_sizes.split(",") if size.strip()),
     )
     sizes = [int(size) for size in arguments.sizes.split(",")]
     # The client's own garbage collector would add its pauses to the server's latency; nothing here makes
@@ -646,13 +732,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     try:
         with tempfile.TemporaryDirectory(prefix="extender-bench-") as workdir:
+            certificates = None
+            if any(size in plan.tls_sizes for size in sizes):
+                certificates = write_certificates(Path(workdir) / "tls", dns_names=(), ips=(HOST,))
             for size in sizes:
-                rows += bench_size(size, Path(workdir), plan)
+                rows += bench_size(size, Path(workdir), plan, certificates)
     except BenchError as error:
         print(f"bench failed: {error}", file=sys.stderr)
         return 1
     print(f"\n## extender bench ({time.perf_counter() - started:.0f} s)\n")
-    print(f"Machine: {machine()}. Server: one process, plain HTTP on 127.0.0.1, clusters of 8-GPU nodes at 30% fill.\n")
+    print(
+        f"Machine: {machine()}. Server: one process, plain HTTP on 127.0.0.1 (the HTTPS rows: a second server with "
+        "mutual TLS), clusters of 8-GPU nodes at 30% fill.\n"
+    )
     print(table(rows, plan.clients))
     print()
     for row in rows:
@@ -666,6 +758,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "- server busy: server CPU seconds / wall seconds during the concurrent run (about 100% means the "
         "server, not the client, was the limit)"
     )
+    if any(row.verb.endswith("(HTTPS, mTLS)") for row in rows):
+        print(
+            "- HTTPS, mTLS rows: a second server over the same cluster with --tls-cert/--tls-key/--client-ca; the "
+            "client presents its certificate and verifies the server's against the CA. Connections are keep-alive "
+            "(one TLS handshake per connection, before the timing starts), as kube-scheduler's Go client reuses "
+            "its connections, so these rows measure TLS record cost, not handshakes"
+        )
     print()
     print(TARGETS)
     print()
