@@ -173,14 +173,12 @@ def _filter(request: Request, service: Service) -> VerbResult:
     service.recent.remember(args.Pod)
     cluster, unit = service.cluster, service.policy.unit
     states = _states(args, cluster)
-    fitting, memo = None, None
-    if states is cluster.nodes and not demand.is_zero:  # the cache's own indexes; views of sent nodes have none
-        memo = cluster.memo.table(judge_key(demand, unit))
-        if demand.devices == 1:
-            fitting = cluster.fit_index.fitting(demand.per_device, cluster.nodes)
+    own_cache = states is cluster.nodes and not demand.is_zero  # views of nodes sent whole have no indexes
+    fitting = cluster.fit_index.fitting(demand.per_device, states) if own_cache and demand.devices == 1 else None
     if fitting is not None and all_fit(demand, names, fitting):
         outcome = FilterOutcome(passed=names)  # the common case: every name is a node that takes the pod
     else:
+        memo = cluster.memo.table(judge_key(demand, unit)) if own_cache else None
         outcome = filter_nodes(demand, _checked(names, args), states, unit, fitting, memo)
     metrics = service.metrics
     metrics.nodes_accepted.inc(len(outcome.passed))
