@@ -190,8 +190,9 @@ class _Connection(asyncio.Protocol):
     def on_body(self, chunk: bytes) -> None:
         self.body_size += len(chunk)
         if self.body_size > self.server.max_body_bytes:
-            if self.refused is None:
+            if self.refused is None:  # a chunked body grew past the limit: refuse now, read no more of it
                 self.refused = self._too_large()
+                self._refuse(self.refused)
             return
         self.body.append(chunk)
 
