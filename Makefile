@@ -3,7 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench loadtest loadtest-saturation clean
+
+# `make loadtest` settings: cluster size, target pods/s, seconds of load, node names per filter call
+# (a number, or `adaptive` for kube-scheduler's default percentageOfNodesToScore), initial GPU fill.
+NODES ?= 1000
+RATE ?= 300
+DURATION ?= 30
+NAMES ?= 1000
+FILL ?= 0.3
+LOADTEST_ARGS ?=
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,17 +23,22 @@ $(VENV)/.runtime: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-# Runtime plus the test and lint tools.
-$(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+# Runtime plus Locust (it brings gevent, so it stays out of the runtime), for the load test.
+$(VENV)/.loadtest: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[loadtest]'
 	touch $@ $(VENV)/.runtime
+
+# Runtime plus the test and lint tools, and Locust: the load test's smoke run is part of the suite.
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test,loadtest]'
+	touch $@ $(VENV)/.runtime $(VENV)/.loadtest
 
 demo: $(VENV)/.runtime
 	$(BIN)/extender demo
 
 lint: $(VENV)/.test
-	$(BIN)/ruff check extender tests bench
-	$(BIN)/ruff format --check extender tests bench
+	$(BIN)/ruff check extender tests bench loadtest
+	$(BIN)/ruff format --check extender tests bench loadtest
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -33,6 +47,15 @@ test: lint
 
 bench: $(VENV)/.runtime
 	$(BIN)/python bench/bench.py
+
+loadtest: $(VENV)/.loadtest
+	$(BIN)/python -m loadtest.run --nodes $(NODES) --pods-per-second $(RATE) --duration $(DURATION) \
+		--names $(NAMES) --fill $(FILL) $(LOADTEST_ARGS)
+
+# The pace where the p99 of some verb passes 50 ms: steps from 100 to 1,200 pods/s, a fresh server per step.
+loadtest-saturation: $(VENV)/.loadtest
+	$(BIN)/python -m loadtest.run --nodes $(NODES) --duration 15 --names $(NAMES) --fill $(FILL) \
+		--find-saturation $(LOADTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
