@@ -29,16 +29,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import functools
 import gc
 import multiprocessing
-import os
-import platform
-import signal
 import socket
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,11 +48,11 @@ import orjson
 from extender.certs import CertificateFiles, write_certificates
 from extender.cluster import Cluster
 from extender.clustergen import generate, write
+from extender.harness import HOST, HarnessError, ServedExtender, machine
 from extender.resources import Profile
 
 HERE = Path(__file__).resolve().parent
 POD_FIXTURE = HERE / "pod.json"
-HOST = "127.0.0.1"
 PROFILE = Profile()
 
 EASY_DEMAND = 4
@@ -164,27 +159,11 @@ class Connection:
 # --- the server under test --------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child: the kernel sends SIGTERM when the bench dies, so no server outlives it."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
-class Server:
-    """`extender serve` over a cluster file, as a subprocess; stopped on exit, even on error.
-
-    Plain HTTP, or with `certificates` HTTPS with mutual TLS (`--tls-cert --tls-key --client-ca`).
-    """
+class Server(ServedExtender):
+    """The served extender (`extender.harness`), and how this bench's raw clients reach it: plain HTTP, or
+    with `certificates` HTTPS with mutual TLS (`--tls-cert --tls-key --client-ca`)."""
 
     def __init__(self, cluster_file: Path, log_file: Path, certificates: CertificateFiles | None = None) -> None:
-        self.port = free_port()
-        self.log_file = log_file
         self.tls = ClientTLS.of(certificates) if certificates is not None else None
         if certificates is None:
             transport = ["--insecure-http"]
@@ -193,56 +172,11 @@ class Server:
                 "--tls-cert", str(certificates.server_certificate), "--tls-key", str(certificates.server_key),
                 "--client-ca", str(certificates.ca_certificate),
             ]  # fmt: skip
-        command = [
-            sys.executable, "-m", "extender", "serve", "--cluster", str(cluster_file), *transport,
-            "--host", HOST, "--port", str(self.port), "--log-level", "WARNING",
-        ]  # fmt: skip
-        self.started = time.perf_counter()
-        with log_file.open("wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-
-    def wait_ready(self, timeout: float = 180.0) -> float:
-        """Seconds from the start of the process until /readyz answered 200."""
-        deadline = time.perf_counter() + timeout
-        while time.perf_counter() < deadline:
-            if self.process.poll() is not None:
-                raise BenchError(f"server exited with {self.process.returncode}:\n{self.log_file.read_text()[-3000:]}")
-            with contextlib.suppress(OSError, BenchError):
-                connection = self.connect()
-                try:
-                    if connection.get("/readyz", self.port)[0] == 200:
-                        return time.perf_counter() - self.started
-                finally:
-                    connection.close()
-            time.sleep(0.1)
-        raise BenchError(f"server not ready after {timeout:.0f} s")
+        context = client_context(self.tls) if self.tls is not None else None
+        super().__init__(cluster_file, log_file, transport, context)
 
     def connect(self) -> Connection:
         return Connection(self.port, self.tls)
-
-    def cpu_seconds(self) -> float:
-        """CPU time of every thread of the server so far: nanosecond schedstat, else the clock-tick stat."""
-        total = 0
-        try:
-            for task in os.listdir(f"/proc/{self.process.pid}/task"):
-                with open(f"/proc/{self.process.pid}/task/{task}/schedstat", "rb") as stat:
-                    total += int(stat.read().split()[0])
-            if total:
-                return total / 1e9
-        except (OSError, ValueError, IndexError):
-            pass
-        with open(f"/proc/{self.process.pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 @contextlib.contextmanager
@@ -659,16 +593,6 @@ def bench_size(size: int, workdir: Path, plan: Plan, certificates: CertificateFi
 # --- report -----------------------------------------------------------------------------------------------
 
 
-def machine() -> str:
-    model = "unknown CPU"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()} ({platform.python_implementation()})"
-
-
 def table(rows: list[Row], clients: int) -> str:
     lines = [
         f"| verb | node names | p50 ms | p99 ms | max ms | req/s achieved ({clients} conns) | req/s per server core "
@@ -737,7 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 certificates = write_certificates(Path(workdir) / "tls", dns_names=(), ips=(HOST,))
             for size in sizes:
                 rows += bench_size(size, Path(workdir), plan, certificates)
-    except BenchError as error:
+    except (BenchError, HarnessError) as error:
         print(f"bench failed: {error}", file=sys.stderr)
         return 1
     print(f"\n## extender bench ({time.perf_counter() - started:.0f} s)\n")

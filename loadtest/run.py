@@ -32,19 +32,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import math
 import os
-import platform
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,9 +46,9 @@ from typing import Any
 import orjson
 
 from extender.clustergen import generate, write
+from extender.harness import HOST, HarnessError, ServedExtender, die_with_parent, machine, served_extender
 from loadtest.workload import DEFAULT_MIX, MEMORY_RESOURCE, NAMESPACE, PodMix, nodes_to_find
 
-HOST = "127.0.0.1"
 COUNT_RESOURCE = "aliyun.com/gpu-count"
 ROOT = Path(__file__).resolve().parent.parent
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -74,95 +68,9 @@ class LoadTestError(Exception):
 # --- the server under test --------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child: the kernel sends SIGTERM when the runner dies, so nothing outlives it."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
-def fetch(port: int, path: str, timeout: float = 120.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=timeout) as response:
-            return int(response.status), bytes(response.read())
-    except urllib.error.HTTPError as error:
-        return int(error.code), bytes(error.read())
-
-
-class Server:
-    """`extender serve --cluster FILE --insecure-http` on a free loopback port; stopped by `stop()`."""
-
-    def __init__(self, cluster_file: Path, log_file: Path) -> None:
-        self.port = free_port()
-        self.log_file = log_file
-        command = [
-            sys.executable, "-m", "extender", "serve", "--cluster", str(cluster_file), "--insecure-http",
-            "--host", HOST, "--port", str(self.port), "--log-level", "WARNING",
-        ]  # fmt: skip
-        self.started = time.perf_counter()
-        with log_file.open("wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-
-    def wait_ready(self, timeout: float = 180.0) -> float:
-        """Seconds from the start of the process until /readyz answered 200."""
-        deadline = time.perf_counter() + timeout
-        while time.perf_counter() < deadline:
-            if self.process.poll() is not None:
-                raise LoadTestError(f"server exited with {self.process.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(OSError):
-                if fetch(self.port, "/readyz", timeout=2)[0] == 200:
-                    return time.perf_counter() - self.started
-            time.sleep(0.05)
-        raise LoadTestError(f"server not ready after {timeout:.0f} s:\n{self.log_tail()}")
-
-    def cpu_seconds(self) -> float:
-        """CPU time of every thread of the server so far, from the scheduler's nanosecond clock."""
-        total = 0
-        for task in os.listdir(f"/proc/{self.process.pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{self.process.pid}/task/{task}/schedstat", "rb") as stat:
-                total += int(stat.read().split()[0])
-        return total / 1e9
-
-    def memory(self) -> dict[str, int]:
-        """Resident memory now (VmRSS) and at its peak (VmHWM), in KiB."""
-        found = {}
-        with open(f"/proc/{self.process.pid}/status") as status:
-            for line in status:
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    found[key] = int(value.split()[0])
-        return found
-
-    def log_tail(self, characters: int = 3000) -> str:
-        return self.log_file.read_text(errors="replace")[-characters:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@contextlib.contextmanager
-def running_server(cluster_file: Path, log_file: Path) -> Iterator[Server]:
-    server = Server(cluster_file, log_file)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def latency_buckets(port: int) -> dict[str, dict[float, float]]:
+def latency_buckets(server: ServedExtender) -> dict[str, dict[float, float]]:
     """Cumulative counts of the server's own latency histogram per verb (all outcomes), by upper bound."""
-    status, body = fetch(port, "/metrics")
+    status, body = server.get("/metrics")
     if status != 200:
         raise LoadTestError(f"/metrics answered {status}")
     buckets: dict[str, dict[float, float]] = {}
@@ -304,7 +212,7 @@ def run_locust(plan: Plan, port: int, cluster: Cluster, workdir: Path, tag: str)
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with log_file.open("wb") as log:
         process = subprocess.Popen(
-            command, cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            command, cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
         try:
             process.wait(timeout=plan.duration + STOP_TIMEOUT + 90)
@@ -365,16 +273,16 @@ def end_checks(inspect: dict[str, Any], cluster: Cluster, placed: dict[str, str]
 
 def run_once(plan: Plan, cluster: Cluster, workdir: Path, tag: str) -> Result:
     log_file = workdir / f"server-{tag}.log"
-    with running_server(cluster.file, log_file) as server:
+    with served_extender(cluster.file, log_file) as server:
         ready = server.wait_ready()
-        memory_before, buckets_before = server.memory(), latency_buckets(server.port)
+        memory_before, buckets_before = server.memory(), latency_buckets(server)
         cpu_before = server.cpu_seconds()
         locust = run_locust(plan, server.port, cluster, workdir, tag)
         cpu = server.cpu_seconds() - cpu_before
         if server.process.poll() is not None:
             raise LoadTestError(f"server died during the run:\n{server.log_tail()}")
-        memory_after, buckets_after = server.memory(), latency_buckets(server.port)
-        status, body = fetch(server.port, "/inspect")
+        memory_after, buckets_after = server.memory(), latency_buckets(server)
+        status, body = server.get("/inspect")
         if status != 200:
             raise LoadTestError(f"/inspect answered {status}: {body[:300]!r}")
         inspect = orjson.loads(body)
@@ -394,16 +302,6 @@ def run_once(plan: Plan, cluster: Cluster, workdir: Path, tag: str) -> Result:
 
 
 # --- report -----------------------------------------------------------------------------------------------
-
-
-def machine() -> str:
-    model = "unknown CPU"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def describe(plan: Plan, cluster: Cluster, names: int, steps: bool = False) -> str:
@@ -667,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 return 0 if consistent else 1
             result = run_once(plan, cluster, workdir, "run")
-        except LoadTestError as error:
+        except (LoadTestError, HarnessError) as error:
             print(f"loadtest failed: {error}", file=sys.stderr)
             return 1
         print(report(result, cluster))
