@@ -11,22 +11,30 @@ The Binder does I/O; this module only awaits it.
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from extender.cluster import Allocation, Cluster, allocation_annotations, pod_record
+from extender.cluster import Allocation, Cluster, Hold, NodeState, allocation_annotations, pod_record
 from extender.ledger import Ledger
 from extender.policy import PolicyConfig, choose_devices, judge
-from extender.resources import Raw
+from extender.resources import Profile, Raw
 
 log = logging.getLogger(__name__)
 
 
 class BindError(Exception):
-    """Writing the allocation or the binding failed; the message says which step and why."""
+    """Writing the allocation or the binding failed; the message says which step and why.
+
+    `uncertain` means the binding may have landed all the same (the request timed out or the connection
+    dropped after it was sent, and checking failed too). The reservation is then kept, not released: the
+    watch turns it into the observed allocation if the binding landed, and the ledger's TTL frees it if not.
+    Releasing it at once could give the same memory to another pod while the first one starts on it.
+    """
+
+    def __init__(self, message: str, uncertain: bool = False) -> None:
+        super().__init__(message)
+        self.uncertain = uncertain
 
 
 class Binder(Protocol):
@@ -106,7 +114,6 @@ async def bind(
     policy: PolicyConfig,
     binder: Binder,
     recent: RecentPods,
-    clock: Callable[[], float] = time.time,
 ) -> str:
     """Bind the pod; returns "" on success, else the error for the reply's `Error` field.
 
@@ -119,7 +126,7 @@ async def bind(
         if running is not None:
             return f"pod {request.key}: a bind to {running} is still running"
         with ledger.in_flight(request.uid, request.node):
-            return await _bind_locked(request, cluster, ledger, policy, binder, recent, clock)
+            return await _bind_locked(request, cluster, ledger, policy, binder, recent)
 
 
 async def _bind_locked(
@@ -129,7 +136,6 @@ async def _bind_locked(
     policy: PolicyConfig,
     binder: Binder,
     recent: RecentPods,
-    clock: Callable[[], float],
 ) -> str:
     uid, node, key = request.uid, request.node, request.key
     record = cluster.pods.get(uid)
@@ -157,7 +163,19 @@ async def _bind_locked(
     state = cluster.nodes.get(node)
     if state is None or not state.known:
         return f"node {node} is not in the extender's cache"
-    ledger.release(uid)  # a reservation of ours from before a restart: decide afresh
+    if hold is not None and not hold.observed:
+        # An earlier decision for this pod: from before a restart (its annotations), or a bind that failed
+        # uncertainly. To the same node, write the same allocation again, so that whichever binding lands
+        # carries the devices the cache counts. To another node, decide afresh, unless the earlier binding
+        # may still land.
+        if hold.allocation.node == node:
+            return await _write(binder, pod, node, _annotations(hold, state, cluster.profile), ledger, uid, key)
+        if hold.uncertain:
+            return (
+                f"pod {key}: an earlier binding to {hold.allocation.node} may have landed; waiting for the API to "
+                "show it (or for the reservation to expire)"
+            )
+        ledger.release(uid)
     indexes = choose_devices(demand, state, policy.device_strategy)
     if indexes is None:
         return f"pod {key} no longer fits on {node}: {judge(demand, state, policy.unit)[1]}"
@@ -165,10 +183,17 @@ async def _bind_locked(
     refusal = ledger.reserve(allocation)
     if refusal:
         return f"pod {key}: {refusal}"
-    device_capacity = state.devices[state.position(indexes[0])].capacity
-    annotations = allocation_annotations(allocation, device_capacity, clock(), cluster.profile)
     log.info("reserved %s on %s GPU %s (%s each)", key, node, ",".join(map(str, indexes)), demand.per_device)
-    return await _write(binder, pod, node, annotations, ledger, uid, key)
+    reserved = cluster.hold_of(uid)
+    assert reserved is not None
+    return await _write(binder, pod, node, _annotations(reserved, state, cluster.profile), ledger, uid, key)
+
+
+def _annotations(hold: Hold, state: NodeState, profile: Profile) -> dict[str, str]:
+    """What records the hold on the pod; the same hold always writes the same annotations."""
+    position = state.position(hold.allocation.indexes[0])
+    capacity = state.devices[position].capacity if position >= 0 else 0
+    return allocation_annotations(hold.allocation, capacity, hold.since, profile)
 
 
 async def _write(
@@ -177,6 +202,10 @@ async def _write(
     try:
         await binder.bind(pod, node, annotations)
     except BindError as error:
+        if error.uncertain:
+            ledger.mark_uncertain(uid)
+            log.warning("bind of %s to %s failed: %s; reservation kept until the API shows the pod", key, node, error)
+            return f"binding {key} to {node} failed: {error}"
         released = ledger.release(uid)
         log.warning("bind of %s to %s failed: %s%s", key, node, error, "; reservation released" if released else "")
         return f"binding {key} to {node} failed: {error}"

@@ -13,7 +13,8 @@ never decides placement: that is `policy.py`, and reservations' rules are `ledge
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -60,6 +61,9 @@ class Hold:
     """Unix seconds: the assume time (when the decision was made)."""
     bound: bool = False
     """A reservation whose binding the API accepted; waiting for the watch to show it."""
+    uncertain: bool = False
+    """A reservation whose binding failed in a way that may have landed all the same (a timeout); kept until
+    the watch shows the pod or the TTL frees it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,8 @@ class PodRecord:
     """What its annotations say it was given, if anything."""
     assume_time: float
     problem: str = ""
+    finished: bool = False
+    """Succeeded or Failed: it holds nothing any more."""
 
     @property
     def key(self) -> str:
@@ -146,7 +152,9 @@ def pod_record(pod: Raw, profile: Profile) -> PodRecord:
     key = f"{namespace}/{name}"
     on_node = node or str(annotations.get(profile.node_annotation) or "")
     allocation = _read_allocation(uid, key, on_node, annotations, demand, profile)
-    return PodRecord(uid, namespace, name, node, demand, allocation, _assume_time(annotations, profile), problem)
+    finished = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+    assume_time = _assume_time(annotations, profile)
+    return PodRecord(uid, namespace, name, node, demand, allocation, assume_time, problem, finished)
 
 
 # --- nodes ------------------------------------------------------------------------------------------------
@@ -289,12 +297,33 @@ class Cluster:
         alone never reserve again; only a binding (or a new reservation) counts them."""
         self.fit_index = FitIndex()
         self.memo = NodeMemo()
+        self._batch: dict[str, NodeState] | None = None
 
     def _changed(self, state: NodeState) -> None:
-        """Recompute a node's summary after any change, and the indexes built on it."""
+        """Recompute a node's summary after any change, and the indexes built on it (once per node at the end
+        of a batch, when one is open)."""
+        if self._batch is not None:
+            self._batch[state.name] = state
+            return
         state.refresh()
         self.fit_index.update(state)
         self.memo.forget(state.name)
+
+    @contextmanager
+    def _batched(self) -> Iterator[None]:
+        """Make many changes, then refresh each node they touched once: a pod that moves its hold, or a list of
+        100,000 pods, costs one summary per node instead of one per change. Nothing reads a summary meanwhile
+        (no await happens inside)."""
+        if self._batch is not None:
+            yield
+            return
+        self._batch = {}
+        try:
+            yield
+        finally:
+            touched, self._batch = self._batch, None
+            for state in touched.values():
+                self._changed(state)
 
     # -- holds
 
@@ -305,20 +334,27 @@ class Cluster:
     def hold(self, hold: Hold) -> None:
         """Record a hold, replacing any other hold of the same pod (on any node)."""
         uid = hold.allocation.pod_uid
-        self.release(uid)
-        state = self._state(hold.allocation.node)
-        state.holds[uid] = hold
-        self._hold_node[uid] = state.name
-        if not hold.observed:
-            self.reserved[uid] = hold
-        self._changed(state)
+        with self._batched():
+            self.release(uid)
+            state = self._state(hold.allocation.node)
+            state.holds[uid] = hold
+            self._hold_node[uid] = state.name
+            if not hold.observed:
+                self.reserved[uid] = hold
+            self._changed(state)
 
     def mark_bound(self, uid: str) -> None:
+        self._mark(uid, bound=True, uncertain=False)
+
+    def mark_uncertain(self, uid: str) -> None:
+        self._mark(uid, bound=False, uncertain=True)
+
+    def _mark(self, uid: str, bound: bool, uncertain: bool) -> None:
         hold = self.reserved.get(uid)
-        if hold is not None and not hold.bound:
-            bound = replace(hold, bound=True)
-            self.reserved[uid] = bound
-            self.nodes[hold.allocation.node].holds[uid] = bound
+        if hold is not None and (hold.bound, hold.uncertain) != (bound, uncertain):
+            marked = replace(hold, bound=bound, uncertain=uncertain)
+            self.reserved[uid] = marked
+            self.nodes[hold.allocation.node].holds[uid] = marked
 
     def release(self, uid: str) -> Hold | None:
         """Free a pod's memory; returns what it held."""
@@ -381,17 +417,22 @@ class Cluster:
     # -- pods
 
     def apply_pod(self, pod: Raw, deleted: bool = False) -> None:
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
+        self.apply_record(pod_record(pod, self.profile), deleted)
+
+    def apply_record(self, record: PodRecord, deleted: bool = False) -> None:
+        """A pod was added, changed or deleted (a watch event, a bind in the file source)."""
+        with self._batched():
+            self._apply_record(record, deleted)
+
+    def _apply_record(self, record: PodRecord, deleted: bool) -> None:
+        uid = record.uid
         if not uid:
             return
-        phase = (pod.get("status") or {}).get("phase")
-        if deleted or phase in TERMINAL_PHASES:
+        if deleted or record.finished:
             self.pods.pop(uid, None)
             self.abandoned.discard(uid)
             self.release(uid)
             return
-        record = pod_record(pod, self.profile)
         self.pods[uid] = record
         allocation = record.allocation
         current = self.hold_of(uid)
@@ -401,36 +442,50 @@ class Cluster:
                 self.hold(Hold(allocation, observed=True, since=record.assume_time))
         elif allocation is not None:
             if current is None and uid not in self.abandoned:
-                # Annotated by us but never bound (a crash between patch and binding): a reservation again,
-                # counted from its assume time, so the ledger's TTL frees it if the binding never comes.
+                # Annotated but never bound (a crash between patch and binding, in tools that write the two
+                # apart): a reservation again, counted from its assume time, so the ledger's TTL frees it if
+                # the binding never comes.
                 self.hold(Hold(allocation, observed=False, since=record.assume_time))
         elif current is not None and current.observed:
             self.release(uid)
 
     def replace(self, nodes: list[Raw], pods: list[Raw]) -> None:
-        """Swap in a full listing: what is absent from it was deleted meanwhile.
+        """Swap in a full listing of nodes and pods (see `replace_nodes`, `replace_pods`)."""
+        self.replace_nodes(nodes)
+        self.replace_pods(pods)
 
-        Reservations of pods the listing does not show are kept (the pod may be newer than the listing);
-        the ledger's TTL bounds them.
-        """
-        listed_nodes = {str((node.get("metadata") or {}).get("name") or "") for node in nodes}
+    def replace_nodes(self, nodes: list[Raw]) -> None:
+        """Swap in a full listing of nodes: a known node absent from it was deleted meanwhile."""
+        listed = {str((node.get("metadata") or {}).get("name") or "") for node in nodes}
         for name, state in list(self.nodes.items()):
-            if state.known and name not in listed_nodes:
+            if state.known and name not in listed:
                 self.apply_node({"metadata": {"name": name}}, deleted=True)
         for node in nodes:
             self.apply_node(node)
-        listed_pods = {str((pod.get("metadata") or {}).get("uid") or "") for pod in pods}
-        for uid in list(self.pods):
-            if uid not in listed_pods:
-                self.pods.pop(uid)
-                self.abandoned.discard(uid)
-                self.release(uid)
-        for uid in list(self._hold_node):
-            hold = self.hold_of(uid)
-            if hold is not None and hold.observed and uid not in listed_pods:
-                self.release(uid)
-        for pod in pods:
-            self.apply_pod(pod)
+
+    def replace_pods(self, pods: list[Raw]) -> None:
+        self.replace_records([pod_record(pod, self.profile) for pod in pods])
+
+    def replace_records(self, records: list[PodRecord]) -> None:
+        """Swap in a full listing of pods: a pod absent from it was deleted (or finished) meanwhile, and
+        frees what it held, even a reservation.
+
+        Reservations of pods the cache has never seen are kept (the pod may be newer than the listing, its
+        bind racing the list); the ledger's TTL bounds them.
+        """
+        listed = {record.uid for record in records}
+        with self._batched():
+            for uid in list(self.pods):
+                if uid not in listed:
+                    self.pods.pop(uid)
+                    self.abandoned.discard(uid)
+                    self.release(uid)
+            for uid in list(self._hold_node):
+                hold = self.hold_of(uid)
+                if hold is not None and hold.observed and uid not in listed:
+                    self.release(uid)
+            for record in records:
+                self._apply_record(record, False)
 
     # -- checks
 

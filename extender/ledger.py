@@ -88,6 +88,10 @@ class Ledger:
         """The API accepted the binding; the watch will confirm it."""
         self.cluster.mark_bound(uid)
 
+    def mark_uncertain(self, uid: str) -> None:
+        """The binding failed but may have landed: keep the reservation until the watch or the TTL decides."""
+        self.cluster.mark_uncertain(uid)
+
     def release(self, uid: str) -> Hold | None:
         """Undo a reservation (not an observed allocation); returns it, or None if there was none.
 

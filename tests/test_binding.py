@@ -34,7 +34,7 @@ def request_for(pod: dict[str, Any], node: str = "n1") -> BindRequest:
 
 async def run_bind(cluster: Any, binder: Any, request: BindRequest, recent: RecentPods | None = None) -> str:
     ledger = Ledger(cluster, 60, FakeClock())
-    return await bind(request, cluster, ledger, PolicyConfig(), binder, recent or RecentPods(), FakeClock())
+    return await bind(request, cluster, ledger, PolicyConfig(), binder, recent or RecentPods())
 
 
 async def test_bind_writes_the_allocation_annotations_then_counts_the_pod_bound() -> None:
