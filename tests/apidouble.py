@@ -1,0 +1,1205 @@
+"""A kube-apiserver test double: the endpoints our extender calls, answered as a v1.34 API server answers them on
+the wire, plus the faults a real API server will not produce on demand (timeouts, 5xx, 429, dropped and expired
+watches, compaction).
+
+What each part stands for:
+
+- Storage is etcd: one global resourceVersion that every write bumps (served as a string), objects kept by their
+  etcd key (`namespace/name` for pods, `name` for nodes). A stored object is never mutated, only replaced (copy on
+  write), so list snapshots and watch history share them; callers of the helpers always get deep copies. A write
+  that changes nothing is not a write: no new resourceVersion, no watch event (the etcd3 store skips it).
+- Lists are the etcd3 store: items in key order (a string order, as etcd's), without kind/apiVersion (single
+  objects and watch events carry them); `limit` + `continue` paging where every page is the snapshot at the first
+  page's revision; the continue token is the real encoding (base64url JSON: rv and start key). A token older than
+  the kept history is 410 Expired with the real message and, in metadata.continue, a token that goes on at the
+  newest revision (inconsistently), exactly as the real one does after etcd compaction.
+- Watches are the watch cache: one kept history per resource (`history` events); a watch from an older
+  resourceVersion gets HTTP 200 then a single in-stream ERROR 410; from "" or "0" it starts with a synthetic ADDED
+  per object; a field selector turns an object that stops matching into DELETED (its previous content at the
+  event's resourceVersion) and one that starts matching into ADDED.
+- Writes follow the registry: merge patch only (RFC 7386); a patch cannot change a pod's status (dropped, as the
+  pod strategy does) or its spec beyond the few mutable fields (422); a stale resourceVersion is a 409; a changed
+  metadata.uid is a 422 "field is immutable" (a patch carries no UID precondition; PUT and Binding do, and theirs is
+  the storage-level 409). Binding, Events, Leases and DELETE of pods (graceful for a bound pod) likewise.
+- Faults are the network and the control plane misbehaving: `fail()` (status, hang, drop, slow; matched before
+  authentication, as a load balancer or an overloaded server would answer), `drop_watches()`, `expire_watches()`,
+  `compact()` (the compactor's write, then 410 for anything older), `bookmark()`.
+
+It runs in the test's own event loop and must never import the extender's Kubernetes client: it is the other side
+of that client's wire, and stays true to the real server rather than to the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import bisect
+import datetime
+import enum
+import functools
+import http
+import socket
+import ssl
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+Obj = dict[str, Any]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# The real server's texts, in one place (k8s.io/apiserver and k8s.io/kubernetes, v1.34).
+MODIFIED = "the object has been modified; please apply your changes to the latest version and try again"
+ALREADY_ASSIGNED = 'pod {pod} is already assigned to node "{node}"'
+BEING_DELETED = "pod {pod} is being deleted, cannot be assigned to a host"
+UID_PRECONDITION = "Precondition failed: UID in precondition: {want}, UID in object meta: {have}"
+RV_PRECONDITION = "Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {have}"
+STORAGE_INVALID_OBJECT = (
+    "StorageError: invalid object, Code: 4, Key: {key}, ResourceVersion: 0, AdditionalErrorMsg: {msg}"
+)
+DELETE_UID_PRECONDITION = (
+    "the UID in the precondition ({want}) does not match the UID in record ({have}). "
+    "The object might have been deleted and then recreated"
+)
+TOO_OLD_RESOURCE_VERSION = "too old resource version: {asked} ({oldest})"
+LIST_TOO_OLD = "The resourceVersion for the provided list is too old."
+CONTINUE_TOO_OLD = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a new list "
+    "without the continue parameter, or use the continue token in this response to retrieve the remainder of the "
+    "results. Continuing with the provided token results in an inconsistent list - objects that were created, "
+    "modified, or deleted between the time the first chunk was returned and now may show up in the list."
+)
+POD_SPEC_FORBIDDEN = (
+    "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,"
+    "`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),"
+    "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)"
+)
+NAME_REQUIRED = "Required value: name or generateName is required"
+RV_REQUIRED = "Invalid value: 0: must be specified for an update"
+NAMESPACE_MISMATCH = "the namespace of the provided object does not match the namespace sent on the request"
+NOT_FOUND_PATH = "the server could not find the requested resource"
+VERSION = {
+    "major": "1",
+    "minor": "34",
+    "emulationMajor": "1",
+    "emulationMinor": "34",
+    "gitVersion": "v1.34.1-double",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2025-09-09T00:00:00Z",
+    "goVersion": "go1.24.6",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+FAULT_MODES = ("status", "hang", "drop", "slow")
+LEASES = "leases"
+LEASE_GROUP = "coordination.k8s.io"
+
+
+class ApiStatus(Exception):
+    """A failure answered with a Status body, raised by a handler and written by the middleware."""
+
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        details: Obj | None = None,
+        list_meta: Obj | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.headers = headers or {}
+        self.body = status_body(code, reason, message, details, list_meta)
+
+    def response(self) -> web.Response:
+        return json_response(self.body, self.code, self.headers)
+
+
+def status_body(code: int, reason: str, message: str, details: Obj | None = None, list_meta: Obj | None = None) -> Obj:
+    """A metav1.Status as Go serializes it: empty reason and details left out."""
+    body: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": list_meta or {}, "status": "Failure"}
+    body["message"] = message
+    if reason:
+        body["reason"] = reason
+    if details is not None:
+        body["details"] = details
+    body["code"] = code
+    return body
+
+
+def _details(name: str, resource: str, group: str = "") -> Obj:
+    return {"name": name, "group": group, "kind": resource} if group else {"name": name, "kind": resource}
+
+
+def _qualified(resource: str, group: str) -> str:
+    return f"{resource}.{group}" if group else resource
+
+
+def not_found(resource: str, name: str, group: str = "") -> ApiStatus:
+    return ApiStatus(
+        404, "NotFound", f'{_qualified(resource, group)} "{name}" not found', _details(name, resource, group)
+    )
+
+
+def conflict(resource: str, name: str, cause: str, group: str = "") -> ApiStatus:
+    message = f'Operation cannot be fulfilled on {_qualified(resource, group)} "{name}": {cause}'
+    return ApiStatus(409, "Conflict", message, _details(name, resource, group))
+
+
+def already_exists(resource: str, name: str, group: str = "") -> ApiStatus:
+    message = f'{_qualified(resource, group)} "{name}" already exists'
+    return ApiStatus(409, "AlreadyExists", message, _details(name, resource, group))
+
+
+def bad_request(message: str) -> ApiStatus:
+    return ApiStatus(400, "BadRequest", message)
+
+
+def expired(message: str, list_meta: Obj | None = None) -> ApiStatus:
+    return ApiStatus(410, "Expired", message, list_meta=list_meta)
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One entry of a 422: `field.Invalid`, `field.Required`, `field.Forbidden`, `field.NotSupported`."""
+
+    path: str
+    reason: str  # FieldValueInvalid, FieldValueRequired, ...
+    body: str  # "Invalid value: \"x\": field is immutable", "Required value", ...
+
+
+def invalid(kind: str, name: str, errors: list[FieldError], resource: str = "", group: str = "") -> ApiStatus:
+    """NewInvalid: `Kind "name" is invalid: path: body` (several errors in brackets, comma separated)."""
+    texts = [f"{error.path}: {error.body}" for error in errors]
+    summary = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+    details: Obj = {"name": name}
+    if group:
+        details["group"] = group
+    details["kind"] = resource or kind
+    details["causes"] = [{"reason": e.reason, "message": e.body, "field": e.path} for e in errors]
+    return ApiStatus(422, "Invalid", f'{kind} "{name}" is invalid: {summary}', details)
+
+
+def immutable(path: str, value: str) -> FieldError:
+    return FieldError(path, "FieldValueInvalid", f"Invalid value: {go_quote(value)}: field is immutable")
+
+
+def fault_status(code: int) -> ApiStatus:
+    """The Status a real control plane answers with for `code` when it is the server, not the request, at fault."""
+    if code == 429:
+        message = "Too many requests, please try again later."
+        return ApiStatus(429, "TooManyRequests", message, {"retryAfterSeconds": 1}, headers={"Retry-After": "1"})
+    if code == 500:
+        cause = {"causes": [{"message": "etcdserver: request timed out"}]}
+        return ApiStatus(500, "InternalError", "Internal error occurred: etcdserver: request timed out", cause)
+    known = {
+        400: ("BadRequest", "the server rejected our request for an unknown reason"),
+        401: ("Unauthorized", "Unauthorized"),
+        403: ("Forbidden", "forbidden"),
+        404: ("NotFound", NOT_FOUND_PATH),
+        409: ("Conflict", MODIFIED),
+        410: ("Expired", "too old resource version"),
+        503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+        504: ("Timeout", "Timeout: request did not complete within requested timeout - context deadline exceeded"),
+    }
+    reason, message = known.get(code, ("", http.HTTPStatus(code).phrase))
+    return ApiStatus(code, reason, message)
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, headers=headers, content_type="application/json")
+
+
+def copy(value: Obj) -> Obj:
+    """A deep copy, and a check that the value is JSON (what the API server could have stored)."""
+    copied: Obj = orjson.loads(orjson.dumps(value))
+    return copied
+
+
+@functools.lru_cache(maxsize=1)
+def _rfc3339(second: int) -> str:
+    return datetime.datetime.fromtimestamp(second, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def now_time() -> str:
+    """metav1.Time: whole seconds (memoized per second: adding 100,000 pods stays quick)."""
+    return _rfc3339(int(time.time()))
+
+
+def now_micro_time() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, without mutating `target`: dicts along the patched paths are new, the rest is shared."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def with_resource_version(obj: Obj, rv: int) -> Obj:
+    return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(rv)}}
+
+
+def same_but_version(a: Obj, b: Obj) -> bool:
+    """Whether a write of `b` over `a` would change nothing the store keeps (the resourceVersion aside)."""
+    return with_resource_version(a, 0) == with_resource_version(b, 0)
+
+
+# Field selectors: the fields each registry indexes (pods: pkg/registry/core/pod/strategy.go ToSelectableFields).
+FieldGetter = Callable[[Obj], str]
+
+
+def _path(*keys: str) -> FieldGetter:
+    def get(obj: Obj) -> str:
+        value: Any = obj
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return "" if value is None else str(value)
+
+    return get
+
+
+POD_FIELDS: dict[str, FieldGetter] = {
+    "metadata.name": _path("metadata", "name"),
+    "metadata.namespace": _path("metadata", "namespace"),
+    "spec.nodeName": _path("spec", "nodeName"),
+    "spec.schedulerName": _path("spec", "schedulerName"),
+    "spec.restartPolicy": _path("spec", "restartPolicy"),
+    "spec.serviceAccountName": _path("spec", "serviceAccountName"),
+    "spec.hostNetwork": lambda pod: "true" if (pod.get("spec") or {}).get("hostNetwork") else "false",
+    "status.phase": _path("status", "phase"),
+    "status.nominatedNodeName": _path("status", "nominatedNodeName"),
+    "status.podIP": _path("status", "podIP"),
+}
+NODE_FIELDS: dict[str, FieldGetter] = {
+    "metadata.name": _path("metadata", "name"),
+    "spec.unschedulable": lambda node: "true" if (node.get("spec") or {}).get("unschedulable") else "false",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    field: str
+    get: FieldGetter
+    equal: bool
+    value: str
+
+    def holds(self, obj: Obj) -> bool:
+        return (self.get(obj) == self.value) == self.equal
+
+
+Selector = tuple[Requirement, ...]
+
+
+def parse_field_selector(text: str, fields: dict[str, FieldGetter]) -> Selector:
+    """`a=b,c!=d` (also `==`), every term must hold; an unknown field or term is a 400, as in the real server."""
+    requirements: list[Requirement] = []
+    for term in filter(None, text.split(",")):
+        operator = next((operator for operator in ("!=", "==", "=") if operator in term), None)
+        if operator is None:
+            raise bad_request(f"invalid selector: '{text}'; can't understand '{term}'")
+        name, value = term.split(operator, 1)
+        if name not in fields:
+            raise bad_request(f"field label not supported: {name}")
+        requirements.append(Requirement(name, fields[name], operator != "!=", value))
+    return tuple(requirements)
+
+
+def matches(selector: Selector, obj: Obj) -> bool:
+    return all(requirement.holds(obj) for requirement in selector)
+
+
+def encode_continue(rv: int, start: str) -> str:
+    """The etcd3 store's continue token: base64url (no padding) of {"v","rv","start"}, start relative to the list."""
+    raw = orjson.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start})
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def decode_continue(token: str) -> tuple[int, str]:
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        version, rv, start = data["v"], int(data["rv"]), str(data["start"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise bad_request(f"invalid continue token: continue key is not valid: {error}") from error
+    if version != "meta.k8s.io/v1":
+        raise bad_request(f"invalid continue token: got unrecognized encoded version {version}")
+    if rv == 0:
+        raise bad_request("invalid continue token: incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
+    if not start:
+        raise bad_request("invalid continue token: encoded start key empty (version meta.k8s.io/v1)")
+    return rv, start
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One write to a watched resource, as the watch cache keeps it."""
+
+    rv: int
+    key: str
+    before: Obj | None
+    after: Obj | None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A resource's objects at one revision, keys in etcd order."""
+
+    keys: list[str]
+    objects: dict[str, Obj]
+
+
+class Signal(enum.Enum):
+    DROP = "drop"  # close the connection mid-stream, no terminating chunk
+    EXPIRE = "expire"  # an in-stream ERROR 410, then a clean end
+
+
+class Resource:
+    """One watched resource (pods or nodes): objects by etcd key, the kept history, list snapshots, open watches.
+    Mutable: this is the double's store."""
+
+    SNAPSHOTS_KEPT = 8
+
+    def __init__(self, plural: str, kind: str, fields: dict[str, FieldGetter], history: int) -> None:
+        self.plural = plural
+        self.kind = kind
+        self.fields = fields
+        self.history = history
+        self.objects: dict[str, Obj] = {}
+        self.changes: deque[Change] = deque()
+        self.floor = 0  # every change after this resourceVersion is kept
+        self.snapshots: OrderedDict[int, Snapshot] = OrderedDict()
+        self.watches: set[Watch] = set()
+
+    def typed(self, obj: Obj) -> Obj:
+        return {"kind": self.kind, "apiVersion": "v1", **obj}
+
+    def record(self, change: Change) -> None:
+        self.changes.append(change)
+        while len(self.changes) > self.history:
+            self.floor = self.changes.popleft().rv
+        for watch in self.watches:
+            watch.offer(change)
+
+    def forget(self, rv: int) -> None:
+        """Compaction: nothing at or before `rv` can be replayed any more."""
+        self.changes.clear()
+        self.floor = rv
+        self.snapshots.clear()
+
+    def snapshot(self, rv: int) -> Snapshot:
+        """The objects at revision `rv` (not older than the kept history): undo the later changes."""
+        if (kept := self.snapshots.get(rv)) is not None:
+            self.snapshots.move_to_end(rv)
+            return kept
+        objects = dict(self.objects)
+        for change in reversed(self.changes):
+            if change.rv <= rv:
+                break
+            if change.before is None:
+                objects.pop(change.key, None)
+            else:
+                objects[change.key] = change.before
+        snapshot = Snapshot(sorted(objects), objects)
+        self.snapshots[rv] = snapshot
+        while len(self.snapshots) > self.SNAPSHOTS_KEPT:
+            self.snapshots.popitem(last=False)
+        return snapshot
+
+
+def scope_prefix(namespace: str | None) -> str:
+    return f"{namespace}/" if namespace else ""
+
+
+def event_line(kind: str, obj: Obj) -> bytes:
+    return b'{"type":"' + kind.encode() + b'","object":' + orjson.dumps(obj) + b"}\n"
+
+
+def expired_line(message: str) -> bytes:
+    return event_line("ERROR", status_body(410, "Expired", message))
+
+
+@dataclass(eq=False)
+class Watch:
+    """One open watch: what it sees, and the queue its stream is written from."""
+
+    resource: Resource
+    namespace: str | None
+    selector: Selector
+    bookmarks: bool
+    since: int
+    queue: asyncio.Queue[bytes | Signal] = field(default_factory=asyncio.Queue)
+
+    def sees(self, key: str, obj: Obj | None) -> bool:
+        return obj is not None and key.startswith(scope_prefix(self.namespace)) and matches(self.selector, obj)
+
+    def render(self, change: Change) -> bytes | None:
+        """The event this watcher gets for `change`, as the watch cache's convertToWatchEvent decides it."""
+        now, was = self.sees(change.key, change.after), self.sees(change.key, change.before)
+        if now and change.after is not None:
+            return event_line("MODIFIED" if was else "ADDED", self.resource.typed(change.after))
+        if was and change.before is not None:
+            return event_line("DELETED", self.resource.typed(with_resource_version(change.before, change.rv)))
+        return None
+
+    def offer(self, change: Change) -> None:
+        if (line := self.render(change)) is not None:
+            self.queue.put_nowait(line)
+
+
+@dataclass(slots=True)
+class Fault:
+    """The next `times` requests matching `method` and `prefix` get this instead of an answer (see ApiDouble.fail)."""
+
+    method: str
+    prefix: str
+    status: int
+    times: int
+    mode: str
+    delay: float
+    body: Obj | None
+
+    def catches(self, request: web.Request) -> bool:
+        return self.method in ("*", request.method) and request.path.startswith(self.prefix)
+
+
+def go_bool(text: str) -> bool:
+    """strconv.ParseBool, which the API server's query decoding uses."""
+    if text in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if text in ("", "0", "f", "F", "false", "FALSE", "False"):
+        return False
+    raise bad_request(f'strconv.ParseBool: parsing "{text}": invalid syntax')
+
+
+def query_int(query: Any, name: str) -> int:
+    text = query.get(name, "")
+    try:
+        return int(text) if text else 0
+    except ValueError as error:
+        raise bad_request(f'strconv.ParseInt: parsing "{text}": invalid syntax') from error
+
+
+def resource_version_of(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError as error:
+        raise bad_request(f'invalid resource version: strconv.ParseUint: parsing "{text}": invalid syntax') from error
+
+
+async def json_body(request: web.Request) -> Obj:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as error:
+        raise bad_request(f"couldn't get version/kind; json parse error: {error}") from error
+    if not isinstance(body, dict):
+        raise bad_request("couldn't get version/kind; json parse error: cannot unmarshal into Go value of type struct")
+    return body
+
+
+def abort(request: web.Request) -> None:
+    """Close the connection under the request at once (no answer, or no terminating chunk)."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
+def go_quote(text: str) -> str:
+    """Go's %q for the texts we quote (JSON string quoting is the same for them)."""
+    return orjson.dumps(text).decode()
+
+
+def object_key(namespace: str, name: str) -> str:
+    """The etcd key of a namespaced object, below its resource's prefix."""
+    return f"{namespace}/{name}"
+
+
+def _mutable_spec_view(spec: Obj) -> Obj:
+    """A pod spec with what a pod update may change blanked out (ValidatePodUpdate, simplified)."""
+    view = {k: v for k, v in spec.items() if k not in ("activeDeadlineSeconds", "tolerations", "schedulingGates")}
+    view.pop("terminationGracePeriodSeconds", None)
+    for containers in ("containers", "initContainers"):
+        if isinstance(view.get(containers), list):
+            view[containers] = [{k: v for k, v in c.items() if k != "image"} for c in view[containers]]
+    return view
+
+
+def _string_map_errors(obj: Obj) -> str:
+    """The decode error the API server gives when labels or annotations hold a non-string."""
+    go_types = {bool: "bool", int: "number", float: "number", dict: "object", list: "array"}
+    for name in ("labels", "annotations"):
+        values = (obj.get("metadata") or {}).get(name) or {}
+        for value in values.values() if isinstance(values, dict) else ():
+            if not isinstance(value, str):
+                kind = go_types.get(type(value), "value")
+                return f"json: cannot unmarshal {kind} into Go struct field ObjectMeta.metadata.{name} of type string"
+    return ""
+
+
+class ApiDouble:
+    """The fake API server. Start it, point a client at `url`, change the cluster with the helpers, inject faults.
+
+    Mutable, single-process, in the test's event loop; every helper is synchronous and takes effect at once
+    (watch events are queued before it returns)."""
+
+    def __init__(self, *, token: str | None = "test-token", history: int = 1000) -> None:
+        self.token = token or ""
+        self.resource_version = 0
+        self.requests: list[tuple[str, str]] = []
+        self.events: list[Obj] = []
+        self.url = ""
+        self._pods = Resource("pods", "Pod", POD_FIELDS, history)
+        self._nodes = Resource("nodes", "Node", NODE_FIELDS, history)
+        self._leases: dict[str, Obj] = {}
+        self._faults: list[Fault] = []
+        self._stopping = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle --
+
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> str:
+        app = web.Application(middlewares=[self._middleware])
+        self._routes(app.router)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(self._runner, sock, ssl_context=ssl_context).start()
+        scheme = "https" if ssl_context is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{sock.getsockname()[1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Release hung requests, cut open watches, close the listener."""
+        self._stopping.set()
+        for resource in (self._pods, self._nodes):
+            for watch in resource.watches:
+                watch.queue.put_nowait(Signal.DROP)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def set_token(self, token: str | None) -> None:
+        """Rotate the accepted Bearer token (None or "" turns authentication off)."""
+        self.token = token or ""
+
+    # -- state, as a user, kubelet or controller changes it --
+
+    def add_node(self, node: Obj) -> Obj:
+        obj = self._new_object(node, namespace=None)
+        return self._create(self._nodes, obj["metadata"]["name"], obj)
+
+    def update_node(self, node: Obj) -> Obj:
+        obj = copy(node)
+        return self._replace(self._nodes, obj["metadata"]["name"], obj)
+
+    def delete_node(self, name: str) -> None:
+        self._remove(self._nodes, name)
+
+    def add_pod(self, pod: Obj) -> Obj:
+        obj = self._new_object(pod, namespace="default")
+        obj.setdefault("status", {}).setdefault("phase", "Pending")
+        meta = obj["metadata"]
+        return self._create(self._pods, object_key(meta["namespace"], meta["name"]), obj)
+
+    def update_pod(self, pod: Obj) -> Obj:
+        obj = copy(pod)
+        meta = obj["metadata"]
+        return self._replace(self._pods, object_key(meta.get("namespace") or "default", meta["name"]), obj)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """The final removal (what the kubelet's grace-0 delete, or a force delete, does)."""
+        self._remove(self._pods, object_key(namespace, name))
+
+    def steal_lease(self, namespace: str, name: str, holder: str) -> Obj:
+        """Another replica takes the lease: a write of its own, so the next PUT with our resourceVersion is a 409."""
+        key = object_key(namespace, name)
+        lease = self._leases.get(key) or self._new_object({"metadata": {"name": name}}, namespace=namespace)
+        spec = dict(lease.get("spec") or {})
+        if spec.get("holderIdentity") != holder:
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if spec.get("holderIdentity") else 0)
+            spec["acquireTime"] = now_micro_time()
+        spec |= {"holderIdentity": holder, "renewTime": now_micro_time()}
+        spec.setdefault("leaseDurationSeconds", 15)
+        self._leases[key] = with_resource_version({**lease, "spec": spec}, self._bump())
+        return self.lease(namespace, name) or {}
+
+    # -- reading state --
+
+    def node(self, name: str) -> Obj | None:
+        found = self._nodes.objects.get(name)
+        return copy(self._nodes.typed(found)) if found is not None else None
+
+    def pod(self, namespace: str, name: str) -> Obj | None:
+        found = self._pods.objects.get(object_key(namespace, name))
+        return copy(self._pods.typed(found)) if found is not None else None
+
+    def nodes(self) -> list[Obj]:
+        return [copy(self._nodes.typed(self._nodes.objects[key])) for key in sorted(self._nodes.objects)]
+
+    def pods(self) -> list[Obj]:
+        return [copy(self._pods.typed(self._pods.objects[key])) for key in sorted(self._pods.objects)]
+
+    def lease(self, namespace: str, name: str) -> Obj | None:
+        found = self._leases.get(object_key(namespace, name))
+        return copy(self._lease_typed(found)) if found is not None else None
+
+    @property
+    def open_watches(self) -> int:
+        return len(self._pods.watches) + len(self._nodes.watches)
+
+    # -- faults --
+
+    def fail(
+        self,
+        method: str,
+        path_prefix: str,
+        *,
+        status: int = 500,
+        times: int = 1,
+        mode: str = "status",
+        delay: float = 0.0,
+        body: Obj | None = None,
+    ) -> None:
+        """The next `times` requests with `method` (or "*") whose path starts with `path_prefix` get, instead of an
+        answer: "status" a Status body for `status` (or `body`), "hang" nothing until the client gives up (or stop),
+        "drop" the connection closed, "slow" the normal answer after `delay` seconds. Earlier faults match first."""
+        if mode not in FAULT_MODES:
+            raise ValueError(f"mode must be one of {FAULT_MODES}, not {mode!r}")
+        if times < 1:
+            raise ValueError("times must be at least 1")
+        self._faults.append(Fault(method.upper(), path_prefix, status, times, mode, delay, body))
+
+    def drop_watches(self) -> None:
+        """Cut every open watch mid-stream: the connection closes without the terminating chunk."""
+        self._signal_watches(Signal.DROP)
+
+    def expire_watches(self) -> None:
+        """An in-stream ERROR 410 Expired to every open watch, then a clean end (a watcher that fell behind)."""
+        self._signal_watches(Signal.EXPIRE)
+
+    def compact(self) -> None:
+        """etcd compaction: the compactor's own write, then nothing before it can be listed or watched from."""
+        rv = self._bump()
+        for resource in (self._pods, self._nodes):
+            resource.forget(rv)
+
+    def bookmark(self) -> None:
+        """A BOOKMARK at the current resourceVersion to every watch that asked for them."""
+        for resource in (self._pods, self._nodes):
+            mark = {
+                "kind": resource.kind,
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(self.resource_version)},
+            }
+            for watch in resource.watches:
+                if watch.bookmarks:
+                    watch.queue.put_nowait(event_line("BOOKMARK", mark))
+
+    # -- the store --
+
+    def _bump(self) -> int:
+        self.resource_version += 1
+        return self.resource_version
+
+    def _new_object(self, given: Obj, namespace: str | None) -> Obj:
+        obj = {k: v for k, v in copy(given).items() if k not in ("kind", "apiVersion")}
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name"):
+            raise ValueError("metadata.name is required")
+        if namespace is None:
+            meta.pop("namespace", None)
+        else:
+            meta["namespace"] = meta.get("namespace") or namespace
+        meta["uid"] = meta.get("uid") or str(uuid.uuid4())
+        meta["creationTimestamp"] = meta.get("creationTimestamp") or now_time()
+        return obj
+
+    def _create(self, resource: Resource, key: str, obj: Obj) -> Obj:
+        if key in resource.objects:
+            raise ValueError(f"{resource.plural} {key!r} already exists")
+        return copy(resource.typed(self._write(resource, key, obj)))
+
+    def _replace(self, resource: Resource, key: str, obj: Obj) -> Obj:
+        stored = resource.objects[key]
+        obj = {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
+        meta = obj.setdefault("metadata", {})
+        if meta.get("uid") and meta["uid"] != stored["metadata"]["uid"]:
+            raise ValueError(f"{resource.plural} {key!r} has uid {stored['metadata']['uid']}, not {meta['uid']}")
+        for kept in ("uid", "creationTimestamp", "namespace"):
+            if kept in stored["metadata"]:
+                meta[kept] = stored["metadata"][kept]
+        return copy(resource.typed(self._write(resource, key, obj)))
+
+    def _remove(self, resource: Resource, key: str) -> None:
+        if key not in resource.objects:
+            raise KeyError(f"{resource.plural} {key!r} not found")
+        self._write(resource, key, None)
+
+    def _write(self, resource: Resource, key: str, after: Obj | None) -> Obj:
+        """Store `after` (None deletes) at a new resourceVersion and tell the watches; a no-op write is skipped."""
+        before = resource.objects.get(key)
+        if after is not None and before is not None and same_but_version(before, after):
+            return before
+        rv = self._bump()
+        if after is None:
+            del resource.objects[key]
+        else:
+            after = with_resource_version(after, rv)
+            resource.objects[key] = after
+        resource.record(Change(rv, key, before, after))
+        return after if after is not None else with_resource_version(before or {}, rv)
+
+    def _signal_watches(self, signal: Signal) -> None:
+        for resource in (self._pods, self._nodes):
+            for watch in resource.watches:
+                watch.queue.put_nowait(signal)
+
+    # -- HTTP: plumbing --
+
+    def _routes(self, router: web.UrlDispatcher) -> None:
+        pods = "/api/v1/namespaces/{namespace}/pods"
+        leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        router.add_get("/version", self._version)
+        router.add_get("/readyz", self._readyz)
+        router.add_get("/api/v1/nodes", self._collection(self._nodes, namespaced=False))
+        router.add_get("/api/v1/nodes/{name}", self._get_node)
+        router.add_get("/api/v1/pods", self._collection(self._pods, namespaced=False))
+        router.add_get(pods, self._collection(self._pods, namespaced=True))
+        router.add_get(pods + "/{name}", self._get_pod)
+        router.add_patch(pods + "/{name}", self._patch_pod)
+        router.add_delete(pods + "/{name}", self._delete_pod)
+        router.add_post(pods + "/{name}/binding", self._bind)
+        router.add_post("/api/v1/namespaces/{namespace}/events", self._event_creator("v1", "events", ""))
+        router.add_post(
+            "/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+            self._event_creator("events.k8s.io/v1", "events", "events.k8s.io"),
+        )
+        router.add_post(leases, self._create_lease)
+        router.add_get(leases + "/{name}", self._get_lease)
+        router.add_put(leases + "/{name}", self._put_lease)
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        self.requests.append((request.method, request.path_qs))
+        try:
+            fault = self._take_fault(request)
+            if fault is not None and (faulted := await self._play(fault, request)) is not None:
+                return faulted
+            self._authenticate(request)
+            return await handler(request)
+        except ApiStatus as status:
+            return status.response()
+        except web.HTTPException as error:  # the router's own 404 and 405
+            if error.status == 405:
+                message = "the server does not allow this method on the requested resource"
+                return ApiStatus(405, "MethodNotAllowed", message, {}).response()
+            if error.status == 404:
+                return ApiStatus(404, "NotFound", NOT_FOUND_PATH, {}).response()
+            raise
+
+    def _take_fault(self, request: web.Request) -> Fault | None:
+        for fault in self._faults:
+            if fault.catches(request):
+                fault.times -= 1
+                if fault.times == 0:
+                    self._faults.remove(fault)
+                return fault
+        return None
+
+    async def _play(self, fault: Fault, request: web.Request) -> web.StreamResponse | None:
+        if fault.mode == "slow":
+            await asyncio.sleep(fault.delay)
+            return None
+        if fault.mode == "hang":
+            await self._stopping.wait()
+        if fault.mode in ("hang", "drop"):
+            abort(request)
+            return web.Response()
+        if fault.body is not None:
+            return json_response(fault.body, fault.status, {"Retry-After": "1"} if fault.status == 429 else None)
+        return fault_status(fault.status).response()
+
+    def _authenticate(self, request: web.Request) -> None:
+        if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
+            raise ApiStatus(401, "Unauthorized", "Unauthorized")
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return json_response(VERSION)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    # -- HTTP: lists and watches --
+
+    def _collection(self, resource: Resource, namespaced: bool) -> Handler:
+        async def serve(request: web.Request) -> web.StreamResponse:
+            namespace = request.match_info["namespace"] if namespaced else None
+            query = request.query
+            selector = parse_field_selector(query.get("fieldSelector", ""), resource.fields)
+            if query.get("labelSelector"):
+                raise bad_request("labelSelector is not supported by the API double")
+            if go_bool(query.get("watch", "")):
+                return await self._watch(request, resource, namespace, selector)
+            return self._list(resource, namespace, selector, query)
+
+        return serve
+
+    def _list(self, resource: Resource, namespace: str | None, selector: Selector, query: Any) -> web.Response:
+        limit = query_int(query, "limit")
+        token, asked = query.get("continue", ""), query.get("resourceVersion", "")
+        prefix = scope_prefix(namespace)
+        start = ""
+        if token:
+            if asked:
+                raise bad_request("specifying resource version is not allowed when using continue")
+            at, start = decode_continue(token)
+            if at == -1:  # the token a 410 hands out: go on at the newest revision
+                at = self.resource_version
+            elif at < resource.floor:
+                raise expired(CONTINUE_TOO_OLD, {"continue": encode_continue(-1, start)})
+        elif query.get("resourceVersionMatch") == "Exact":
+            at = resource_version_of(asked)
+            if at < resource.floor:
+                raise expired(LIST_TOO_OLD)
+            self._not_too_large(at)
+        else:
+            if asked not in ("", "0"):
+                self._not_too_large(resource_version_of(asked))
+            at = self.resource_version
+        snapshot = resource.snapshot(at)
+        keys, objects = snapshot.keys, snapshot.objects
+        end = bisect.bisect_left(keys, prefix[:-1] + "0") if prefix else len(keys)  # "0" sorts right after "/"
+        index = bisect.bisect_left(keys, prefix + start) if start else bisect.bisect_left(keys, prefix)
+        items: list[Obj] = []
+        while index < end and not (limit and len(items) >= limit):
+            obj = objects[keys[index]]
+            index += 1
+            if matches(selector, obj):
+                items.append(obj)
+        meta: Obj = {"resourceVersion": str(at)}
+        if limit and index < end:
+            meta["continue"] = encode_continue(at, keys[index - 1][len(prefix) :] + "\x00")
+            if not selector:
+                meta["remainingItemCount"] = end - index
+        return json_response({"kind": f"{resource.kind}List", "apiVersion": "v1", "metadata": meta, "items": items})
+
+    def _not_too_large(self, rv: int) -> None:
+        if rv > self.resource_version:
+            message = f"Too large resource version: {rv}, current: {self.resource_version}"
+            details = {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]}
+            raise ApiStatus(504, "Timeout", message, details | {"retryAfterSeconds": 1})
+
+    async def _watch(
+        self, request: web.Request, resource: Resource, namespace: str | None, selector: Selector
+    ) -> web.StreamResponse:
+        query = request.query
+        asked = query.get("resourceVersion", "")
+        timeout = query_int(query, "timeoutSeconds")
+        watch = Watch(
+            resource, namespace, selector, go_bool(query.get("allowWatchBookmarks", "")), self.resource_version
+        )
+        lines: list[bytes]
+        too_old = False
+        if asked in ("", "0") or go_bool(query.get("sendInitialEvents", "")):
+            current = resource.objects
+            lines = [
+                event_line("ADDED", resource.typed(current[k])) for k in sorted(current) if watch.sees(k, current[k])
+            ]
+            if go_bool(query.get("sendInitialEvents", "")) and watch.bookmarks:
+                meta: Obj = {"resourceVersion": str(self.resource_version)}
+                meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+                lines.append(event_line("BOOKMARK", {"kind": resource.kind, "apiVersion": "v1", "metadata": meta}))
+        else:
+            watch.since = resource_version_of(asked)
+            if watch.since < resource.floor:
+                too_old = True
+                lines = [expired_line(TOO_OLD_RESOURCE_VERSION.format(asked=watch.since, oldest=resource.floor))]
+            else:
+                lines = [line for c in resource.changes if c.rv > watch.since if (line := watch.render(c)) is not None]
+        if not too_old:
+            resource.watches.add(watch)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        try:
+            await response.prepare(request)
+            for chunk in _chunks(lines):
+                await response.write(chunk)
+            if not too_old and await self._stream(response, watch, timeout) is Signal.DROP:
+                abort(request)
+                return response
+            await response.write_eof()
+        except ConnectionError:  # the client went away
+            pass
+        finally:
+            resource.watches.discard(watch)
+        return response
+
+    async def _stream(self, response: web.StreamResponse, watch: Watch, timeout: int) -> Signal | None:
+        """Copy the watch's queue to the response until a signal or `timeout` seconds; returns the signal."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if timeout > 0 else None
+        while True:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return None
+            item: bytes | Signal | None
+            try:
+                item = await asyncio.wait_for(watch.queue.get(), remaining)
+            except TimeoutError:
+                return None
+            batch: list[bytes] = []
+            while isinstance(item, bytes):  # what is queued goes out in one write, up to a signal
+                batch.append(item)
+                item = watch.queue.get_nowait() if not watch.queue.empty() else None
+            if item is Signal.EXPIRE:
+                batch.append(
+                    expired_line(TOO_OLD_RESOURCE_VERSION.format(asked=watch.since, oldest=self.resource_version))
+                )
+            if batch:
+                await response.write(b"".join(batch))
+            if item is not None:
+                return item
+
+    # -- HTTP: pods --
+
+    def _stored_pod(self, request: web.Request) -> tuple[str, Obj]:
+        name = request.match_info["name"]
+        key = object_key(request.match_info["namespace"], name)
+        if (pod := self._pods.objects.get(key)) is None:
+            raise not_found("pods", name)
+        return key, pod
+
+    async def _get_node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if (node := self._nodes.objects.get(name)) is None:
+            raise not_found("nodes", name)
+        return json_response(self._nodes.typed(node))
+
+    async def _get_pod(self, request: web.Request) -> web.Response:
+        return json_response(self._pods.typed(self._stored_pod(request)[1]))
+
+    async def _patch_pod(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/merge-patch+json":
+            message = (
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"application/merge-patch+json (the API double implements merge patch only; got {request.content_type})"
+            )
+            raise ApiStatus(415, "UnsupportedMediaType", message)
+        patch = await json_body(request)
+        key, pod = self._stored_pod(request)
+        name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        patched = {
+            k: v for k, v in merge_patch(self._pods.typed(pod), patch).items() if k not in ("kind", "apiVersion")
+        }
+        meta = patched.get("metadata")
+        if not isinstance(meta, dict):
+            raise invalid("Pod", name, [FieldError("metadata", "FieldValueRequired", "Required value")])
+        if meta.get("name") != name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
+        if meta.get("namespace") != namespace:
+            raise bad_request(NAMESPACE_MISMATCH)
+        if decode_error := _string_map_errors(patched):
+            value = go_quote(orjson.dumps(patched).decode())
+            raise invalid("", "", [FieldError("patch", "FieldValueInvalid", f"Invalid value: {value}: {decode_error}")])
+        if meta.get("uid") and meta["uid"] != pod["metadata"]["uid"]:
+            raise invalid("Pod", name, [immutable("metadata.uid", meta["uid"])])
+        if meta.get("resourceVersion") and meta["resourceVersion"] != pod["metadata"]["resourceVersion"]:
+            raise conflict("pods", name, MODIFIED)
+        for kept in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
+            if kept in pod["metadata"]:
+                meta[kept] = pod["metadata"][kept]
+        patched["metadata"] = {**meta, "resourceVersion": pod["metadata"]["resourceVersion"]}
+        if "status" in pod:  # the pod strategy keeps status on updates of the main resource
+            patched["status"] = pod["status"]
+        else:
+            patched.pop("status", None)
+        if _mutable_spec_view(patched.get("spec") or {}) != _mutable_spec_view(pod.get("spec") or {}):
+            raise invalid("Pod", name, [FieldError("spec", "FieldValueForbidden", f"Forbidden: {POD_SPEC_FORBIDDEN}")])
+        return json_response(self._pods.typed(self._write(self._pods, key, patched)))
+
+    async def _delete_pod(self, request: web.Request) -> web.Response:
+        options = await json_body(request) if request.can_read_body else {}
+        key, pod = self._stored_pod(request)
+        name = pod["metadata"]["name"]
+        preconditions = options.get("preconditions") or {}
+        if (uid := preconditions.get("uid")) and uid != pod["metadata"]["uid"]:
+            raise conflict("Pod", name, DELETE_UID_PRECONDITION.format(want=uid, have=pod["metadata"]["uid"]))
+        if (rv := preconditions.get("resourceVersion")) and rv != pod["metadata"]["resourceVersion"]:
+            cause = (
+                f"the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record "
+                f"({pod['metadata']['resourceVersion']}). The object might have been modified"
+            )
+            raise conflict("Pod", name, cause)
+        grace = options.get("gracePeriodSeconds")
+        if "gracePeriodSeconds" in request.query:
+            grace = query_int(request.query, "gracePeriodSeconds")
+        if grace is None:
+            grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        unscheduled = not (pod.get("spec") or {}).get("nodeName")
+        finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if unscheduled or finished or grace == 0:
+            return json_response(self._pods.typed(self._write(self._pods, key, None)))
+        if "deletionTimestamp" in pod["metadata"]:
+            return json_response(self._pods.typed(pod))
+        deadline = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=grace)
+        meta = {**pod["metadata"], "deletionTimestamp": deadline.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        meta["deletionGracePeriodSeconds"] = grace
+        return json_response(self._pods.typed(self._write(self._pods, key, {**pod, "metadata": meta})))
+
+    async def _bind(self, request: web.Request) -> web.Response:
+        binding = await json_body(request)
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        meta = binding.get("metadata") or {}
+        if meta.get("namespace") and meta["namespace"] != namespace:
+            raise bad_request(NAMESPACE_MISMATCH)
+        if meta.get("name", "") != name:
+            raise bad_request("name in URL does not match name in Binding object")
+        target = binding.get("target") or {}
+        errors = []
+        if target.get("kind") not in (None, "", "Node"):
+            body = f'Unsupported value: "{target["kind"]}": supported values: "Node", "<empty>"'
+            errors.append(FieldError("target.kind", "FieldValueNotSupported", body))
+        if not target.get("name"):
+            errors.append(FieldError("target.name", "FieldValueRequired", "Required value"))
+        if errors:
+            raise invalid("Binding", name, errors)
+        key, pod = self._stored_pod(request)
+        pod_meta = pod["metadata"]
+        storage_key = f"/registry/pods/{key}"
+        if (uid := meta.get("uid")) and uid != pod_meta["uid"]:
+            cause = UID_PRECONDITION.format(want=uid, have=pod_meta["uid"])
+            raise conflict("pods", name, STORAGE_INVALID_OBJECT.format(key=storage_key, msg=cause))
+        if (rv := meta.get("resourceVersion")) and rv != pod_meta["resourceVersion"]:
+            cause = RV_PRECONDITION.format(want=rv, have=pod_meta["resourceVersion"])
+            raise conflict("pods", name, STORAGE_INVALID_OBJECT.format(key=storage_key, msg=cause))
+        if "deletionTimestamp" in pod_meta:
+            raise conflict("pods/binding", name, BEING_DELETED.format(pod=name))
+        if node := (pod.get("spec") or {}).get("nodeName"):
+            raise conflict("pods/binding", name, ALREADY_ASSIGNED.format(pod=name, node=node))
+        status = dict(pod.get("status") or {})
+        scheduled = {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_time()}
+        others = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        status["conditions"] = [*others, scheduled]
+        bound_meta = {
+            **pod_meta,
+            "annotations": {**(pod_meta.get("annotations") or {}), **(meta.get("annotations") or {})},
+        }
+        bound = {**pod, "metadata": bound_meta, "spec": {**(pod.get("spec") or {}), "nodeName": target["name"]}}
+        self._write(self._pods, key, {**bound, "status": status})
+        return json_response(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
+        )
+
+    # -- HTTP: events and leases --
+
+    def _event_creator(self, api_version: str, resource: str, group: str) -> Handler:
+        async def create(request: web.Request) -> web.Response:
+            event = await json_body(request)
+            namespace = request.match_info["namespace"]
+            meta = dict(event.get("metadata") or {})
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                raise bad_request(NAMESPACE_MISMATCH)
+            if not meta.get("name"):
+                if not meta.get("generateName"):
+                    error = FieldError("metadata.name", "FieldValueRequired", NAME_REQUIRED)
+                    raise invalid(_qualified("Event", group), "", [error], resource, group)
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            taken = {(e["apiVersion"], e["metadata"]["namespace"], e["metadata"]["name"]) for e in self.events}
+            if (api_version, namespace, meta["name"]) in taken:
+                raise already_exists(resource, meta["name"], group)
+            meta |= {"namespace": namespace, "uid": str(uuid.uuid4()), "creationTimestamp": now_time()}
+            meta["resourceVersion"] = str(self._bump())
+            stored = {**event, "kind": "Event", "apiVersion": api_version, "metadata": meta}
+            self.events.append(stored)
+            return json_response(stored, 201)
+
+        return create
+
+    def _lease_typed(self, lease: Obj) -> Obj:
+        return {"kind": "Lease", "apiVersion": "coordination.k8s.io/v1", **lease}
+
+    def _lease_body(self, body: Obj, namespace: str) -> Obj:
+        meta = dict(body.get("metadata") or {})
+        if meta.get("namespace") and meta["namespace"] != namespace:
+            raise bad_request(NAMESPACE_MISMATCH)
+        meta["namespace"] = namespace
+        return {**{k: v for k, v in body.items() if k not in ("kind", "apiVersion")}, "metadata": meta}
+
+    async def _create_lease(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        lease = self._lease_body(await json_body(request), namespace)
+        name = lease["metadata"].get("name", "")
+        if not name:
+            error = FieldError("metadata.name", "FieldValueRequired", NAME_REQUIRED)
+            raise invalid(f"Lease.{LEASE_GROUP}", "", [error], LEASES, LEASE_GROUP)
+        if lease["metadata"].get("resourceVersion"):
+            raise ApiStatus(500, "", "resourceVersion should not be set on objects to be created")
+        key = object_key(namespace, name)
+        if key in self._leases:
+            raise already_exists(LEASES, name, LEASE_GROUP)
+        lease["metadata"] |= {"uid": str(uuid.uuid4()), "creationTimestamp": now_time()}
+        self._leases[key] = with_resource_version(lease, self._bump())
+        return json_response(self._lease_typed(self._leases[key]), 201)
+
+    async def _get_lease(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if (lease := self._leases.get(object_key(request.match_info["namespace"], name))) is None:
+            raise not_found(LEASES, name, LEASE_GROUP)
+        return json_response(self._lease_typed(lease))
+
+    async def _put_lease(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        lease = self._lease_body(await json_body(request), namespace)
+        meta = lease["metadata"]
+        if meta.get("name") != name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name', '')}) does not match the name on the URL ({name})"
+            )
+        key = object_key(namespace, name)
+        if (stored := self._leases.get(key)) is None:
+            raise not_found(LEASES, name, LEASE_GROUP)
+        stored_meta = stored["metadata"]
+        if (uid := meta.get("uid")) and uid != stored_meta["uid"]:
+            cause = UID_PRECONDITION.format(want=uid, have=stored_meta["uid"])
+            storage_key = f"/registry/leases/{key}"
+            raise conflict(LEASES, name, STORAGE_INVALID_OBJECT.format(key=storage_key, msg=cause), LEASE_GROUP)
+        if not meta.get("resourceVersion"):
+            error = FieldError("metadata.resourceVersion", "FieldValueInvalid", RV_REQUIRED)
+            raise invalid(_qualified(LEASES, LEASE_GROUP), name, [error], LEASES, LEASE_GROUP)
+        if meta["resourceVersion"] != stored_meta["resourceVersion"]:
+            raise conflict(LEASES, name, MODIFIED, LEASE_GROUP)
+        meta |= {"uid": stored_meta["uid"], "creationTimestamp": stored_meta["creationTimestamp"]}
+        if not same_but_version(stored, lease):
+            self._leases[key] = with_resource_version(lease, self._bump())
+        return json_response(self._lease_typed(self._leases[key]))
+
+
+def _chunks(lines: Iterable[bytes], size: int = 1 << 16) -> Iterable[bytes]:
+    """Join many small event lines into writes of about `size` bytes (a 100,000-pod initial list stays quick)."""
+    batch: list[bytes] = []
+    length = 0
+    for line in lines:
+        batch.append(line)
+        length += len(line)
+        if length >= size:
+            yield b"".join(batch)
+            batch, length = [], 0
+    if batch:
+        yield b"".join(batch)
