@@ -10,7 +10,9 @@ import asyncio
 import gc
 import logging
 import signal
+import socket
 import ssl
+import uuid
 from collections.abc import Callable
 
 from extender.cluster import Cluster
@@ -18,6 +20,11 @@ from extender.ledger import Ledger
 from extender.server import Service, build_server
 from extender.settings import Settings
 from extender.sources.file import FileBinder, load_cluster_file
+from extender.sources.kube.client import KubeClient
+from extender.sources.kube.config import KubeConfig
+from extender.sources.kube.controller import KubeOptions, KubeSource
+from extender.sources.kube.informer import WatchOptions
+from extender.sources.kube.leader import LeaseTimings
 from extender.tls import server_context
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,57 @@ def file_service(settings: Settings, path: str) -> tuple[Service, FileBinder]:
         sum(len(state.devices) for state in cluster.nodes.values()),
     )
     return service, binder
+
+
+def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
+    return KubeOptions(
+        identity=settings.identity or f"{socket.gethostname()}_{uuid.uuid4()}",
+        watch=WatchOptions(settings.list_page_size, settings.watch_timeout, settings.watch_inactivity),
+        leader_elect=settings.leader_elect,
+        lease_namespace=settings.lease_namespace or config.namespace,
+        lease_name=settings.lease_name,
+        timings=LeaseTimings(settings.lease_duration, settings.renew_deadline, settings.retry_period),
+    )
+
+
+def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeSource]:
+    """A service whose cache follows the API server through `client`, and the source that feeds it (not yet
+    started: `await source.start()`)."""
+    cluster = Cluster(settings.profile)
+    source = KubeSource(client, cluster, kube_options(settings, client.config))
+    service = Service(
+        cluster=cluster,
+        ledger=Ledger(cluster, settings.reservation_ttl),
+        binder=source.binder,
+        policy=settings.policy,
+        ready=source.ready,
+        why_not_ready=source.why_not_ready,
+        problem=source.problem,
+        on_bind_failure=source.events.failed_bind,
+        expiry_interval=settings.expiry_interval,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    return service, source
+
+
+async def serve_live(settings: Settings, context: ssl.SSLContext | None, config: KubeConfig) -> None:
+    """Serve from the API server until SIGTERM/SIGINT: the HTTP server stops first (binds under way finish),
+    then the lease is given up and the watches end."""
+    log.info("API server %s (%s)", config.server, config.source)
+    async with KubeClient(config, timeout=settings.api_timeout) as client:
+        service, source = kube_service(settings, client)
+        await source.start()
+        settle = asyncio.create_task(_settle_when_synced(source))
+        try:
+            await serve(service, settings, context)
+        finally:
+            settle.cancel()
+            await source.stop()
+
+
+async def _settle_when_synced(source: KubeSource) -> None:
+    await source.synced()
+    settle_heap()
 
 
 def settle_heap() -> None:

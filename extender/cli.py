@@ -72,18 +72,22 @@ def _settings(arguments: argparse.Namespace, check: bool = True) -> Settings:
 
 
 def _serve(arguments: argparse.Namespace) -> int:
-    from extender.app import event_loop_factory, file_service, serve, ssl_context
+    from extender.app import event_loop_factory, file_service, serve, serve_live, ssl_context
+    from extender.sources.kube.config import ConfigError, load_config
 
     current = _settings(arguments)
     setup_logging(current.log_level, current.log_format)
-    if not current.cluster:
-        raise SettingsError(
-            "no source for the cache: give --cluster FILE (serving from a live API server is not built yet)"
-        )
     context = ssl_context(current)  # before loading anything: a bad certificate fails at once
-    service, _ = file_service(current, current.cluster)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(serve(service, current, context))
+        if current.cluster:
+            service, _ = file_service(current, current.cluster)
+            runner.run(serve(service, current, context))
+        else:
+            try:
+                config = load_config(current.kubeconfig, current.kube_context)
+            except ConfigError as error:
+                raise SettingsError(f"{error} (or give --cluster FILE to serve from a file)") from None
+            runner.run(serve_live(current, context, config))
     return 0
 
 

@@ -61,8 +61,17 @@ class Service:
     recent: RecentPods = field(default_factory=RecentPods)
     ready: Callable[[], bool] = lambda: True
     """True once the cache holds a full listing (and, with leader election, on the leader)."""
+    why_not_ready: Callable[[], str] = lambda: NOT_READY
+    """Why `ready()` is False, for /readyz and for refused verbs."""
+    problem: Callable[[], str] = lambda: ""
+    """"" while the loops feeding the cache run, else which stopped: /healthz answers 500 with it."""
+    on_bind_failure: Callable[[BindRequest, str], None] | None = None
+    """Told of every bind that failed (the API source records an Event on the pod)."""
     expiry_interval: float = 5.0
     max_body_bytes: int = 32 * 1024 * 1024
+
+
+NOT_READY = "extender is not ready: its cache has not been filled yet"
 
 
 class BadRequest(Exception):
@@ -161,15 +170,13 @@ def _async_verb(
     return handle
 
 
-NOT_READY = "extender is not ready: its cache has not been filled yet"
-
-
 def _filter(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderArgs)
     demand = _demand(args.Pod, service)
     names = contract.requested_names(args, checked=False)
     if not service.ready():
-        return contract.filter_reply(args, [], {}, {}, NOT_READY), NOT_READY
+        reason = service.why_not_ready()
+        return contract.filter_reply(args, [], {}, {}, reason), reason
     service.recent.remember(args.Pod)
     cluster, unit = service.cluster, service.policy.unit
     states = _states(args, cluster)
@@ -228,11 +235,14 @@ def _prioritize(request: Request, service: Service) -> VerbResult:
 async def _bind(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderBindingArgs)
     if not service.ready():
-        return contract.binding_reply(NOT_READY), NOT_READY
+        reason = service.why_not_ready()
+        return contract.binding_reply(reason), reason
     target = BindRequest(args.PodName, args.PodNamespace, args.PodUID, args.Node)
     error = await bind(target, service.cluster, service.ledger, service.policy, service.binder, service.recent)
     if error:
         log.warning("bind %s to %s: %s", target.key, target.node, error)
+        if service.on_bind_failure is not None:
+            service.on_bind_failure(target, error)
     else:
         log.info("bound %s to %s", target.key, target.node)
     return contract.binding_reply(error), error
@@ -250,13 +260,16 @@ def _preempt(request: Request, service: Service) -> VerbResult:
 
 
 def _healthz(service: Service, request: Request) -> Response:
+    problem = service.problem()
+    if problem:
+        return _json({"status": "unhealthy", "Error": problem}, 500)
     return _json({"status": "ok"})
 
 
 def _readyz(service: Service, request: Request) -> Response:
     if service.ready():
         return _json({"status": "ready"})
-    return _json({"status": "not ready", "Error": NOT_READY}, 503)
+    return _json({"status": "not ready", "Error": service.why_not_ready()}, 503)
 
 
 def _metrics(service: Service, request: Request) -> Response:

@@ -62,6 +62,39 @@ class Settings:
         "Seconds a reservation waits for the API to show its pod bound before it is freed.", default=300.0
     )
     expiry_interval: float = _doc("Seconds between sweeps for expired reservations.", default=5.0)
+    # -- the API server (when --cluster is not given)
+    kubeconfig: str = _doc(
+        "Kubeconfig to reach the API server; when empty: the in-cluster service account, else $KUBECONFIG, "
+        "else ~/.kube/config.",
+        default="",
+    )
+    kube_context: str = _doc("Context of the kubeconfig to use (default: its current-context).", default="")
+    api_timeout: float = _doc("Seconds to wait for one API request (watches excepted).", default=10.0)
+    list_page_size: int = _doc("Objects per page when listing nodes and pods.", default=500)
+    watch_timeout: float = _doc(
+        "Seconds a watch lasts before it is renewed (jittered up to twice this, as client-go does).", default=300.0
+    )
+    watch_inactivity: float = _doc(
+        "Seconds without a byte on a watch (the API sends a bookmark about once a minute) before it is renewed.",
+        default=120.0,
+    )
+    # -- leader election
+    leader_elect: bool = _doc(
+        "Elect a leader with a Lease: only the leader is ready and binds, standbys keep a warm cache.", default=True
+    )
+    lease_name: str = _doc("Name of the Lease.", default="gpu-extender")
+    lease_namespace: str = _doc(
+        "Namespace of the Lease; empty: the service account's namespace in a pod, else the kubeconfig context's.",
+        default="",
+    )
+    lease_duration: float = _doc(
+        "Seconds a standby waits after the leader's last renewal before taking over.", default=15.0
+    )
+    renew_deadline: float = _doc("Seconds the leader keeps trying to renew before it stops leading.", default=10.0)
+    retry_period: float = _doc("Seconds between tries to take or renew the Lease.", default=2.0)
+    identity: str = _doc(
+        "This replica's name in the Lease and in Events; empty: hostname and a random suffix.", default=""
+    )
     # -- the device plugin's profile
     memory_resource: str = _doc(
         "Resource holding GPU memory (node total, pod demand).", default=_PROFILE.memory_resource
@@ -147,9 +180,27 @@ class Settings:
             raise SettingsError("HTTPS needs --tls-cert and --tls-key (or --insecure-http for plain HTTP)")
         if self.insecure_http and self.client_ca:
             raise SettingsError("--client-ca needs HTTPS: drop --insecure-http")
-        for name in ("reservation_ttl", "expiry_interval", "http_timeout", "max_body_bytes"):
+        for name in (
+            "reservation_ttl",
+            "expiry_interval",
+            "http_timeout",
+            "max_body_bytes",
+            "api_timeout",
+            "list_page_size",
+            "watch_timeout",
+            "watch_inactivity",
+            "retry_period",
+        ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.lease_duration <= self.renew_deadline:
+            raise SettingsError(
+                f"lease_duration ({self.lease_duration}) must be greater than renew_deadline ({self.renew_deadline})"
+            )
+        if self.renew_deadline <= 1.2 * self.retry_period:
+            raise SettingsError(
+                f"renew_deadline ({self.renew_deadline}) must be greater than 1.2 x retry_period ({self.retry_period})"
+            )
         if self.weight <= 0:
             raise SettingsError(f"weight must be > 0, not {self.weight}")
         if self.node_weight < 0 or self.device_weight < 0 or self.node_weight + self.device_weight == 0:

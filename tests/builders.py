@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from extender.cluster import Allocation, Cluster, allocation_annotations
+from extender.cluster import Allocation, Cluster, allocation_annotations, pod_record
 from extender.ledger import Ledger
 from extender.resources import Profile
 
@@ -107,3 +107,26 @@ class FakeClock:
 
 def make_ledger(cluster: Cluster, ttl: float = 60.0, clock: FakeClock | None = None) -> Ledger:
     return Ledger(cluster, ttl, clock or FakeClock())
+
+
+def cache_differences(cluster: Cluster, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[str]:
+    """How the cache differs from the API's objects (from the double or a real apiserver), plus every device
+    over capacity: empty when the cache equals the API's state and the invariant holds."""
+    problems = list(cluster.overcommitted())
+    listed_nodes = {node["metadata"]["name"] for node in nodes}
+    known = {name for name, state in cluster.nodes.items() if state.known}
+    if known != listed_nodes:
+        problems.append(f"nodes: cache has {sorted(known)}, API has {sorted(listed_nodes)}")
+    live = [pod for pod in pods if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    listed_pods = {pod["metadata"]["uid"] for pod in live}
+    if set(cluster.pods) != listed_pods:
+        problems.append(f"pods: cache has {sorted(cluster.pods)}, API has {sorted(listed_pods)}")
+    for pod in live:
+        record = pod_record(pod, cluster.profile)
+        hold = cluster.hold_of(record.uid)
+        if record.node_name and record.allocation is not None:
+            if hold is None or not hold.observed or hold.allocation != record.allocation:
+                problems.append(f"pod {record.key}: API shows {record.allocation}, cache holds {hold}")
+        elif hold is not None and hold.observed:
+            problems.append(f"pod {record.key}: cache holds {hold}, API shows no bound allocation")
+    return problems

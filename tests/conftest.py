@@ -3,6 +3,7 @@ real certificates for the TLS tests."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -20,7 +21,11 @@ from extender.ledger import Ledger
 from extender.policy import PolicyConfig
 from extender.server import Service, build_server
 from extender.sources.file import FileBinder
-from tests.builders import FakeClock
+from extender.sources.kube.client import KubeClient
+from extender.sources.kube.config import KubeConfig
+from extender.sources.kube.informer import NODES, Backoff, Informer, WatchOptions, pods_kind
+from tests.apidouble import ApiDouble
+from tests.builders import PROFILE, FakeClock, cache_differences
 
 CAPTURED = Path(__file__).parent / "fixtures" / "captured"
 """Bodies kube-scheduler v1.31/v1.34 and the Go gpushare extender really sent (copied from shared/contract)."""
@@ -127,3 +132,79 @@ async def serve(server: HttpServer, context: ssl.SSLContext | None) -> AsyncIter
         yield f"{'https' if context else 'http'}://127.0.0.1:{server.port}"
     finally:
         await server.stop(grace=1.0)
+
+
+# --- the API server double and a client of ours for it -----------------------------------------------------
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ApiDouble]:
+    """A kube-apiserver double on a loopback port (tests/apidouble.py), for faults the real one will not make."""
+    double = ApiDouble()
+    await double.start()
+    yield double
+    await double.stop()
+
+
+def double_config(api: ApiDouble) -> KubeConfig:
+    return KubeConfig(server=api.url, source="the API double", token="test-token", namespace="gpu-extender")
+
+
+@pytest.fixture
+async def kube(api: ApiDouble) -> AsyncIterator[KubeClient]:
+    async with KubeClient(double_config(api), timeout=2.0) as client:
+        yield client
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 5.0, what: str = "") -> None:
+    """Wait until `check()` is truthy (polled every 10 ms), else fail naming `what` and the last value."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = check()
+        if value:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not reached within {timeout} s: {what or check}; last value {value!r}")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class Running:
+    cluster: Cluster
+    nodes: Informer
+    pods: Informer
+    tasks: list[asyncio.Task[None]]
+
+    def differences(self, api: ApiDouble) -> list[str]:
+        return cache_differences(self.cluster, api.nodes(), api.pods())
+
+    async def settled(self, api: ApiDouble) -> None:
+        await eventually(lambda: not self.differences(api), what="the cache equal to the API")
+
+
+@pytest.fixture
+async def informers(api: ApiDouble, kube: KubeClient) -> AsyncIterator[Running]:
+    """Both informers over a fresh cache, with short backoffs; `start()` is up to the test (objects first)."""
+    cluster = Cluster(PROFILE)
+    options = WatchOptions(page_size=2, timeout=30.0, inactivity=5.0)
+    running = Running(
+        cluster,
+        Informer(kube, NODES, cluster.apply_node, cluster.replace_nodes, options, Backoff(0.01, 0.05)),
+        Informer(kube, pods_kind(PROFILE), cluster.apply_record, cluster.replace_records, options, Backoff(0.01, 0.05)),
+        [],
+    )
+    yield running
+    for task in running.tasks:
+        task.cancel()
+    await asyncio.gather(*running.tasks, return_exceptions=True)
+
+
+async def start(running: Running, api: ApiDouble) -> None:
+    running.tasks += [asyncio.create_task(running.nodes.run()), asyncio.create_task(running.pods.run())]
+    await asyncio.wait_for(asyncio.gather(running.nodes.synced.wait(), running.pods.synced.wait()), 5.0)
+    await watching(api, 2)
+
+
+async def watching(api: ApiDouble, count: int) -> None:
+    """Wait until `count` watches are open on the double (a change made earlier would reach them as a list)."""
+    await eventually(lambda: api.open_watches >= count, what=f"{count} open watches")

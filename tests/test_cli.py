@@ -75,7 +75,8 @@ def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
     [
         (["serve", "--cluster", "c.yaml"], "HTTPS needs --tls-cert and --tls-key"),
         (["serve", "--insecure-http", "--port", "x"], "--port='x'"),
-        (["serve", "--insecure-http"], "no source for the cache: give --cluster FILE"),
+        (["serve", "--insecure-http"], "no Kubernetes API configuration found"),
+        (["serve", "--insecure-http", "--kubeconfig", "/nonexistent/kc"], "kubeconfig /nonexistent/kc: no such file"),
         (["serve", "--insecure-http", "--cluster", "/nonexistent/c.yaml"], "cluster file /nonexistent/c.yaml"),
         (
             ["serve", "--tls-cert", "/nonexistent/s.crt", "--tls-key", "k", "--cluster", "CLUSTER"],
@@ -88,6 +89,9 @@ def test_user_errors_are_one_line_and_exit_2(
 ) -> None:
     for name in [name for name in os.environ if name.startswith("EXTENDER_")]:
         monkeypatch.delenv(name)
+    for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump({"kind": "List", "items": [make_node("n1")]}))
     assert main([str(cluster) if arg == "CLUSTER" else arg for arg in argv]) == 2

@@ -1,0 +1,149 @@
+"""Binding through the API server, and Events on pods whose bind failed.
+
+**One call, not two.** The allocation's annotations travel in the `Binding` object itself
+(`metadata.annotations`): kube-apiserver copies a Binding's annotations onto the pod in the same update that
+sets `spec.nodeName` (`BindingREST.setPodNodeAndMetadata`, since long before the oldest release we support).
+So a pod is either bound *with* its annotations or not bound and not annotated: there is no window, as with
+gpushare's "patch the annotations, then bind", where a crash leaves a pod annotated but unbound. (Pods that
+another extender left in that state are still read back as reservations: `cluster.py`.) The Binding carries
+the pod's UID, so a pod deleted and recreated under the same name is never bound by mistake.
+
+What a failure means:
+- 409 Conflict: the pod is already bound (or being deleted, or recreated). We read the pod: bound to the same
+  node is success (an earlier attempt of ours landed); anything else fails.
+- 404: the pod is gone.
+- A timeout, a dropped connection or a 5xx: the binding may have landed. We read the pod to find out; if even
+  that fails, the failure is `uncertain` and the reservation is kept until the watch or the TTL decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from urllib.parse import quote
+
+from extender.binding import BindError, BindRequest
+from extender.resources import Raw
+from extender.sources.kube.client import ApiError, Conflict, KubeClient, KubeError, NotFound, ServerError
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "gpu-extender"
+
+
+def pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+
+
+class KubeBinder:
+    """Implements `binding.Binder` against the API server."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
+
+    async def bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
+        meta = pod.get("metadata") or {}
+        namespace, name, uid = str(meta.get("namespace") or "default"), str(meta.get("name")), str(meta.get("uid"))
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        try:
+            await self.client.create(pod_path(namespace, name) + "/binding", binding)
+        except NotFound:
+            raise BindError(f"pod {namespace}/{name} no longer exists") from None
+        except Conflict as error:
+            await self._settle(namespace, name, uid, node, f"the API refused the binding: {error.message}")
+        except ServerError as error:
+            await self._settle(namespace, name, uid, node, f"the API failed: {error.message}", ambiguous=True)
+        except ApiError as error:
+            raise BindError(f"the API refused the binding: {error.message}") from None
+        except KubeError as error:
+            await self._settle(namespace, name, uid, node, str(error), ambiguous=True)
+
+    async def _settle(
+        self, namespace: str, name: str, uid: str, node: str, failure: str, ambiguous: bool = False
+    ) -> None:
+        """After a failed binding, read the pod: return if it is bound to `node` (the binding, or an earlier one
+        of ours, landed), else raise BindError saying why."""
+        try:
+            current = await self.client.get(pod_path(namespace, name))
+        except NotFound:
+            raise BindError(f"pod {namespace}/{name} no longer exists") from None
+        except KubeError as error:
+            raise BindError(f"{failure}; reading the pod back failed too: {error}", uncertain=ambiguous) from None
+        meta, spec = current.get("metadata") or {}, current.get("spec") or {}
+        if meta.get("uid") != uid:
+            raise BindError(f"pod {namespace}/{name} was recreated (uid {meta.get('uid')}, not {uid})")
+        bound_to = spec.get("nodeName") or ""
+        if bound_to == node:
+            log.info("binding %s/%s to %s: %s, but the pod is bound there: success", namespace, name, node, failure)
+            return
+        if bound_to:
+            raise BindError(f"pod {namespace}/{name} is already bound to {bound_to}")
+        raise BindError(failure)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class EventRecorder:
+    """Posts a Warning Event on a pod whose bind failed, in the background: the bind's reply never waits for
+    it, and a failure to record is logged, never raised. `close()` waits for the ones under way."""
+
+    def __init__(self, client: KubeClient, instance: str, limit: int = 64) -> None:
+        self.client = client
+        self.instance = instance
+        self.limit = limit
+        """At most this many Events under way; more are dropped (and logged) rather than queued without end."""
+        self._pending: set[asyncio.Task[None]] = set()
+        self.recorded = 0
+        self.dropped = 0
+
+    def failed_bind(self, request: BindRequest, message: str) -> None:
+        if len(self._pending) >= self.limit:
+            self.dropped += 1
+            log.warning("event for %s dropped: %d events already under way", request.key, len(self._pending))
+            return
+        task = asyncio.ensure_future(self._post(request, message))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _post(self, request: BindRequest, message: str) -> None:
+        now = _now()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{request.name}.", "namespace": request.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": request.name,
+                "namespace": request.namespace,
+                "uid": request.uid,
+            },
+            "reason": "FailedBinding",
+            "message": f"binding to {request.node} failed: {message}"[:1024],
+            "type": "Warning",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.client.create(f"/api/v1/namespaces/{quote(request.namespace, safe='')}/events", event)
+            self.recorded += 1
+        except KubeError as error:
+            log.warning("recording the failed bind of %s as an Event failed: %s", request.key, error)
+
+    async def close(self) -> None:
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=5.0)
+        for task in self._pending:
+            task.cancel()

@@ -1,0 +1,225 @@
+"""Leader election with a `coordination.k8s.io/v1` Lease: client-go's algorithm, so exactly one replica binds.
+
+The rules, as `k8s.io/client-go/tools/leaderelection` has them:
+- A candidate reads the Lease every `retry_period` (jittered). It may take it when the Lease is absent, has no
+  holder, or its record has not changed for `lease_duration` *as measured on the candidate's own clock* (the
+  time it last saw the record change, never the holder's timestamps: clocks of two machines disagree).
+- Every write is an update with the resourceVersion read, so of two replicas racing for the Lease only one
+  wins (the other gets 409 Conflict and tries again later).
+- The leader renews every `retry_period`. If it has not renewed successfully for `renew_deadline`, or it finds
+  another holder, it stops leading *at once*. `renew_deadline < lease_duration`, so the old leader stops
+  before any standby may take over.
+- On a clean stop the leader gives the Lease up (holder cleared), so a standby takes over without waiting.
+
+Unlike client-go's users (kube-scheduler exits when it loses the lease), a replica that loses it goes back to
+being a candidate: its cache stays warm. Leading is a flag others read (`leading`) and a callback; this module
+never touches the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from extender.sources.kube.client import Conflict, KubeClient, KubeError, NotFound
+
+log = logging.getLogger(__name__)
+
+JITTER = 1.2
+"""client-go's JitterFactor: a wait of `retry_period` becomes one in [retry_period, 2.2 x retry_period)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTimings:
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def check(self) -> str:
+        """Why these timings cannot work (client-go's own checks), or ""."""
+        if self.lease_duration <= self.renew_deadline:
+            return f"lease duration {self.lease_duration} must be greater than renew deadline {self.renew_deadline}"
+        if self.renew_deadline <= JITTER * self.retry_period:
+            return (
+                f"renew deadline {self.renew_deadline} must be greater than {JITTER} x retry period {self.retry_period}"
+            )
+        if self.retry_period <= 0:
+            return "retry period must be positive"
+        return ""
+
+
+def _micro_time(now: float) -> str:
+    return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Mutable: whether this replica leads, and what it last saw of the Lease."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        timings: LeaseTimings = LeaseTimings(),
+        on_change: Callable[[bool], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.timings = timings
+        self.on_change = on_change
+        self.clock = clock
+        self.monotonic = monotonic
+        self.rng = rng or random.Random()
+        self.leading = False
+        self.holder = ""
+        """The holder as last read ("" when none or unknown)."""
+        self.transitions = 0
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._renewed_at = 0.0
+        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases/{quote(name, safe='')}"
+
+    async def run(self) -> None:
+        """Campaign, lead, and campaign again after losing, until cancelled; a cancelled leader releases."""
+        try:
+            while True:
+                await self._acquire()
+                await self._renew()
+        finally:
+            if self.leading:
+                self._set_leading(False)
+                await asyncio.shield(self._release())
+
+    def _set_leading(self, leading: bool) -> None:
+        if leading == self.leading:
+            return
+        self.leading = leading
+        log.warning("%s leadership of lease %s/%s", "acquired" if leading else "lost", self.namespace, self.name)
+        if self.on_change is not None:
+            self.on_change(leading)
+
+    async def _wait(self) -> None:
+        await asyncio.sleep(self.timings.retry_period * (1 + self.rng.random() * JITTER))
+
+    async def _acquire(self) -> None:
+        while not await self._try_acquire_or_renew():
+            await self._wait()
+        self._renewed_at = self.monotonic()
+        self._set_leading(True)
+
+    async def _renew(self) -> None:
+        """Renew every retry period; return (no longer leading) when renewal has failed for renew_deadline or
+        another replica holds the lease."""
+        while True:
+            await asyncio.sleep(self.timings.retry_period)
+            if await self._try_acquire_or_renew():
+                self._renewed_at = self.monotonic()
+                continue
+            if self.holder and self.holder != self.identity:
+                log.warning("lease %s/%s is held by %s now", self.namespace, self.name, self.holder)
+                break
+            if self.monotonic() - self._renewed_at >= self.timings.renew_deadline:
+                log.warning(
+                    "could not renew lease %s/%s for %.1f s", self.namespace, self.name, self.timings.renew_deadline
+                )
+                break
+        self._set_leading(False)
+
+    async def _try_acquire_or_renew(self) -> bool:
+        now = self.clock()
+        try:
+            lease = await self.client.get(self.path)
+        except NotFound:
+            return await self._create(now)
+        except KubeError as error:
+            log.info("reading lease %s/%s: %s", self.namespace, self.name, error)
+            return False
+        spec = lease.get("spec") or {}
+        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        if record != self._observed:
+            self._observed, self._observed_at = record, self.monotonic()
+        holder = str(spec.get("holderIdentity") or "")
+        self.holder = holder
+        duration = float(spec.get("leaseDurationSeconds") or self.timings.lease_duration)
+        if holder and holder != self.identity and self.monotonic() < self._observed_at + duration:
+            return False
+        if holder == self.identity:
+            acquired = spec.get("acquireTime") or _micro_time(now)
+            transitions = int(spec.get("leaseTransitions") or 0)
+        else:
+            acquired, transitions = _micro_time(now), int(spec.get("leaseTransitions") or 0) + 1
+        lease["spec"] = {
+            **spec,
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.timings.lease_duration),
+            "acquireTime": acquired,
+            "renewTime": _micro_time(now),
+            "leaseTransitions": transitions,
+        }
+        try:
+            updated = await self.client.replace(self.path, lease)
+        except Conflict:
+            log.info("lease %s/%s changed under us; trying again", self.namespace, self.name)
+            return False
+        except KubeError as error:
+            log.info("updating lease %s/%s: %s", self.namespace, self.name, error)
+            return False
+        self._note(updated)
+        return True
+
+    async def _create(self, now: float) -> bool:
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": int(self.timings.lease_duration),
+                "acquireTime": _micro_time(now),
+                "renewTime": _micro_time(now),
+                "leaseTransitions": 0,
+            },
+        }
+        base = self.path.rsplit("/", 1)[0]
+        try:
+            created = await self.client.create(base, lease)
+        except KubeError as error:  # Conflict: another replica created it first
+            log.info("creating lease %s/%s: %s", self.namespace, self.name, error)
+            return False
+        self._note(created)
+        return True
+
+    def _note(self, lease: dict[str, Any]) -> None:
+        spec = lease.get("spec") or {}
+        self._observed = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        self._observed_at = self.monotonic()
+        self.holder = self.identity
+        self.transitions = int(spec.get("leaseTransitions") or 0)
+
+    async def _release(self) -> None:
+        """Give the lease up, so a standby need not wait for it to expire. Best effort, bounded in time."""
+        try:
+            async with asyncio.timeout(self.timings.retry_period * 2):
+                lease = await self.client.get(self.path)
+                spec = lease.get("spec") or {}
+                if spec.get("holderIdentity") != self.identity:
+                    return
+                now = _micro_time(self.clock())
+                lease["spec"] = {**spec, "holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": now}
+                await self.client.replace(self.path, lease)
+                log.info("released lease %s/%s", self.namespace, self.name)
+        except (KubeError, TimeoutError) as error:
+            log.warning("releasing lease %s/%s: %s", self.namespace, self.name, error)

@@ -1,0 +1,308 @@
+"""The live source as the service uses it (API double): readiness and health, leader election across two
+replicas, and recovery after a restart from the API alone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import yaml
+
+from extender.cluster import Cluster
+from extender.ledger import Ledger
+from extender.policy import PolicyConfig
+from extender.server import Service
+from extender.sources.kube.client import KubeClient
+from extender.sources.kube.controller import KubeOptions, KubeSource
+from extender.sources.kube.informer import WatchOptions
+from extender.sources.kube.leader import LeaseTimings
+from tests.apidouble import ApiDouble
+from tests.builders import PROFILE, FakeClock, bound_pod, cache_differences, make_node, make_pod
+from tests.conftest import ClientFor, eventually
+from tests.test_cli import free_port
+
+FAST = LeaseTimings(lease_duration=1.0, renew_deadline=0.6, retry_period=0.1)
+
+
+class Replica:
+    """One extender process's worth: a cache, a ledger, the live source and the service over them."""
+
+    def __init__(self, kube: KubeClient, name: str, leader_elect: bool, clock: Callable[[], float]) -> None:
+        self.cluster = Cluster(PROFILE)
+        options = KubeOptions(
+            identity=name,
+            watch=WatchOptions(page_size=50, inactivity=5.0),
+            leader_elect=leader_elect,
+            lease_namespace="gpu-extender",
+            timings=FAST,
+        )
+        self.source = KubeSource(kube, self.cluster, options)
+        self.ledger = Ledger(self.cluster, 60.0, clock)
+        self.service = Service(
+            cluster=self.cluster,
+            ledger=self.ledger,
+            binder=self.source.binder,
+            policy=PolicyConfig(),
+            ready=self.source.ready,
+            why_not_ready=self.source.why_not_ready,
+            problem=self.source.problem,
+            on_bind_failure=self.source.events.failed_bind,
+        )
+
+
+class Replicas:
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+        self.clock = FakeClock()
+        self.running: list[Replica] = []
+
+    async def start(self, name: str = "r1", leader_elect: bool = False) -> Replica:
+        replica = Replica(self.kube, name, leader_elect, self.clock)
+        await replica.source.start()
+        self.running.append(replica)
+        return replica
+
+    async def stop(self, replica: Replica) -> None:
+        self.running.remove(replica)
+        await replica.source.stop()
+
+
+@pytest.fixture
+async def replicas(kube: KubeClient) -> AsyncIterator[Replicas]:
+    group = Replicas(kube)
+    yield group
+    for replica in list(group.running):
+        await group.stop(replica)
+
+
+def seed(api: ApiDouble) -> None:
+    api.add_node(make_node("n1", gpus=2, mem=16))
+    api.add_node(make_node("n2", gpus=1, mem=16))
+
+
+def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:
+    return orjson.dumps({"Pod": pod, "NodeNames": names})
+
+
+def bind_body(pod: dict[str, Any], node: str) -> bytes:
+    meta = pod["metadata"]
+    return orjson.dumps(
+        {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
+    )
+
+
+async def test_ready_only_after_the_first_lists_and_healthy_throughout(
+    api: ApiDouble, replicas: Replicas, client_for: ClientFor
+) -> None:
+    seed(api)
+    api.fail("GET", "/api/v1/pods", status=503, times=3)
+    replica = await replicas.start()
+    client = await client_for(replica.service)
+    response = await client.get("/readyz")
+    assert response.status == 503
+    assert "cache has not been filled" in (await response.json())["Error"]
+    assert (await client.get("/healthz")).status == 200
+    pod = api.add_pod(make_pod("p", gpu_mem=4))
+    refused = await (await client.post("/filter", filter_body(pod, ["n1"]))).json()
+    assert "not ready" in refused["Error"]
+    await asyncio.wait_for(replica.source.synced(), 5.0)
+    assert (await client.get("/readyz")).status == 200
+
+
+async def test_healthz_fails_when_a_loop_stops(api: ApiDouble, replicas: Replicas, client_for: ClientFor) -> None:
+    seed(api)
+    replica = await replicas.start()
+
+    def broken(pods: list[Any]) -> None:
+        raise RuntimeError("a bug in the cache")
+
+    replica.source.pods.replace = broken
+    client = await client_for(replica.service)
+    await eventually(lambda: replica.source.problem())
+    response = await client.get("/healthz")
+    assert response.status == 500
+    assert "pods informer loop stopped: RuntimeError: a bug in the cache" in (await response.json())["Error"]
+
+
+async def test_of_two_replicas_one_is_ready_and_binds_and_the_other_takes_over(
+    api: ApiDouble, replicas: Replicas, client_for: ClientFor
+) -> None:
+    seed(api)
+    first = await replicas.start("r1", leader_elect=True)
+    await eventually(first.source.ready)
+    second = await replicas.start("r2", leader_elect=True)
+    await asyncio.wait_for(second.source.synced(), 5.0)
+    one, two = await client_for(first.service), await client_for(second.service)
+    assert (await one.get("/readyz")).status == 200
+    standby = await two.get("/readyz")
+    assert standby.status == 503 and "held by r1" in (await standby.json())["Error"]
+
+    pod = api.add_pod(make_pod("p", gpu_mem=4))
+    await eventually(lambda: pod["metadata"]["uid"] in second.cluster.pods)
+    refused = await (await two.post("/bind", bind_body(pod, "n1"))).json()
+    assert "not the leader" in refused["Error"]
+    stored = api.pod("default", "p")
+    assert stored is not None and "nodeName" not in stored["spec"]
+
+    await replicas.stop(first)  # gives the lease up
+    await eventually(second.source.ready, what="the standby taking over")
+    assert (await (await two.post("/bind", bind_body(pod, "n1"))).json())["Error"] == ""
+    await eventually(lambda: not cache_differences(second.cluster, api.nodes(), api.pods()))
+
+
+async def test_a_new_leader_relists_before_it_is_ready(api: ApiDouble, replicas: Replicas) -> None:
+    seed(api)
+    replica = await replicas.start("r1", leader_elect=True)
+    await eventually(replica.source.ready)
+    assert replica.source.pods.lists >= 2  # the first list, and the one after taking the lease
+
+
+async def test_after_a_restart_bound_pods_are_counted_once_from_the_api_alone(
+    api: ApiDouble, replicas: Replicas, client_for: ClientFor
+) -> None:
+    seed(api)
+    before = await replicas.start("r1")
+    await asyncio.wait_for(before.source.synced(), 5.0)
+    client = await client_for(before.service)
+    pods = [api.add_pod(make_pod(f"p{i}", gpu_mem=8)) for i in range(4)]
+    await eventually(lambda: len(before.cluster.pods) == 4)
+    for pod in pods:
+        assert (await (await client.post("/bind", bind_body(pod, "n1"))).json())["Error"] == ""
+    used = list(before.cluster.nodes["n1"].used)
+    await replicas.stop(before)
+
+    after = await replicas.start("r2")
+    await asyncio.wait_for(after.source.synced(), 5.0)
+    assert after.cluster.nodes["n1"].used == used == [16, 16]
+    assert after.cluster.reserved == {}
+    assert cache_differences(after.cluster, api.nodes(), api.pods()) == []
+    late = api.add_pod(make_pod("late", gpu_mem=8))
+    await eventually(lambda: late["metadata"]["uid"] in after.cluster.pods)
+    client = await client_for(after.service)
+    reply = await (await client.post("/filter", filter_body(late, ["n1", "n2"]))).json()
+    assert reply["NodeNames"] == ["n2"]
+
+
+async def test_a_pod_annotated_but_never_bound_holds_its_memory_until_the_ttl(
+    api: ApiDouble, replicas: Replicas, client_for: ClientFor
+) -> None:
+    """What a crash between "write the annotations" and "bind" leaves behind (gpushare's two-step protocol; ours
+    is one Binding, so it only comes from such a tool, or a binding that never landed)."""
+    seed(api)
+    clock = replicas.clock
+    orphan = make_pod("orphan", gpu_mem=16, node="n2", indexes=(0,), bound=False, assume_time=clock.now)
+    api.add_pod(orphan)
+    replica = await replicas.start()
+    await asyncio.wait_for(replica.source.synced(), 5.0)
+    assert replica.cluster.nodes["n2"].used == [16] and len(replica.cluster.reserved) == 1
+    client = await client_for(replica.service)
+    newcomer = api.add_pod(make_pod("newcomer", gpu_mem=16))
+    await eventually(lambda: newcomer["metadata"]["uid"] in replica.cluster.pods)
+    assert (await (await client.post("/filter", filter_body(newcomer, ["n2"]))).json())["NodeNames"] == []
+
+    clock.advance(61)  # past the 60 s TTL
+    assert [hold.allocation.pod for hold in replica.ledger.expire()] == ["default/orphan"]
+    assert replica.cluster.nodes["n2"].used == [0]
+    replica.source.pods.request_relist()  # its annotations alone never reserve again, even on a relist
+    await eventually(lambda: replica.source.pods.lists >= 2)
+    assert replica.cluster.nodes["n2"].used == [0]
+    assert (await (await client.post("/filter", filter_body(newcomer, ["n2"]))).json())["NodeNames"] == ["n2"]
+
+
+async def test_a_pod_annotated_then_bound_late_is_counted_once(api: ApiDouble, replicas: Replicas) -> None:
+    seed(api)
+    orphan = api.add_pod(make_pod("orphan", gpu_mem=16, node="n2", indexes=(0,), bound=False))
+    replica = await replicas.start()
+    await asyncio.wait_for(replica.source.synced(), 5.0)
+    assert len(replica.cluster.reserved) == 1
+    api.update_pod(bound_pod("orphan", "n2", (0,), 16, uid=orphan["metadata"]["uid"]))
+    await eventually(lambda: not replica.cluster.reserved)
+    assert replica.cluster.nodes["n2"].used == [16]
+    assert cache_differences(replica.cluster, api.nodes(), api.pods()) == []
+
+
+async def test_extender_serve_follows_the_api_and_gives_its_lease_up_on_sigterm(api: ApiDouble, tmp_path: Path) -> None:
+    """The real command against the double, through a kubeconfig with a token."""
+    seed(api)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "double", "cluster": {"server": api.url}}],
+                "users": [{"name": "extender", "user": {"token": "test-token"}}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "double", "user": "extender"}}],
+                "current-context": "ctx",
+            }
+        )
+    )
+    port = free_port()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("EXTENDER_")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "extender",
+        "serve",
+        "--insecure-http",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--kubeconfig",
+        str(kubeconfig),
+        "--lease-namespace",
+        "gpu-extender",
+        "--identity",
+        "cli-replica",
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def ready() -> bool:
+                try:
+                    async with session.get(f"{url}/readyz") as response:
+                        return response.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            for _ in range(300):
+                if await ready():
+                    break
+                assert process.returncode is None
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("extender serve never became ready")
+            pod = api.add_pod(make_pod("p", gpu_mem=4))
+            for _ in range(100):  # the watch brings the pod; the filter then passes n1 and n2
+                async with session.post(f"{url}/filter", data=filter_body(pod, ["n1"])) as response:
+                    if (await response.json())["NodeNames"] == ["n1"]:
+                        break
+                await asyncio.sleep(0.02)
+            async with session.post(f"{url}/bind", data=bind_body(pod, "n1")) as response:
+                assert (await response.json())["Error"] == ""
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 20)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    log = stderr.decode()
+    assert process.returncode == 0, log
+    assert "acquired leadership" in log and "released lease gpu-extender/gpu-extender" in log
+    assert "Traceback" not in log
+    stored = api.pod("default", "p")
+    assert stored is not None and stored["spec"]["nodeName"] == "n1"
+    lease = api.lease("gpu-extender", "gpu-extender")
+    assert lease is not None and not lease["spec"].get("holderIdentity")

@@ -1,0 +1,156 @@
+"""Leader election over a Lease in the API double: exactly one leader, failover when the leader stops
+renewing, a clean handover on stop, and losing at once to a conflicting holder. Timings are short (a lease of
+1 s) so failover takes about a second."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from extender.sources.kube.client import ConnectionFailed, KubeClient
+from extender.sources.kube.leader import LeaderElector, LeaseTimings
+from tests.apidouble import ApiDouble
+from tests.conftest import eventually
+
+FAST = LeaseTimings(lease_duration=1.0, renew_deadline=0.6, retry_period=0.1)
+
+
+class Severable:
+    """A client whose link to the API can be cut, as a network partition cuts one replica off (the API server
+    itself stays up for the others)."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
+        self.cut = False
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        if self.cut:
+            raise ConnectionFailed("the link to the API server is cut")
+        return await getattr(self.client, method)(*args)
+
+    async def get(self, *args: Any) -> Any:
+        return await self._call("get", *args)
+
+    async def create(self, *args: Any) -> Any:
+        return await self._call("create", *args)
+
+    async def replace(self, *args: Any) -> Any:
+        return await self._call("replace", *args)
+
+
+class Replicas:
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+        self.links: dict[str, Severable] = {}
+        self.electors: dict[str, LeaderElector] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.changes: list[tuple[str, bool]] = []
+
+    def start(self, name: str, timings: LeaseTimings = FAST) -> LeaderElector:
+        link = self.links[name] = Severable(self.kube)
+        elector = LeaderElector(
+            link,  # type: ignore[arg-type]
+            "gpu-extender",
+            "gpu-extender",
+            name,
+            timings,
+            on_change=lambda leading: self.changes.append((name, leading)),
+        )
+        self.electors[name] = elector
+        self.tasks[name] = asyncio.create_task(elector.run())
+        return elector
+
+    async def stop(self, name: str) -> None:
+        task = self.tasks.pop(name)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    def leaders(self) -> list[str]:
+        return [name for name, elector in self.electors.items() if elector.leading and name in self.tasks]
+
+
+@pytest.fixture
+async def replicas(kube: KubeClient) -> AsyncIterator[Replicas]:
+    group = Replicas(kube)
+    yield group
+    for name in list(group.tasks):
+        await group.stop(name)
+
+
+async def test_of_two_replicas_exactly_one_leads(api: ApiDouble, replicas: Replicas) -> None:
+    replicas.start("a")
+    replicas.start("b")
+    await eventually(lambda: len(replicas.leaders()) == 1)
+    for _ in range(20):  # and it stays that way over many renewals
+        assert len(replicas.leaders()) == 1
+        await asyncio.sleep(0.05)
+    [leader] = replicas.leaders()
+    lease = api.lease("gpu-extender", "gpu-extender")
+    assert lease is not None and lease["spec"]["holderIdentity"] == leader
+    assert lease["spec"]["leaseDurationSeconds"] == 1
+
+
+async def test_a_leader_cut_off_stops_leading_within_the_renew_deadline_and_a_standby_takes_over(
+    replicas: Replicas,
+) -> None:
+    replicas.start("a")
+    await eventually(lambda: replicas.leaders() == ["a"])
+    replicas.start("b")
+    await asyncio.sleep(0.3)
+    assert replicas.leaders() == ["a"]
+    replicas.links["a"].cut = True
+    loop = asyncio.get_running_loop()
+    cut_at = loop.time()
+    await eventually(lambda: not replicas.electors["a"].leading, timeout=3.0)
+    stopped_after = loop.time() - cut_at
+    await eventually(lambda: replicas.leaders() == ["b"], timeout=5.0)
+    taken_after = loop.time() - cut_at
+    # The old leader stops before the lease can expire for anyone else: never two leaders.
+    assert stopped_after <= FAST.renew_deadline + 2 * FAST.retry_period
+    assert taken_after >= FAST.lease_duration - FAST.retry_period
+    assert ("a", False) in replicas.changes and replicas.changes.index(("a", False)) < replicas.changes.index(
+        ("b", True)
+    )
+
+
+async def test_a_leader_that_stops_gives_the_lease_up_at_once(api: ApiDouble, replicas: Replicas) -> None:
+    replicas.start("a", LeaseTimings(lease_duration=30.0, renew_deadline=20.0, retry_period=0.1))
+    await eventually(lambda: replicas.leaders() == ["a"])
+    replicas.start("b")
+    await replicas.stop("a")
+    lease = api.lease("gpu-extender", "gpu-extender")
+    assert lease is not None and not lease["spec"].get("holderIdentity")
+    await eventually(lambda: replicas.leaders() == ["b"], timeout=1.0)  # not 30 s later
+
+
+async def test_a_leader_that_finds_another_holder_stops_leading_at_once(api: ApiDouble, replicas: Replicas) -> None:
+    replicas.start("a", LeaseTimings(lease_duration=30.0, renew_deadline=20.0, retry_period=0.1))
+    await eventually(lambda: replicas.leaders() == ["a"])
+    api.steal_lease("gpu-extender", "gpu-extender", "intruder")
+    await eventually(lambda: not replicas.electors["a"].leading, timeout=1.0)
+    assert replicas.electors["a"].holder == "intruder"
+
+
+async def test_racing_candidates_conflict_and_only_one_wins(api: ApiDouble, replicas: Replicas) -> None:
+    for name in "abcde":
+        replicas.start(name)
+    await eventually(lambda: len(replicas.leaders()) == 1)
+    await asyncio.sleep(0.3)
+    assert len(replicas.leaders()) == 1
+    lease = api.lease("gpu-extender", "gpu-extender")
+    assert lease is not None and lease["spec"]["holderIdentity"] == replicas.leaders()[0]
+
+
+@pytest.mark.parametrize(
+    ("timings", "problem"),
+    [
+        (LeaseTimings(10.0, 10.0, 2.0), "must be greater than renew deadline"),
+        (LeaseTimings(15.0, 2.0, 2.0), "must be greater than 1.2 x retry period"),
+        (LeaseTimings(15.0, 10.0, 2.0), ""),
+    ],
+)
+def test_lease_timings_are_checked_as_client_go_checks_them(timings: LeaseTimings, problem: str) -> None:
+    assert (problem in timings.check()) if problem else timings.check() == ""
