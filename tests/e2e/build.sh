@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The e2e tier's control plane, built once and cached: kube-apiserver and kube-scheduler from the
+# k8s.io/kubernetes release pinned in tests/e2e/k8s/go.mod, and etcd from Debian's etcd-server package
+# (downloaded and unpacked, never installed). Everything lands in
+# ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/k8s-<version>/.
+#
+# Idempotent: the Kubernetes binaries are rebuilt only when go.mod, go.sum or the link flags change (a stamp
+# file holds their hash), through the normal Go build cache; etcd is fetched only when missing. Outputs are
+# written under a temporary name and moved into place, so an interrupted run leaves nothing half-built.
+# Without a Go toolchain it says the e2e tier will be skipped and exits 0 (tests/e2e/conftest.py skips then).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+module="$here/k8s"
+
+go_bin="$(command -v go || true)"
+if [[ -z "$go_bin" && -x /usr/local/go/bin/go ]]; then
+    go_bin=/usr/local/go/bin/go
+fi
+if [[ -z "$go_bin" ]]; then
+    echo "e2e: no Go toolchain (go is not on PATH): the e2e tier (tests/e2e) will be skipped"
+    exit 0
+fi
+
+version="$(grep -oE 'k8s\.io/kubernetes v[0-9]+\.[0-9]+\.[0-9]+' "$module/go.mod" | head -n 1 | cut -d' ' -f2)"
+if [[ -z "$version" ]]; then
+    echo "e2e: no 'k8s.io/kubernetes vX.Y.Z' requirement in $module/go.mod" >&2
+    exit 1
+fi
+major_minor="${version#v}"
+major="${major_minor%%.*}"
+minor="${major_minor#*.}"
+minor="${minor%%.*}"
+cache="${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/k8s-$version"
+mkdir -p "$cache"
+
+# One build at a time per cache directory; scratch space next to the outputs, so the final moves are renames.
+exec 9>"$cache/.lock"
+if command -v flock >/dev/null; then
+    flock 9
+fi
+work="$(mktemp -d "$cache/.work.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+# What `kube-apiserver --version` and the API's /version report; the values of the official v1.34.1 build.
+declare -A release_commits=([v1.34.1]=93248f9ae092f571eb870b7664c534bfc7d00f03)
+ldflags="-s -w"
+for package in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $package.gitVersion=$version -X $package.gitMajor=$major -X $package.gitMinor=$minor"
+    ldflags+=" -X $package.gitCommit=${release_commits[$version]:-} -X $package.gitTreeState=clean"
+done
+
+stamp_value="$(cat "$module/go.mod" "$module/go.sum" <(echo "$ldflags") | sha256sum | cut -d' ' -f1)"
+stamp="$cache/kubernetes.stamp"
+
+build_kubernetes() {
+    if [[ -x "$cache/kube-apiserver" && -x "$cache/kube-scheduler" && -f "$stamp" ]] \
+        && [[ "$(cat "$stamp")" == "$stamp_value" ]]; then
+        echo "e2e: kube-apiserver and kube-scheduler $version are up to date in $cache"
+        return
+    fi
+    echo "e2e: building kube-apiserver and kube-scheduler $version with $("$go_bin" version | cut -d' ' -f3)" \
+        "(cold: about 6 minutes on 2 cores; the Go build cache makes later builds quick)"
+    local started=$SECONDS
+    (cd "$module" && "$go_bin" build -mod=readonly -buildvcs=false -ldflags "$ldflags" -o "$work/bin/" \
+        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler)
+    rm -f "$stamp"
+    mv -f "$work/bin/kube-apiserver" "$cache/kube-apiserver"
+    mv -f "$work/bin/kube-scheduler" "$cache/kube-scheduler"
+    echo "$stamp_value" >"$stamp.tmp" && mv -f "$stamp.tmp" "$stamp"
+    echo "e2e: built kube-apiserver and kube-scheduler $version into $cache in $((SECONDS - started)) s"
+}
+
+fetch_etcd() {
+    if [[ -x "$cache/etcd" ]]; then
+        echo "e2e: etcd $(cat "$cache/etcd.version" 2>/dev/null || echo '(unknown version)') is in $cache"
+        return
+    fi
+    local started=$SECONDS deb
+    if ! command -v apt-get >/dev/null; then
+        echo "e2e: apt-get is missing, so etcd cannot be fetched from Debian's etcd-server package" >&2
+        return 1
+    fi
+    echo "e2e: fetching etcd (Debian package etcd-server)"
+    mkdir -p "$work/deb"
+    # As root, apt would try to download as its unprivileged user, who cannot write under $HOME/.cache.
+    local apt_options=()
+    if [[ $EUID -eq 0 ]]; then
+        apt_options=(-o APT::Sandbox::User=root)
+    fi
+    if ! (cd "$work/deb" && apt-get download -q "${apt_options[@]}" etcd-server); then
+        echo "e2e: apt-get download failed; running apt-get update once and retrying"
+        apt-get update -q
+        (cd "$work/deb" && apt-get download -q "${apt_options[@]}" etcd-server)
+    fi
+    deb="$(ls "$work"/deb/etcd-server_*.deb)"
+    dpkg-deb -x "$deb" "$work/root"
+    install -m 755 "$work/root/usr/bin/etcd" "$work/etcd"
+    dpkg-deb -f "$deb" Version >"$cache/etcd.version"
+    mv -f "$work/etcd" "$cache/etcd"
+    echo "e2e: fetched etcd $(cat "$cache/etcd.version") into $cache in $((SECONDS - started)) s"
+}
+
+build_kubernetes
+fetch_etcd
+echo "e2e: control plane ready in $cache ($SECONDS s)"
