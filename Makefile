@@ -52,6 +52,7 @@ test: lint e2e-build
 
 bench: $(VENV)/.runtime
 	$(BIN)/python bench/bench.py
+	$(BIN)/python bench/cache_build.py
 
 loadtest: $(VENV)/.loadtest
 	$(BIN)/python -m loadtest.run --nodes $(NODES) --pods-per-second $(RATE) --duration $(DURATION) \

@@ -84,6 +84,7 @@ def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeS
         expiry_interval=settings.expiry_interval,
         max_body_bytes=settings.max_body_bytes,
     )
+    service.metrics.add_source(source.samples)
     return service, source
 
 

@@ -6,9 +6,12 @@ state) are read from the cache when /metrics is scraped, so nothing on the hot p
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from extender.cluster import Cluster
 
@@ -17,6 +20,32 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` series
 VERBS = ("filter", "prioritize", "bind", "preempt")
 OUTCOMES = ("ok", "error", "bad_request")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One value a source reports when /metrics is scraped (its own counters, read, not copied)."""
+
+    name: str
+    help: str
+    kind: Literal["counter", "gauge"]
+    value: float
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class _SourceCollector:
+    def __init__(self, samples: Callable[[], Iterable[Sample]]) -> None:
+        self.samples = samples
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for sample in self.samples():
+            family = families.get(sample.name)
+            if family is None:
+                kind = CounterMetricFamily if sample.kind == "counter" else GaugeMetricFamily
+                family = families[sample.name] = kind(sample.name, sample.help, labels=sorted(sample.labels))
+            family.add_metric([sample.labels[key] for key in sorted(sample.labels)], sample.value)
+        yield from families.values()
 
 
 class Metrics:
@@ -63,6 +92,10 @@ class Metrics:
         self.nodes_accepted = self.nodes.labels("accepted")
         self.nodes_failed = self.nodes.labels("failed")
         self.nodes_unresolvable = self.nodes.labels("unresolvable")
+
+    def add_source(self, samples: Callable[[], Iterable[Sample]]) -> None:
+        """Report what a source counts (watch events, lists, API failures, leadership) at every scrape."""
+        self.registry.register(_SourceCollector(samples))
 
     def render(self, cluster: Cluster) -> bytes:
         """The exposition text, with the state gauges read from the cache now."""

@@ -16,10 +16,12 @@ import orjson
 import pytest
 import yaml
 
+from extender.app import kube_service
 from extender.cluster import Cluster
 from extender.ledger import Ledger
 from extender.policy import PolicyConfig
 from extender.server import Service
+from extender.settings import Settings
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.controller import KubeOptions, KubeSource
 from extender.sources.kube.informer import WatchOptions
@@ -306,3 +308,22 @@ async def test_extender_serve_follows_the_api_and_gives_its_lease_up_on_sigterm(
     assert stored is not None and stored["spec"]["nodeName"] == "n1"
     lease = api.lease("gpu-extender", "gpu-extender")
     assert lease is not None and not lease["spec"].get("holderIdentity")
+
+
+async def test_the_composed_service_reports_the_source_in_its_metrics(
+    api: ApiDouble, kube: KubeClient, client_for: ClientFor
+) -> None:
+    seed(api)
+    api.add_pod(bound_pod("a", "n1", (0,), 8))
+    settings = Settings(insecure_http=True, identity="m1", lease_namespace="gpu-extender").check()
+    service, source = kube_service(settings, kube)
+    await source.start()
+    try:
+        await eventually(source.ready, what="synced and leading")
+        text = await (await (await client_for(service)).get("/metrics")).text()
+    finally:
+        await source.stop()
+    assert 'extender_lists_total{kind="pods"}' in text
+    assert 'extender_cache_synced{kind="nodes"} 1.0' in text
+    assert "extender_leader 1.0" in text
+    assert 'extender_allocations{state="observed"} 1.0' in text

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from extender.cluster import Cluster
+from extender.metrics import Sample
 from extender.sources.kube.binder import EventRecorder, KubeBinder
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
@@ -83,6 +85,45 @@ class KubeSource:
 
     def ready(self) -> bool:
         return not self.why_not_ready()
+
+    def samples(self) -> Iterator[Sample]:
+        """Its counters, for /metrics."""
+        for informer in (self.nodes, self.pods):
+            kind = {"kind": informer.kind.name}
+            yield Sample(
+                "extender_watch_events_total", "Watch events applied to the cache.", "counter", informer.events, kind
+            )
+            yield Sample(
+                "extender_lists_total",
+                "Full lists applied (the first, then each relist).",
+                "counter",
+                informer.lists,
+                kind,
+            )
+            yield Sample(
+                "extender_api_failures_total",
+                "List or watch failures, each retried after a backoff.",
+                "counter",
+                informer.failures,
+                kind,
+            )
+            yield Sample(
+                "extender_cache_synced",
+                "1 once the first list is in the cache.",
+                "gauge",
+                float(informer.synced.is_set()),
+                kind,
+            )
+        if self.elector is not None:
+            yield Sample(
+                "extender_leader", "1 while this replica holds the lease.", "gauge", float(self.elector.leading)
+            )
+        yield Sample(
+            "extender_bind_failure_events_total",
+            "Warning Events recorded for failed binds.",
+            "counter",
+            self.events.recorded,
+        )
 
     def problem(self) -> str:
         """Which loop stopped and why ("" while every loop runs)."""
