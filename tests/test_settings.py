@@ -45,6 +45,14 @@ def test_the_config_file_can_come_from_the_environment(tmp_path: Path) -> None:
         ({"node_strategy": "random"}, {}, "(one of: binpack, spread)"),
         ({"reservation_ttl": "0"}, {}, "reservation_ttl must be positive"),
         ({"weight": "0"}, {}, "weight must be > 0"),
+        ({"lease_duration": "10"}, {}, "lease_duration (10.0) must be greater than renew_deadline (10.0)"),
+        (
+            {"renew_deadline": "2", "retry_period": "2"},
+            {},
+            "renew_deadline (2.0) must be greater than 1.2 x retry_period",
+        ),
+        ({"watch_inactivity": "0"}, {}, "watch_inactivity must be positive"),
+        ({}, {"EXTENDER_LEADER_ELECT": "sometimes"}, "EXTENDER_LEADER_ELECT='sometimes': expected true or false"),
     ],
 )
 def test_bad_values_name_their_source(flags: dict[str, str], env: dict[str, str], message: str) -> None:
