@@ -168,7 +168,8 @@ async def test_a_requested_relist_replaces_the_cache(api: ApiDouble, informers: 
     seed(api)
     await start(informers, api)
     target = informers.pods.request_relist()
-    await eventually(lambda: informers.pods.lists >= target, what="the requested relist")
+    await eventually(lambda: informers.pods.last_list_started >= target, what="the requested relist")
+    assert informers.pods.lists == 2
     await informers.settled(api)
 
 

@@ -79,7 +79,7 @@ class KubeSource:
             if not elector.leading:
                 holder = elector.holder or "no one yet"
                 return f"extender is not the leader: lease {elector.namespace}/{elector.name} is held by {holder}"
-            if self.pods.lists < self._relisted_at:
+            if self.pods.last_list_started < self._relisted_at:
                 return "extender is the new leader and is relisting pods before it binds"
         return ""
 

@@ -143,15 +143,19 @@ class Informer(Generic[Slim]):
         self.synced = asyncio.Event()
         self.last_error = ""
         self.last_progress = time.monotonic()
+        self.lists_started = 0
+        self.last_list_started = 0
+        """Which list (by `lists_started`) the cache now reflects."""
         self._relist_requested = False
         self._wake = asyncio.Event()
 
     def request_relist(self) -> int:
-        """Ask for a fresh full list (a new leader does, to see everything its predecessor bound); returns the
-        `lists` count that means it is done."""
+        """Ask for a fresh full list (a new leader does, to see everything its predecessor bound). Returns the
+        number of the list that will answer it: done once `last_list_started` reaches it. A list already under
+        way does not count: it may have read the API before the request."""
         self._relist_requested = True
         self._wake.set()
-        return self.lists + 1
+        return self.lists_started + 1
 
     async def run(self) -> None:
         """List and watch until cancelled. Never returns otherwise; failures are logged and retried."""
@@ -178,6 +182,8 @@ class Informer(Generic[Slim]):
 
     async def _sleep(self, delay: float) -> None:
         self._wake.clear()
+        if self._relist_requested:
+            return
         try:
             async with asyncio.timeout(delay):
                 await self._wake.wait()
@@ -186,6 +192,8 @@ class Informer(Generic[Slim]):
 
     async def _list(self) -> None:
         started = time.perf_counter()
+        self.lists_started += 1
+        number = self.lists_started
         objects: list[Slim] = []
         params = {"limit": str(self.options.page_size)}
         if self.kind.field_selector:
@@ -209,6 +217,7 @@ class Informer(Generic[Slim]):
         if self.lists:
             self.relists += 1
         self.lists += 1
+        self.last_list_started = number
         self.resource_version = version
         self.last_progress = time.monotonic()
         self.synced.set()
@@ -230,6 +239,8 @@ class Informer(Generic[Slim]):
         if self.kind.field_selector:
             params["fieldSelector"] = self.kind.field_selector
         self._wake.clear()
+        if self._relist_requested:
+            raise Relist
         watching = asyncio.ensure_future(self._consume(params))
         woken = asyncio.ensure_future(self._wake.wait())
         try:
