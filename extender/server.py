@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from extender import contract
 from extender.binding import Binder, BindRequest, RecentPods, bind
-from extender.cluster import Cluster, NodeState
+from extender.cluster import Cluster, Hold, NodeState
 from extender.httpserver import HttpServer, Request, Response, Router, json_error
 from extender.ledger import Ledger
 from extender.metrics import Metrics
@@ -276,6 +276,14 @@ def _metrics(service: Service, request: Request) -> Response:
     return Response(200, service.metrics.render(service.cluster), "text/plain; version=0.0.4; charset=utf-8")
 
 
+def _hold_state(hold: Hold) -> str:
+    if hold.observed:
+        return "observed"
+    if hold.bound:
+        return "bound"
+    return "uncertain" if hold.uncertain else "reserved"
+
+
 def describe_node(state: NodeState, now: float) -> Raw:
     """A node as /inspect shows it: per device, capacity, used, and every pod and reservation with its age."""
     devices = []
@@ -289,7 +297,7 @@ def describe_node(state: NodeState, now: float) -> Raw:
                         "pod": allocation.pod,
                         "uid": allocation.pod_uid,
                         "memory": allocation.per_device,
-                        "state": "observed" if hold.observed else ("bound" if hold.bound else "reserved"),
+                        "state": _hold_state(hold),
                         "age_seconds": round(max(0.0, now - hold.since), 3) if hold.since else None,
                     }
                 )

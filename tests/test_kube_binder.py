@@ -9,6 +9,7 @@ from extender.binding import BindRequest, RecentPods, bind
 from extender.cluster import Cluster
 from extender.ledger import Ledger
 from extender.policy import PolicyConfig
+from extender.server import describe_node
 from extender.sources.kube.binder import EventRecorder, KubeBinder
 from extender.sources.kube.client import KubeClient
 from tests.apidouble import ApiDouble
@@ -123,6 +124,7 @@ async def test_a_binding_that_may_have_landed_keeps_its_reservation_until_the_ap
         assert "timed out" in error and "reading the pod back failed too" in error
         hold = cluster.hold_of(uid)  # type: ignore[arg-type]
         assert hold is not None and hold.uncertain and cluster.nodes["n1"].used == [10]
+        assert describe_node(cluster.nodes["n1"], 0.0)["devices"][0]["pods"][0]["state"] == "uncertain"
         refused = await run_bind(cluster, ledger, client, request_for(pod, "n2"))
         assert "may have landed" in refused and cluster.nodes["n2"].used == [0]
         # The scheduler retries on the same node: the same allocation is written again, and lands.
