@@ -80,6 +80,8 @@ def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeS
         ready=source.ready,
         why_not_ready=source.why_not_ready,
         problem=source.problem,
+        cache_current=source.cache_current,
+        binding_time_left=source.binding_time_left,
         on_bind_failure=source.events.failed_bind,
         expiry_interval=settings.expiry_interval,
         max_body_bytes=settings.max_body_bytes,

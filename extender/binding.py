@@ -10,8 +10,10 @@ The Binder does I/O; this module only awaits it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +42,22 @@ class BindError(Exception):
 class Binder(Protocol):
     async def bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
         """Write `annotations` on the pod (when any), then bind it to `node`. Raises BindError."""
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """What a replica asks before and while it binds: may it bind at all (synced, leading), and for how long
+    is it sure to stay allowed (its lease's renew deadline). Checked again once the node's lock is held: a
+    bind that queued behind a slow one may find the lease lost meanwhile."""
+
+    refusal: Callable[[], str] = lambda: ""
+    """Why this replica may not bind now; empty when it may."""
+    time_left: Callable[[], float | None] = lambda: None
+    """Seconds it surely may still bind (None: no limit). A binding still under way then is cut off, and its
+    reservation kept as uncertain: another replica may take over, and the binding may still land."""
+
+
+UNGUARDED = Guard()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +132,7 @@ async def bind(
     policy: PolicyConfig,
     binder: Binder,
     recent: RecentPods,
+    guard: Guard = UNGUARDED,
 ) -> str:
     """Bind the pod; returns "" on success, else the error for the reply's `Error` field.
 
@@ -122,11 +141,14 @@ async def bind(
     never undo the first's reservation while the first may still succeed.
     """
     async with ledger.locked(request.node):
+        refusal = guard.refusal()
+        if refusal:
+            return refusal
         running = ledger.running_bind(request.uid)
         if running is not None:
             return f"pod {request.key}: a bind to {running} is still running"
         with ledger.in_flight(request.uid, request.node):
-            return await _bind_locked(request, cluster, ledger, policy, binder, recent)
+            return await _bind_locked(request, cluster, ledger, policy, binder, recent, guard)
 
 
 async def _bind_locked(
@@ -136,6 +158,7 @@ async def _bind_locked(
     policy: PolicyConfig,
     binder: Binder,
     recent: RecentPods,
+    guard: Guard,
 ) -> str:
     uid, node, key = request.uid, request.node, request.key
     record = cluster.pods.get(uid)
@@ -159,7 +182,7 @@ async def _bind_locked(
         return f"pod {key}: {record.problem}"
     demand = record.demand
     if demand.is_zero:
-        return await _write(binder, pod, node, {}, ledger, uid, key)
+        return await _write(binder, guard, pod, node, {}, ledger, uid, key)
     state = cluster.nodes.get(node)
     if state is None or not state.known:
         return f"node {node} is not in the extender's cache"
@@ -169,8 +192,8 @@ async def _bind_locked(
         # carries the devices the cache counts. To another node, decide afresh, unless the earlier binding
         # may still land.
         if hold.allocation.node == node:
-            return await _write(binder, pod, node, _annotations(hold, state, cluster.profile), ledger, uid, key)
-        if hold.uncertain:
+            return await _write(binder, guard, pod, node, _annotations(hold, state, cluster.profile), ledger, uid, key)
+        if ledger.still_uncertain(uid):
             return (
                 f"pod {key}: an earlier binding to {hold.allocation.node} may have landed; waiting for the API to "
                 "show it (or for the reservation to expire)"
@@ -186,7 +209,7 @@ async def _bind_locked(
     log.info("reserved %s on %s GPU %s (%s each)", key, node, ",".join(map(str, indexes)), demand.per_device)
     reserved = cluster.hold_of(uid)
     assert reserved is not None
-    return await _write(binder, pod, node, _annotations(reserved, state, cluster.profile), ledger, uid, key)
+    return await _write(binder, guard, pod, node, _annotations(reserved, state, cluster.profile), ledger, uid, key)
 
 
 def _annotations(hold: Hold, state: NodeState, profile: Profile) -> dict[str, str]:
@@ -197,10 +220,16 @@ def _annotations(hold: Hold, state: NodeState, profile: Profile) -> dict[str, st
 
 
 async def _write(
-    binder: Binder, pod: Raw, node: str, annotations: dict[str, str], ledger: Ledger, uid: str, key: str
+    binder: Binder, guard: Guard, pod: Raw, node: str, annotations: dict[str, str], ledger: Ledger, uid: str, key: str
 ) -> str:
     try:
-        await binder.bind(pod, node, annotations)
+        try:
+            async with asyncio.timeout(guard.time_left()):
+                await binder.bind(pod, node, annotations)
+        except TimeoutError:
+            raise BindError(
+                "this replica's leadership ran out while the binding was under way", uncertain=True
+            ) from None
     except BindError as error:
         if error.uncertain:
             ledger.mark_uncertain(uid)

@@ -21,6 +21,10 @@ from contextlib import asynccontextmanager, contextmanager
 
 from extender.cluster import Allocation, Cluster, Hold
 
+UNCERTAIN_WINDOW = 60.0
+"""Seconds a binding that failed uncertainly may still land: kube-apiserver's default `--request-timeout`,
+after which it abandons a request it still holds."""
+
 
 class Ledger:
     """Mutable: the reservations' bookkeeping over the cache's holds."""
@@ -32,6 +36,7 @@ class Ledger:
         self.clock = clock
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._in_flight: dict[str, str] = {}
+        self._uncertain_since: dict[str, float] = {}
 
     @asynccontextmanager
     async def locked(self, node: str) -> AsyncIterator[None]:
@@ -91,6 +96,14 @@ class Ledger:
     def mark_uncertain(self, uid: str) -> None:
         """The binding failed but may have landed: keep the reservation until the watch or the TTL decides."""
         self.cluster.mark_uncertain(uid)
+        self._uncertain_since[uid] = self.clock()
+
+    def still_uncertain(self, uid: str) -> bool:
+        """Whether a binding of this pod that failed uncertainly may still land: within UNCERTAIN_WINDOW of the
+        failure, while its reservation is held. After that the API server has given the request up."""
+        since = self._uncertain_since.get(uid)
+        hold = self.cluster.reserved.get(uid)
+        return since is not None and hold is not None and hold.uncertain and self.clock() - since < UNCERTAIN_WINDOW
 
     def release(self, uid: str) -> Hold | None:
         """Undo a reservation (not an observed allocation); returns it, or None if there was none.
@@ -98,17 +111,26 @@ class Ledger:
         The pod is marked abandoned: annotations we may already have written on it no longer reserve
         anything by themselves when the watch shows them (only a binding does).
         """
+        self._uncertain_since.pop(uid, None)
         if uid not in self.cluster.reserved:
             return None
         self.cluster.abandoned.add(uid)
         return self.cluster.release(uid)
 
-    def expire(self) -> list[Hold]:
-        """Free every reservation older than the TTL whose bind is not running; returns them."""
+    def expire(self, include_bound: bool = True) -> list[Hold]:
+        """Free every reservation older than the TTL whose bind is not running; returns them.
+
+        With `include_bound=False` (the watch is failing), reservations whose binding the API accepted are
+        kept: the pod is bound, only its confirmation is late, and freeing it would give its memory away.
+        """
         deadline = self.clock() - self.ttl
         expired = [
-            hold for uid, hold in self.cluster.reserved.items() if hold.since < deadline and uid not in self._in_flight
+            hold
+            for uid, hold in self.cluster.reserved.items()
+            if hold.since < deadline and uid not in self._in_flight and (include_bound or not hold.bound)
         ]
         for hold in expired:
             self.release(hold.allocation.pod_uid)
+        for uid in [uid for uid in self._uncertain_since if uid not in self.cluster.reserved]:
+            del self._uncertain_since[uid]  # observed since (or released): settled
         return expired

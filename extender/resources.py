@@ -246,6 +246,11 @@ def as_object(value: Any) -> Raw:
     return value if isinstance(value, dict) else {}
 
 
+MAX_DEVICES = 256
+"""More GPUs than any machine has: a node claiming more is misreporting (and building a list of, say, 10**400
+devices would stop the service), so its devices are ignored and the reason shown."""
+
+
 def node_devices(node: Raw, profile: Profile) -> NodeDevices:
     """Devices from the per-device annotation when present and valid, else from capacity."""
     meta = as_object(node.get("metadata"))
@@ -267,6 +272,8 @@ def node_devices(node: Raw, profile: Profile) -> NodeDevices:
         return NodeDevices((), problem + f"capacity unreadable: {error}")
     if count == 0:
         return NodeDevices((), problem + f"{profile.memory_resource} {memory} but no {profile.count_resource}")
+    if count > MAX_DEVICES:
+        return NodeDevices((), problem + f"{profile.count_resource} {count} is more than {MAX_DEVICES} GPUs: ignored")
     each = memory // count
     return NodeDevices(tuple(Device(index, each) for index in range(count)), problem.rstrip("; "))
 
@@ -278,6 +285,8 @@ def _devices_from_annotation(text: str) -> tuple[Device, ...]:
         raise ValueError("not JSON") from None
     if not isinstance(entries, list) or not entries:
         raise ValueError("expected a non-empty list of devices")
+    if len(entries) > MAX_DEVICES:
+        raise ValueError(f"{len(entries)} devices is more than {MAX_DEVICES}")
     devices: list[Device] = []
     seen: set[int] = set()
     for entry in entries:

@@ -27,7 +27,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from extender import contract
-from extender.binding import Binder, BindRequest, RecentPods, bind
+from extender.binding import Binder, BindRequest, Guard, RecentPods, bind
 from extender.cluster import Cluster, Hold, NodeState
 from extender.httpserver import HttpServer, Request, Response, Router, json_error
 from extender.ledger import Ledger
@@ -65,6 +65,10 @@ class Service:
     """Why `ready()` is False, for /readyz and for refused verbs."""
     problem: Callable[[], str] = lambda: ""
     """"" while the loops feeding the cache run, else which stopped: /healthz answers 500 with it."""
+    binding_time_left: Callable[[], float | None] = lambda: None
+    """Seconds this replica surely may still bind (its lease's renew deadline); None: no limit."""
+    cache_current: Callable[[], bool] = lambda: True
+    """False while the source's watch is failing: bound reservations are then not expired (see Ledger.expire)."""
     on_bind_failure: Callable[[BindRequest, str], None] | None = None
     """Told of every bind that failed (the API source records an Event on the pod)."""
     expiry_interval: float = 5.0
@@ -238,7 +242,8 @@ async def _bind(request: Request, service: Service) -> VerbResult:
         reason = service.why_not_ready()
         return contract.binding_reply(reason), reason
     target = BindRequest(args.PodName, args.PodNamespace, args.PodUID, args.Node)
-    error = await bind(target, service.cluster, service.ledger, service.policy, service.binder, service.recent)
+    guard = Guard(lambda: "" if service.ready() else service.why_not_ready(), service.binding_time_left)
+    error = await bind(target, service.cluster, service.ledger, service.policy, service.binder, service.recent, guard)
     if error:
         log.warning("bind %s to %s: %s", target.key, target.node, error)
         if service.on_bind_failure is not None:
@@ -353,7 +358,7 @@ async def _expiry_sweep(service: Service) -> None:
     """Free reservations the API never confirmed, every `expiry_interval` seconds."""
     while True:
         await asyncio.sleep(service.expiry_interval)
-        for hold in service.ledger.expire():
+        for hold in service.ledger.expire(include_bound=service.cache_current()):
             service.metrics.expiries.inc()
             allocation = hold.allocation
             log.warning(

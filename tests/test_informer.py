@@ -180,3 +180,12 @@ def test_backoff_grows_to_its_cap_with_jitter() -> None:
     assert all(2.0 <= wait <= 4.0 for wait in waits[3:])
     backoff.reset()
     assert backoff.next() <= 0.5
+
+
+async def test_a_requested_relist_survives_a_failed_list(api: ApiDouble, informers: Running) -> None:
+    seed(api)
+    await start(informers, api)
+    api.fail("GET", "/api/v1/pods", status=500)  # the relist's first attempt
+    target = informers.pods.request_relist()
+    await eventually(lambda: informers.pods.last_list_started >= target, what="the relist, after a retry")
+    assert informers.pods.failures == 1

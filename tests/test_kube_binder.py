@@ -7,7 +7,7 @@ import asyncio
 
 from extender.binding import BindRequest, RecentPods, bind
 from extender.cluster import Cluster
-from extender.ledger import Ledger
+from extender.ledger import UNCERTAIN_WINDOW, Ledger
 from extender.policy import PolicyConfig
 from extender.server import describe_node
 from extender.sources.kube.binder import EventRecorder, KubeBinder
@@ -103,13 +103,36 @@ async def test_a_pod_recreated_under_the_same_name_is_never_bound(api: ApiDouble
     assert stored is not None and "nodeName" not in stored["spec"]
 
 
-async def test_a_500_on_the_binding_that_did_not_land_frees_the_reservation(api: ApiDouble, kube: KubeClient) -> None:
+async def test_a_500_on_the_binding_keeps_the_reservation_while_the_binding_may_still_land(
+    api: ApiDouble, kube: KubeClient
+) -> None:
+    """kube-apiserver may finish a request after answering 5xx or after its client gave up; until its request
+    timeout has passed, the memory stays held and the pod is not bound anywhere else."""
     pod = seed(api)
     cluster = snapshot(api)
+    clock = FakeClock()
+    ledger = Ledger(cluster, 300.0, clock)
     api.fail("POST", "/api/v1/namespaces/default/pods/p/binding", status=500)
-    error = await run_bind(cluster, Ledger(cluster, 300.0), kube, request_for(pod, "n1"))
-    assert "binding default/p to n1 failed" in error
-    assert cluster.reserved == {} and cluster.nodes["n1"].used == [0]
+    error = await run_bind(cluster, ledger, kube, request_for(pod, "n1"))
+    assert "binding default/p to n1 failed: the API failed" in error
+    hold = cluster.hold_of(pod["metadata"]["uid"])  # type: ignore[index]
+    assert hold is not None and hold.uncertain and cluster.nodes["n1"].used == [10]
+    assert "may have landed" in await run_bind(cluster, ledger, kube, request_for(pod, "n2"))
+    clock.advance(UNCERTAIN_WINDOW + 1)  # the API server has given that request up: decide afresh
+    assert await run_bind(cluster, ledger, kube, request_for(pod, "n2")) == ""
+    assert cluster.nodes["n1"].used == [0] and cluster.nodes["n2"].used == [10]
+
+
+async def test_a_409_for_an_earlier_binding_of_ours_takes_the_gpus_it_carries(api: ApiDouble, kube: KubeClient) -> None:
+    api.add_node(make_node("n1", gpus=2, mem=16))
+    pod = api.add_pod(make_pod("p", gpu_mem=10))
+    uid = pod["metadata"]["uid"]
+    cluster = snapshot(api)
+    api.update_pod(bound_pod("p", "n1", (1,), 10, uid=uid))  # it landed on GPU 1; this attempt picks GPU 0
+    binder = KubeBinder(kube, observe=cluster.apply_pod)
+    error = await bind(request_for(pod, "n1"), cluster, Ledger(cluster, 300.0), PolicyConfig(), binder, RecentPods())
+    assert error == ""
+    assert cluster.nodes["n1"].used == [0, 10] and cluster.reserved == {}
 
 
 async def test_a_binding_that_may_have_landed_keeps_its_reservation_until_the_api_says(api: ApiDouble) -> None:

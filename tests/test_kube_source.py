@@ -28,7 +28,7 @@ from extender.sources.kube.informer import WatchOptions
 from extender.sources.kube.leader import LeaseTimings
 from tests.apidouble import ApiDouble
 from tests.builders import PROFILE, FakeClock, bound_pod, cache_differences, make_node, make_pod
-from tests.conftest import ClientFor, eventually
+from tests.conftest import ClientFor, eventually, make_service
 from tests.test_cli import free_port
 
 FAST = LeaseTimings(lease_duration=1.0, renew_deadline=0.6, retry_period=0.1)
@@ -331,3 +331,50 @@ async def test_the_composed_service_reports_the_source_in_its_metrics(
     assert 'extender_cache_synced{kind="nodes"} 1.0' in text
     assert "extender_leader 1.0" in text
     assert 'extender_allocations{state="observed"} 1.0' in text
+
+
+class SlowBinder:
+    """Binds after a while, as an API server under load answers; records what it was asked."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.calls: list[str] = []
+
+    async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+        self.calls.append(pod["metadata"]["name"])
+        await asyncio.sleep(self.delay)
+
+
+async def test_a_bind_queued_behind_a_slow_one_is_refused_once_leadership_is_lost(client_for: ClientFor) -> None:
+    cluster = Cluster(PROFILE)
+    cluster.replace([make_node("n1", gpus=2, mem=16)], [])
+    leading = {"now": True}
+    binder = SlowBinder(0.3)
+    service = make_service(
+        cluster, binder, ready=lambda: leading["now"], why_not_ready=lambda: "extender is not the leader"
+    )
+    client = await client_for(service)
+    first, second = make_pod("p1", gpu_mem=4), make_pod("p2", gpu_mem=4)
+    for pod in (first, second):
+        await client.post("/filter", filter_body(pod, ["n1"]))
+    replies = [asyncio.create_task(client.post("/bind", bind_body(pod, "n1"))) for pod in (first, second)]
+    await eventually(lambda: binder.calls == ["p1"])
+    leading["now"] = False  # the lease is lost while p1's binding is under way and p2 waits for the node
+    results = [await (await reply).json() for reply in replies]
+    assert results[0]["Error"] == "" and "not the leader" in results[1]["Error"]
+    assert binder.calls == ["p1"]
+
+
+async def test_a_binding_still_under_way_when_leadership_runs_out_keeps_its_reservation(
+    client_for: ClientFor,
+) -> None:
+    cluster = Cluster(PROFILE)
+    cluster.replace([make_node("n1", gpus=1, mem=16)], [])
+    service = make_service(cluster, SlowBinder(5.0), binding_time_left=lambda: 0.2)
+    client = await client_for(service)
+    pod = make_pod("p", gpu_mem=4)
+    await client.post("/filter", filter_body(pod, ["n1"]))
+    reply = await (await client.post("/bind", bind_body(pod, "n1"))).json()
+    assert "leadership ran out" in reply["Error"]
+    hold = cluster.hold_of(pod["metadata"]["uid"])
+    assert hold is not None and hold.uncertain and cluster.nodes["n1"].used == [4]

@@ -154,3 +154,28 @@ async def test_racing_candidates_conflict_and_only_one_wins(api: ApiDouble, repl
 )
 def test_lease_timings_are_checked_as_client_go_checks_them(timings: LeaseTimings, problem: str) -> None:
     assert (problem in timings.check()) if problem else timings.check() == ""
+
+
+async def test_a_renewal_slower_than_the_renew_deadline_stops_leading_in_time(
+    api: ApiDouble, replicas: Replicas
+) -> None:
+    """client-go cancels a renewal at the renew deadline; a slow API must not keep two replicas leading."""
+    replicas.start("a")
+    await eventually(lambda: replicas.leaders() == ["a"])
+    replicas.start("b")
+    await asyncio.sleep(0.2)
+    api.fail("PUT", "/apis/coordination.k8s.io/v1/namespaces/gpu-extender/leases/gpu-extender", mode="slow", delay=2.0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 3.0
+    while loop.time() < deadline:
+        assert len(replicas.leaders()) <= 1, replicas.leaders()
+        await asyncio.sleep(0.01)
+    assert ("a", False) in replicas.changes  # it did stop, at its deadline, while its renewal hung
+    await eventually(lambda: len(replicas.leaders()) == 1)  # a again (the slow write landed) or b
+
+
+async def test_time_left_counts_down_to_the_renew_deadline(replicas: Replicas) -> None:
+    elector = replicas.start("a")
+    assert elector.time_left() == 0.0
+    await eventually(lambda: elector.leading)
+    assert 0 < elector.time_left() <= FAST.renew_deadline

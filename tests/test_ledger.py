@@ -76,6 +76,18 @@ def test_a_reservation_whose_bind_is_running_does_not_expire() -> None:
     assert len(ledger.expire()) == 1
 
 
+def test_a_bound_reservation_is_kept_while_the_watch_is_failing() -> None:
+    clock = FakeClock()
+    cluster = make_cluster(make_node("n1"))
+    ledger = make_ledger(cluster, ttl=1, clock=clock)
+    ledger.reserve(allocation("bound"))
+    ledger.mark_bound("bound")
+    ledger.reserve(allocation("unbound", indexes=(1,)))
+    clock.advance(5)
+    assert [hold.allocation.pod_uid for hold in ledger.expire(include_bound=False)] == ["unbound"]
+    assert [hold.allocation.pod_uid for hold in ledger.expire(include_bound=True)] == ["bound"]
+
+
 def test_an_observed_pod_is_never_expired() -> None:
     clock = FakeClock()
     pod = bound_pod("seen", "n1", (0,), 4, assume_time=clock.now - 3600)

@@ -109,3 +109,10 @@ def test_readiness_follows_the_ready_condition() -> None:
     assert node_ready(make_node(ready=True))
     assert not node_ready(make_node(ready=False))
     assert node_ready({"metadata": {"name": "bare"}})
+
+
+def test_a_node_claiming_absurdly_many_gpus_is_ignored_with_a_reason() -> None:
+    node = make_node("n1", gpus=2, mem=16)
+    node["status"]["capacity"][PROFILE.count_resource] = "9" * 400
+    found = node_devices(node, PROFILE)
+    assert found.devices == () and "more than 256 GPUs" in found.problem

@@ -12,8 +12,10 @@ What a failure means:
 - 409 Conflict: the pod is already bound (or being deleted, or recreated). We read the pod: bound to the same
   node is success (an earlier attempt of ours landed); anything else fails.
 - 404: the pod is gone.
-- A timeout, a dropped connection or a 5xx: the binding may have landed. We read the pod to find out; if even
-  that fails, the failure is `uncertain` and the reservation is kept until the watch or the TTL decides.
+- A timeout, a dropped connection or a 5xx: the binding may have landed, or may still land (the API server
+  can finish a request its client gave up on). We read the pod: bound to the node is success; otherwise the
+  failure is `uncertain` and the reservation is kept until the watch or the TTL decides (a retry to the same
+  node writes the same GPUs; to another node it waits for `ledger.UNCERTAIN_WINDOW`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+from collections.abc import Callable
 from urllib.parse import quote
 
 from extender.binding import BindError, BindRequest
@@ -39,8 +42,11 @@ def pod_path(namespace: str, name: str) -> str:
 class KubeBinder:
     """Implements `binding.Binder` against the API server."""
 
-    def __init__(self, client: KubeClient) -> None:
+    def __init__(self, client: KubeClient, observe: Callable[[Raw], None] | None = None) -> None:
         self.client = client
+        self.observe = observe
+        """Given the pod as read back after a conflict, so the cache holds what the API holds at once (an
+        earlier binding of ours may carry other GPUs than this attempt's)."""
 
     async def bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
         meta = pod.get("metadata") or {}
@@ -81,10 +87,13 @@ class KubeBinder:
         bound_to = spec.get("nodeName") or ""
         if bound_to == node:
             log.info("binding %s/%s to %s: %s, but the pod is bound there: success", namespace, name, node, failure)
+            if self.observe is not None:
+                self.observe(current)
             return
         if bound_to:
             raise BindError(f"pod {namespace}/{name} is already bound to {bound_to}")
-        raise BindError(failure)
+        # Not bound yet; after a timeout or a 5xx the API server may still be writing it.
+        raise BindError(failure, uncertain=ambiguous)
 
 
 def _now() -> str:

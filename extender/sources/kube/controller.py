@@ -48,7 +48,7 @@ class KubeSource:
         self.pods = Informer(
             client, pods_kind(cluster.profile), cluster.apply_record, cluster.replace_records, options.watch
         )
-        self.binder = KubeBinder(client)
+        self.binder = KubeBinder(client, observe=cluster.apply_pod)
         self.events = EventRecorder(client, options.identity)
         self.elector = (
             LeaderElector(
@@ -82,6 +82,14 @@ class KubeSource:
             if self.pods.last_list_started < self._relisted_at:
                 return "extender is the new leader and is relisting pods before it binds"
         return ""
+
+    def binding_time_left(self) -> float | None:
+        """Seconds this replica surely stays leader (None without leader election)."""
+        return self.elector.time_left() if self.elector is not None else None
+
+    def cache_current(self) -> bool:
+        """The pods informer follows the API (its last list or watch worked)."""
+        return self.pods.current
 
     def ready(self) -> bool:
         return not self.why_not_ready()

@@ -142,6 +142,9 @@ class Informer(Generic[Slim]):
         self.failures = 0
         self.synced = asyncio.Event()
         self.last_error = ""
+        self.current = False
+        """True while the cache follows the API: the last list or watch worked. False from a failure until the
+        next success; the ledger does not expire bound reservations meanwhile (the watch may just be late)."""
         self.last_progress = time.monotonic()
         self.lists_started = 0
         self.last_list_started = 0
@@ -163,11 +166,19 @@ class Informer(Generic[Slim]):
         while True:
             try:
                 if need_list or self._relist_requested:
+                    need_list = True  # until a list succeeds: a failed one must not drop a requested relist
                     self._relist_requested = False
                     await self._list()
                     need_list = False
+                opened = time.monotonic()
+                events = self.events
                 await self._watch()
-                self.backoff.reset()
+                self.current = True
+                if self.events == events and time.monotonic() - opened < 1.0:
+                    # Ended at once with nothing in it (a proxy closing streams, say): not a reason to spin.
+                    await self._sleep(self.backoff.next())
+                else:
+                    self.backoff.reset()
             except Relist:
                 need_list = True
             except Gone as error:
@@ -175,6 +186,7 @@ class Informer(Generic[Slim]):
                 need_list = True
             except KubeError as error:
                 self.failures += 1
+                self.current = False
                 self.last_error = str(error)
                 delay = self.backoff.next()
                 log.warning("%s: %s; retrying in %.1f s", self.kind.name, error, delay)
@@ -218,6 +230,7 @@ class Informer(Generic[Slim]):
             self.relists += 1
         self.lists += 1
         self.last_list_started = number
+        self.current = True
         self.resource_version = version
         self.last_progress = time.monotonic()
         self.synced.set()
@@ -276,5 +289,6 @@ class Informer(Generic[Slim]):
             return
         if version:
             self.resource_version = version
+        self.current = True
         self.last_progress = time.monotonic()
         self.backoff.reset()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -92,6 +93,12 @@ class LeaderElector:
         self._renewed_at = 0.0
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases/{quote(name, safe='')}"
 
+    def time_left(self) -> float:
+        """Seconds this replica is sure to stay leader (until its renew deadline), 0 when not leading."""
+        if not self.leading:
+            return 0.0
+        return max(0.0, self._renewed_at + self.timings.renew_deadline - self.monotonic())
+
     async def run(self) -> None:
         """Campaign, lead, and campaign again after losing, until cancelled; a cancelled leader releases."""
         try:
@@ -125,7 +132,14 @@ class LeaderElector:
         another replica holds the lease."""
         while True:
             await asyncio.sleep(self.timings.retry_period)
-            if await self._try_acquire_or_renew():
+            # An attempt may not outlast the deadline (client-go cancels it there too): a slow API must not
+            # keep us leading past the point where a standby may take the lease.
+            try:
+                async with asyncio.timeout(max(0.0, self.time_left())):
+                    renewed = await self._try_acquire_or_renew()
+            except TimeoutError:
+                renewed = False
+            if renewed:
                 self._renewed_at = self.monotonic()
                 continue
             if self.holder and self.holder != self.identity:
@@ -164,7 +178,7 @@ class LeaderElector:
         lease["spec"] = {
             **spec,
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": int(self.timings.lease_duration),
+            "leaseDurationSeconds": math.ceil(self.timings.lease_duration),
             "acquireTime": acquired,
             "renewTime": _micro_time(now),
             "leaseTransitions": transitions,
@@ -187,7 +201,7 @@ class LeaderElector:
             "metadata": {"name": self.name, "namespace": self.namespace},
             "spec": {
                 "holderIdentity": self.identity,
-                "leaseDurationSeconds": int(self.timings.lease_duration),
+                "leaseDurationSeconds": math.ceil(self.timings.lease_duration),
                 "acquireTime": _micro_time(now),
                 "renewTime": _micro_time(now),
                 "leaseTransitions": 0,
