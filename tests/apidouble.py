@@ -7,7 +7,8 @@ What each part stands for:
 - Storage is etcd: one global resourceVersion that every write bumps (served as a string), objects kept by their
   etcd key (`namespace/name` for pods, `name` for nodes). A stored object is never mutated, only replaced (copy on
   write), so list snapshots and watch history share them; callers of the helpers always get deep copies. A write
-  that changes nothing is not a write: no new resourceVersion, no watch event (the etcd3 store skips it).
+  that changes nothing is not a write: no new resourceVersion, no watch event (the etcd3 store skips it). Empty
+  labels and annotations are not kept (Go's `omitempty`: the real server never shows `"annotations": {}`).
 - Lists are the etcd3 store: items in key order (a string order, as etcd's), without kind/apiVersion (single
   objects and watch events carry them); `limit` + `continue` paging where every page is the snapshot at the first
   page's revision; the continue token is the real encoding (base64url JSON: rv and start key). A token older than
@@ -16,11 +17,15 @@ What each part stands for:
 - Watches are the watch cache: one kept history per resource (`history` events); a watch from an older
   resourceVersion gets HTTP 200 then a single in-stream ERROR 410; from "" or "0" it starts with a synthetic ADDED
   per object; a field selector turns an object that stops matching into DELETED (its previous content at the
-  event's resourceVersion) and one that starts matching into ADDED.
+  event's resourceVersion) and one that starts matching into ADDED. BOOKMARK objects are a zero Pod or Node with
+  only a resourceVersion; besides `bookmark()`, a watch gets the cache's own one 2 s before its timeoutSeconds.
 - Writes follow the registry: merge patch only (RFC 7386); a patch cannot change a pod's status (dropped, as the
-  pod strategy does) or its spec beyond the few mutable fields (422); a stale resourceVersion is a 409; a changed
-  metadata.uid is a 422 "field is immutable" (a patch carries no UID precondition; PUT and Binding do, and theirs is
-  the storage-level 409). Binding, Events, Leases and DELETE of pods (graceful for a bound pod) likewise.
+  pod strategy does) or its spec beyond the few mutable fields (422); a stale resourceVersion is a 409 (checked
+  before validation); a changed metadata.uid is a 422 "field is immutable" (a patch carries no UID precondition;
+  PUT and Binding do, and theirs is the storage-level 409). `pods/{name}/status` (merge PATCH and PUT, as kubelets
+  write phase) changes status and metadata but never spec. DELETE of a pod always writes deletionTimestamp first
+  (a MODIFIED), then, at grace 0 (any unscheduled or finished pod), removes it. A PUT of a missing Lease creates
+  it. Binding, Events and Leases otherwise as the registry has them.
 - Faults are the network and the control plane misbehaving: `fail()` (status, hang, drop, slow; matched before
   authentication, as a load balancer or an overloaded server would answer), `drop_watches()`, `expire_watches()`,
   `compact()` (the compactor's write, then 410 for anything older), `bookmark()`.
@@ -38,6 +43,7 @@ import datetime
 import enum
 import functools
 import http
+import random
 import socket
 import ssl
 import time
@@ -97,6 +103,36 @@ VERSION = {
     "platform": "linux/amd64",
 }
 FAULT_MODES = ("status", "hang", "drop", "slow")
+POD_META_KEPT = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds")
+"""What an update of a pod cannot change in its metadata (the rest of metadata is the writer's)."""
+ZERO_POD: Obj = {"spec": {"containers": None}, "status": {}}
+"""What a BOOKMARK's object carries besides its resourceVersion: a zero api.Pod as Go serializes it."""
+ZERO_NODE: Obj = {
+    "spec": {},
+    "status": {
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+        "nodeInfo": dict.fromkeys(
+            (
+                "machineID",
+                "systemUUID",
+                "bootID",
+                "kernelVersion",
+                "osImage",
+                "containerRuntimeVersion",
+                "kubeletVersion",
+                "kubeProxyVersion",
+                "operatingSystem",
+                "architecture",
+            ),
+            "",
+        ),
+    },
+}
+PRE_TIMEOUT_BOOKMARK = 2.0
+"""Seconds before a watch's timeoutSeconds ends that the watch cache sends its bookmark (cacheWatcher's
+nextBookmarkTime)."""
+GENERATED_NAME_LETTERS = "bcdfghjklmnpqrstvwxz2456789"
+"""The alphabet of generateName's 5-character suffix (k8s.io/apimachinery/pkg/util/rand)."""
 LEASES = "leases"
 LEASE_GROUP = "coordination.k8s.io"
 
@@ -176,8 +212,9 @@ class FieldError:
 
 
 def invalid(kind: str, name: str, errors: list[FieldError], resource: str = "", group: str = "") -> ApiStatus:
-    """NewInvalid: `Kind "name" is invalid: path: body` (several errors in brackets, comma separated)."""
-    texts = [f"{error.path}: {error.body}" for error in errors]
+    """NewInvalid: `Kind "name" is invalid: path: body` (several errors in brackets, comma separated). The message
+    names each distinct error once (ToAggregate deduplicates); `details.causes` lists every error, repeats too."""
+    texts = list(dict.fromkeys(f"{error.path}: {error.body}" for error in errors))
     summary = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
     details: Obj = {"name": name}
     if group:
@@ -252,6 +289,15 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 def with_resource_version(obj: Obj, rv: int) -> Obj:
     return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(rv)}}
+
+
+def without_empty_maps(obj: Obj) -> Obj:
+    """What a Go round trip leaves of metadata: empty labels and annotations are dropped (`omitempty` maps)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or all(meta.get(name) for name in ("labels", "annotations") if name in meta):
+        return obj
+    kept = {k: v for k, v in meta.items() if not (k in ("labels", "annotations") and not v)}
+    return {**obj, "metadata": kept}
 
 
 def same_but_version(a: Obj, b: Obj) -> bool:
@@ -375,11 +421,13 @@ class Resource:
 
     SNAPSHOTS_KEPT = 8
 
-    def __init__(self, plural: str, kind: str, fields: dict[str, FieldGetter], history: int) -> None:
+    def __init__(self, plural: str, kind: str, fields: dict[str, FieldGetter], history: int, zero: Obj) -> None:
         self.plural = plural
         self.kind = kind
         self.fields = fields
         self.history = history
+        self.zero = zero
+        self.last_rv = 0  # the newest write to this resource (what the watch cache last processed)
         self.objects: dict[str, Obj] = {}
         self.changes: deque[Change] = deque()
         self.floor = 0  # every change after this resourceVersion is kept
@@ -389,7 +437,12 @@ class Resource:
     def typed(self, obj: Obj) -> Obj:
         return {"kind": self.kind, "apiVersion": "v1", **obj}
 
+    def bookmark(self, rv: int, annotations: dict[str, str] | None = None) -> bytes:
+        meta: Obj = {"resourceVersion": str(rv)} | ({"annotations": annotations} if annotations else {})
+        return event_line("BOOKMARK", {"kind": self.kind, "apiVersion": "v1", "metadata": meta, **self.zero})
+
     def record(self, change: Change) -> None:
+        self.last_rv = change.rv
         self.changes.append(change)
         while len(self.changes) > self.history:
             self.floor = self.changes.popleft().rv
@@ -443,6 +496,9 @@ class Watch:
     selector: Selector
     bookmarks: bool
     since: int
+    caught_up: int = 0
+    """The resourceVersion of the last event it was replayed before going live (or `since`): the watch cache
+    bookmarks it only at a newer one."""
     queue: asyncio.Queue[bytes | Signal] = field(default_factory=asyncio.Queue)
 
     def sees(self, key: str, obj: Obj | None) -> bool:
@@ -500,6 +556,16 @@ def resource_version_of(text: str) -> int:
         return int(text)
     except ValueError as error:
         raise bad_request(f'invalid resource version: strconv.ParseUint: parsing "{text}": invalid syntax') from error
+
+
+async def merge_patch_body(request: web.Request) -> Obj:
+    if request.content_type != "application/merge-patch+json":
+        message = (
+            f"the body of the request was in an unknown format - accepted media types include: "
+            f"application/merge-patch+json (the API double implements merge patch only; got {request.content_type})"
+        )
+        raise ApiStatus(415, "UnsupportedMediaType", message)
+    return await json_body(request)
 
 
 async def json_body(request: web.Request) -> Obj:
@@ -562,8 +628,8 @@ class ApiDouble:
         self.requests: list[tuple[str, str]] = []
         self.events: list[Obj] = []
         self.url = ""
-        self._pods = Resource("pods", "Pod", POD_FIELDS, history)
-        self._nodes = Resource("nodes", "Node", NODE_FIELDS, history)
+        self._pods = Resource("pods", "Pod", POD_FIELDS, history, ZERO_POD)
+        self._nodes = Resource("nodes", "Node", NODE_FIELDS, history, ZERO_NODE)
         self._leases: dict[str, Obj] = {}
         self._faults: list[Fault] = []
         self._stopping = asyncio.Event()
@@ -622,8 +688,11 @@ class ApiDouble:
         return self._replace(self._pods, object_key(meta.get("namespace") or "default", meta["name"]), obj)
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        """The final removal (what the kubelet's grace-0 delete, or a force delete, does)."""
-        self._remove(self._pods, object_key(namespace, name))
+        """The kubelet's grace-0 delete, or a force delete: deletionTimestamp written (MODIFIED), then removed."""
+        key = object_key(namespace, name)
+        if key not in self._pods.objects:
+            raise KeyError(f"pods {key!r} not found")
+        self._delete_pod_gracefully(key, self._pods.objects[key], 0)
 
     def steal_lease(self, namespace: str, name: str, holder: str) -> Obj:
         """Another replica takes the lease: a write of its own, so the next PUT with our resourceVersion is a 409."""
@@ -699,16 +768,13 @@ class ApiDouble:
             resource.forget(rv)
 
     def bookmark(self) -> None:
-        """A BOOKMARK at the current resourceVersion to every watch that asked for them."""
+        """A BOOKMARK at the current resourceVersion to every watch that asked for them (the minutely one, or
+        one after etcd's progress notification)."""
         for resource in (self._pods, self._nodes):
-            mark = {
-                "kind": resource.kind,
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": str(self.resource_version)},
-            }
+            mark = resource.bookmark(self.resource_version)
             for watch in resource.watches:
                 if watch.bookmarks:
-                    watch.queue.put_nowait(event_line("BOOKMARK", mark))
+                    watch.queue.put_nowait(mark)
 
     # -- the store --
 
@@ -753,6 +819,8 @@ class ApiDouble:
     def _write(self, resource: Resource, key: str, after: Obj | None) -> Obj:
         """Store `after` (None deletes) at a new resourceVersion and tell the watches; a no-op write is skipped."""
         before = resource.objects.get(key)
+        if after is not None:
+            after = without_empty_maps(after)
         if after is not None and before is not None and same_but_version(before, after):
             return before
         rv = self._bump()
@@ -782,6 +850,8 @@ class ApiDouble:
         router.add_get(pods, self._collection(self._pods, namespaced=True))
         router.add_get(pods + "/{name}", self._get_pod)
         router.add_patch(pods + "/{name}", self._patch_pod)
+        router.add_patch(pods + "/{name}/status", self._patch_pod_status)
+        router.add_put(pods + "/{name}/status", self._put_pod_status)
         router.add_delete(pods + "/{name}", self._delete_pod)
         router.add_post(pods + "/{name}/binding", self._bind)
         router.add_post("/api/v1/namespaces/{namespace}/events", self._event_creator("v1", "events", ""))
@@ -920,17 +990,21 @@ class ApiDouble:
             lines = [
                 event_line("ADDED", resource.typed(current[k])) for k in sorted(current) if watch.sees(k, current[k])
             ]
+            watch.caught_up = resource.last_rv
             if go_bool(query.get("sendInitialEvents", "")) and watch.bookmarks:
-                meta: Obj = {"resourceVersion": str(self.resource_version)}
-                meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-                lines.append(event_line("BOOKMARK", {"kind": resource.kind, "apiVersion": "v1", "metadata": meta}))
+                end = {"k8s.io/initial-events-end": "true"}
+                lines.append(resource.bookmark(self.resource_version, end))
         else:
-            watch.since = resource_version_of(asked)
+            watch.since = watch.caught_up = resource_version_of(asked)
             if watch.since < resource.floor:
                 too_old = True
                 lines = [expired_line(TOO_OLD_RESOURCE_VERSION.format(asked=watch.since, oldest=resource.floor))]
             else:
-                lines = [line for c in resource.changes if c.rv > watch.since if (line := watch.render(c)) is not None]
+                lines = []
+                for change in resource.changes:
+                    if change.rv > watch.since and (line := watch.render(change)) is not None:
+                        lines.append(line)
+                        watch.caught_up = change.rv
         if not too_old:
             resource.watches.add(watch)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -950,18 +1024,34 @@ class ApiDouble:
         return response
 
     async def _stream(self, response: web.StreamResponse, watch: Watch, timeout: int) -> Signal | None:
-        """Copy the watch's queue to the response until a signal or `timeout` seconds; returns the signal."""
+        """Copy the watch's queue to the response until a signal or `timeout` seconds; returns the signal.
+
+        A watch that asked for bookmarks gets one `PRE_TIMEOUT_BOOKMARK` seconds before its timeout, at the
+        resource's newest resourceVersion, when that is newer than what it was replayed up to: the watch cache's
+        pre-timeout bookmark (the real one may repeat it on its next one-second tick)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout > 0 else None
+        bookmark_at = None
+        if deadline is not None and watch.bookmarks and timeout > PRE_TIMEOUT_BOOKMARK:
+            bookmark_at = deadline - PRE_TIMEOUT_BOOKMARK
         while True:
-            remaining = None if deadline is None else deadline - loop.time()
+            now = loop.time()
+            if bookmark_at is not None and now >= bookmark_at and watch.queue.empty():
+                bookmark_at = None
+                if watch.resource.last_rv > watch.caught_up:
+                    await response.write(watch.resource.bookmark(watch.resource.last_rv))
+            remaining = None if deadline is None else deadline - now
             if remaining is not None and remaining <= 0:
                 return None
+            wait = remaining if bookmark_at is None else max(0.0, bookmark_at - now)
             item: bytes | Signal | None
-            try:
-                item = await asyncio.wait_for(watch.queue.get(), remaining)
-            except TimeoutError:
-                return None
+            if not watch.queue.empty():
+                item = watch.queue.get_nowait()
+            else:
+                try:
+                    item = await asyncio.wait_for(watch.queue.get(), wait)
+                except TimeoutError:
+                    continue
             batch: list[bytes] = []
             while isinstance(item, bytes):  # what is queued goes out in one write, up to a signal
                 batch.append(item)
@@ -993,20 +1083,15 @@ class ApiDouble:
     async def _get_pod(self, request: web.Request) -> web.Response:
         return json_response(self._pods.typed(self._stored_pod(request)[1]))
 
-    async def _patch_pod(self, request: web.Request) -> web.Response:
-        if request.content_type != "application/merge-patch+json":
-            message = (
-                f"the body of the request was in an unknown format - accepted media types include: "
-                f"application/merge-patch+json (the API double implements merge patch only; got {request.content_type})"
-            )
-            raise ApiStatus(415, "UnsupportedMediaType", message)
-        patch = await json_body(request)
-        key, pod = self._stored_pod(request)
+    def _patched(self, pod: Obj, patch: Obj) -> Obj:
+        return {k: v for k, v in merge_patch(self._pods.typed(pod), patch).items() if k not in ("kind", "apiVersion")}
+
+    def _checked_update(self, pod: Obj, new: Obj) -> Obj:
+        """`new` (a patched pod, or a PUT body) checked as the registry checks an update of `pod`, in its order: the
+        name, the maps' types, the resourceVersion (a 409 comes before validation), an immutable metadata.uid (422,
+        found twice: by rest.BeforeUpdate and by the strategy). Returned with what the store keeps of `pod`."""
         name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
-        patched = {
-            k: v for k, v in merge_patch(self._pods.typed(pod), patch).items() if k not in ("kind", "apiVersion")
-        }
-        meta = patched.get("metadata")
+        meta = new.get("metadata")
         if not isinstance(meta, dict):
             raise invalid("Pod", name, [FieldError("metadata", "FieldValueRequired", "Required value")])
         if meta.get("name") != name:
@@ -1015,24 +1100,64 @@ class ApiDouble:
             )
         if meta.get("namespace") != namespace:
             raise bad_request(NAMESPACE_MISMATCH)
-        if decode_error := _string_map_errors(patched):
-            value = go_quote(orjson.dumps(patched).decode())
+        if decode_error := _string_map_errors(new):
+            value = go_quote(orjson.dumps(new).decode())
             raise invalid("", "", [FieldError("patch", "FieldValueInvalid", f"Invalid value: {value}: {decode_error}")])
-        if meta.get("uid") and meta["uid"] != pod["metadata"]["uid"]:
-            raise invalid("Pod", name, [immutable("metadata.uid", meta["uid"])])
         if meta.get("resourceVersion") and meta["resourceVersion"] != pod["metadata"]["resourceVersion"]:
             raise conflict("pods", name, MODIFIED)
-        for kept in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
-            if kept in pod["metadata"]:
-                meta[kept] = pod["metadata"][kept]
-        patched["metadata"] = {**meta, "resourceVersion": pod["metadata"]["resourceVersion"]}
+        if meta.get("uid") and meta["uid"] != pod["metadata"]["uid"]:
+            error = immutable("metadata.uid", meta["uid"])
+            raise invalid("Pod", name, [error, error])
+        kept = {k: v for k, v in pod["metadata"].items() if k in POD_META_KEPT}
+        return {**new, "metadata": {**meta, **kept, "resourceVersion": pod["metadata"]["resourceVersion"]}}
+
+    async def _patch_pod(self, request: web.Request) -> web.Response:
+        patch = await merge_patch_body(request)
+        key, pod = self._stored_pod(request)
+        patched = self._checked_update(pod, self._patched(pod, patch))
         if "status" in pod:  # the pod strategy keeps status on updates of the main resource
             patched["status"] = pod["status"]
         else:
             patched.pop("status", None)
         if _mutable_spec_view(patched.get("spec") or {}) != _mutable_spec_view(pod.get("spec") or {}):
-            raise invalid("Pod", name, [FieldError("spec", "FieldValueForbidden", f"Forbidden: {POD_SPEC_FORBIDDEN}")])
+            error = FieldError("spec", "FieldValueForbidden", f"Forbidden: {POD_SPEC_FORBIDDEN}")
+            raise invalid("Pod", pod["metadata"]["name"], [error])
         return json_response(self._pods.typed(self._write(self._pods, key, patched)))
+
+    async def _patch_pod_status(self, request: web.Request) -> web.Response:
+        patch = await merge_patch_body(request)
+        key, pod = self._stored_pod(request)
+        return self._write_status(key, pod, self._patched(pod, patch))
+
+    async def _put_pod_status(self, request: web.Request) -> web.Response:
+        """A kubelet's status update: no resourceVersion is an unconditional write (pods allow it), a UID is the
+        storage's precondition."""
+        body = await json_body(request)
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        meta = dict(body.get("metadata") or {})
+        if meta.get("namespace") and meta["namespace"] != namespace:
+            raise bad_request(NAMESPACE_MISMATCH)
+        if meta.get("name", "") != name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name', '')}) does not match the name on the URL ({name})"
+            )
+        key, pod = self._stored_pod(request)
+        if (uid := meta.get("uid")) and uid != pod["metadata"]["uid"]:
+            cause = UID_PRECONDITION.format(want=uid, have=pod["metadata"]["uid"])
+            raise conflict("pods", name, STORAGE_INVALID_OBJECT.format(key=f"/registry/pods/{key}", msg=cause))
+        new = {k: v for k, v in body.items() if k not in ("kind", "apiVersion")}
+        return self._write_status(key, pod, {**new, "metadata": {**meta, "namespace": namespace}})
+
+    def _write_status(self, key: str, pod: Obj, new: Obj) -> web.Response:
+        """podStatusStrategy: status and the rest of metadata are the writer's; spec and ownerReferences stay."""
+        updated = self._checked_update(pod, new)
+        updated.pop("spec", None)
+        if "spec" in pod:
+            updated["spec"] = pod["spec"]
+        updated["metadata"].pop("ownerReferences", None)
+        if "ownerReferences" in pod["metadata"]:
+            updated["metadata"]["ownerReferences"] = pod["metadata"]["ownerReferences"]
+        return json_response(self._pods.typed(self._write(self._pods, key, updated)))
 
     async def _delete_pod(self, request: web.Request) -> web.Response:
         options = await json_body(request) if request.can_read_body else {}
@@ -1050,18 +1175,29 @@ class ApiDouble:
         grace = options.get("gracePeriodSeconds")
         if "gracePeriodSeconds" in request.query:
             grace = query_int(request.query, "gracePeriodSeconds")
+        return json_response(self._pods.typed(self._delete_pod_gracefully(key, pod, grace)))
+
+    def _delete_pod_gracefully(self, key: str, pod: Obj, grace: int | None) -> Obj:
+        """The registry's delete: always first a write of deletionTimestamp and deletionGracePeriodSeconds (the grace
+        asked, else the pod's own; 0 for a pod unscheduled or finished; only ever shortened), then, at grace 0, the
+        removal. Returns what the API answers: the marked pod, or the removed one at the removal's version."""
+        spec, meta = pod.get("spec") or {}, pod["metadata"]
         if grace is None:
-            grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-        unscheduled = not (pod.get("spec") or {}).get("nodeName")
-        finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-        if unscheduled or finished or grace == 0:
-            return json_response(self._pods.typed(self._write(self._pods, key, None)))
-        if "deletionTimestamp" in pod["metadata"]:
-            return json_response(self._pods.typed(pod))
-        deadline = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=grace)
-        meta = {**pod["metadata"], "deletionTimestamp": deadline.strftime("%Y-%m-%dT%H:%M:%SZ")}
-        meta["deletionGracePeriodSeconds"] = grace
-        return json_response(self._pods.typed(self._write(self._pods, key, {**pod, "metadata": meta})))
+            grace = int(spec.get("terminationGracePeriodSeconds", 30))
+        if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            grace = 0
+        now = datetime.datetime.now(datetime.UTC)
+        if "deletionTimestamp" in meta:
+            current = meta.get("deletionGracePeriodSeconds")
+            if current is None or grace >= current:
+                return pod
+            marked = datetime.datetime.strptime(meta["deletionTimestamp"], "%Y-%m-%dT%H:%M:%S%z")
+            deadline = marked + datetime.timedelta(seconds=grace - current)
+        else:
+            deadline = now + datetime.timedelta(seconds=grace)
+        stamp = {"deletionTimestamp": deadline.strftime("%Y-%m-%dT%H:%M:%SZ"), "deletionGracePeriodSeconds": grace}
+        deleting = self._write(self._pods, key, {**pod, "metadata": {**meta, **stamp}})
+        return deleting if grace else self._write(self._pods, key, None)
 
     async def _bind(self, request: web.Request) -> web.Response:
         binding = await json_body(request)
@@ -1120,13 +1256,15 @@ class ApiDouble:
                 if not meta.get("generateName"):
                     error = FieldError("metadata.name", "FieldValueRequired", NAME_REQUIRED)
                     raise invalid(_qualified("Event", group), "", [error], resource, group)
-                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                meta["name"] = meta["generateName"] + "".join(random.choices(GENERATED_NAME_LETTERS, k=5))
             taken = {(e["apiVersion"], e["metadata"]["namespace"], e["metadata"]["name"]) for e in self.events}
             if (api_version, namespace, meta["name"]) in taken:
                 raise already_exists(resource, meta["name"], group)
             meta |= {"namespace": namespace, "uid": str(uuid.uuid4()), "creationTimestamp": now_time()}
             meta["resourceVersion"] = str(self._bump())
             stored = {**event, "kind": "Event", "apiVersion": api_version, "metadata": meta}
+            if api_version == "v1":
+                stored.setdefault("eventTime", None)  # a zero metav1.MicroTime is null, never left out
             self.events.append(stored)
             return json_response(stored, 201)
 
@@ -1154,6 +1292,9 @@ class ApiDouble:
         key = object_key(namespace, name)
         if key in self._leases:
             raise already_exists(LEASES, name, LEASE_GROUP)
+        return self._store_new_lease(key, lease)
+
+    def _store_new_lease(self, key: str, lease: Obj) -> web.Response:
         lease["metadata"] |= {"uid": str(uuid.uuid4()), "creationTimestamp": now_time()}
         self._leases[key] = with_resource_version(lease, self._bump())
         return json_response(self._lease_typed(self._leases[key]), 201)
@@ -1173,13 +1314,15 @@ class ApiDouble:
                 f"the name of the object ({meta.get('name', '')}) does not match the name on the URL ({name})"
             )
         key = object_key(namespace, name)
-        if (stored := self._leases.get(key)) is None:
-            raise not_found(LEASES, name, LEASE_GROUP)
-        stored_meta = stored["metadata"]
-        if (uid := meta.get("uid")) and uid != stored_meta["uid"]:
-            cause = UID_PRECONDITION.format(want=uid, have=stored_meta["uid"])
+        stored = self._leases.get(key)
+        stored_meta = stored["metadata"] if stored is not None else {}
+        if (uid := meta.get("uid")) and uid != stored_meta.get("uid", ""):
+            cause = UID_PRECONDITION.format(want=uid, have=stored_meta.get("uid", ""))
             storage_key = f"/registry/leases/{key}"
             raise conflict(LEASES, name, STORAGE_INVALID_OBJECT.format(key=storage_key, msg=cause), LEASE_GROUP)
+        if stored is None:  # the lease strategy allows create on update, whatever resourceVersion is sent
+            meta.pop("resourceVersion", None)
+            return self._store_new_lease(key, lease)
         if not meta.get("resourceVersion"):
             error = FieldError("metadata.resourceVersion", "FieldValueInvalid", RV_REQUIRED)
             raise invalid(_qualified(LEASES, LEASE_GROUP), name, [error], LEASES, LEASE_GROUP)

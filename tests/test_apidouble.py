@@ -14,7 +14,8 @@ import orjson
 import pytest
 import trustme
 
-from tests.apidouble import CONTINUE_TOO_OLD, ApiDouble
+from tests import apidouble
+from tests.apidouble import CONTINUE_TOO_OLD, GENERATED_NAME_LETTERS, ApiDouble
 from tests.builders import make_node, make_pod
 
 AUTH = {"Authorization": "Bearer test-token"}
@@ -120,7 +121,7 @@ async def test_pages_of_one_list_are_the_snapshot_of_its_first_page(
     second = await listed(kube, "/api/v1/pods", limit="2", **{"continue": first["metadata"]["continue"]})
     third = await listed(kube, "/api/v1/pods", limit="2", **{"continue": second["metadata"]["continue"]})
     assert pod_names(second) + pod_names(third) == ["p2", "p3", "p4"]
-    assert second["items"][0]["metadata"]["annotations"] == {}
+    assert "annotations" not in second["items"][0]["metadata"]
     assert "continue" not in third["metadata"]
     assert first["metadata"]["resourceVersion"] == second["metadata"]["resourceVersion"]
     assert third["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
@@ -216,9 +217,15 @@ async def test_a_watch_from_a_revision_replays_only_what_came_after(api: ApiDoub
     deleted_at = api.resource_version
     response = await watch("/api/v1/pods", resourceVersion=str(since))
     api.add_pod(make_pod("live"))
-    events = await next_events(response, 4)
-    assert named(events) == [("ADDED", "added"), ("MODIFIED", "before"), ("DELETED", "added"), ("ADDED", "live")]
-    assert events[2][1]["metadata"]["resourceVersion"] == str(deleted_at)
+    events = await next_events(response, 5)
+    assert named(events) == [
+        ("ADDED", "added"),
+        ("MODIFIED", "before"),
+        ("MODIFIED", "added"),  # its deletionTimestamp, written before the removal
+        ("DELETED", "added"),
+        ("ADDED", "live"),
+    ]
+    assert events[3][1]["metadata"]["resourceVersion"] == str(deleted_at)
     assert (events[0][1]["kind"], events[0][1]["apiVersion"]) == ("Pod", "v1")
 
 
@@ -264,9 +271,47 @@ async def test_bookmarks_go_only_to_watches_that_asked(api: ApiDouble, watch: Wa
     api.add_pod(make_pod("p"))
     [(kind, mark), added] = await next_events(asked, 2)
     assert kind == "BOOKMARK"
-    assert mark == {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": str(api.resource_version - 1)}}
+    assert mark == {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": str(api.resource_version - 1)},
+        "spec": {"containers": None},
+        "status": {},
+    }
     assert named([added]) == [("ADDED", "p")]
     assert named(await next_events(plain, 1)) == [("ADDED", "p")]
+
+
+@pytest.fixture
+def quick_bookmarks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pre-timeout bookmark 0.3 s into a 1 s watch, not 2 s before its end."""
+    monkeypatch.setattr(apidouble, "PRE_TIMEOUT_BOOKMARK", 0.7)
+
+
+@pytest.mark.usefixtures("quick_bookmarks")
+async def test_a_watch_gets_a_bookmark_before_its_timeout_after_a_live_change(api: ApiDouble, watch: Watch) -> None:
+    api.add_pod(make_pod("p"))
+    response = await watch("/api/v1/pods", resourceVersion="0", allowWatchBookmarks="true", timeoutSeconds="1")
+    api.add_node(make_node("n1"))  # another resource: a later resourceVersion, but not this watch's
+    pod = api.pod("default", "p") or {}
+    pod["metadata"]["labels"] = {"a": "b"}
+    changed = api.update_pod(pod)["metadata"]["resourceVersion"]
+    api.add_node(make_node("n2"))
+    events = await next_events(response, 3)
+    assert named(events) == [("ADDED", "p"), ("MODIFIED", "p"), ("BOOKMARK", "")]
+    assert events[2][1]["metadata"] == {"resourceVersion": changed}
+    assert await asyncio.wait_for(response.content.read(), 2) == b""
+
+
+@pytest.mark.usefixtures("quick_bookmarks")
+async def test_no_bookmark_before_the_timeout_when_nothing_changed_after_the_replay(
+    api: ApiDouble, watch: Watch
+) -> None:
+    since = api.resource_version
+    api.add_pod(make_pod("p"))
+    response = await watch("/api/v1/pods", resourceVersion=str(since), allowWatchBookmarks="true", timeoutSeconds="1")
+    assert named(await next_events(response, 1)) == [("ADDED", "p")]
+    assert await asyncio.wait_for(response.content.read(), 2) == b""
 
 
 async def test_expire_watches_sends_an_in_stream_410_then_ends_cleanly(api: ApiDouble, watch: Watch) -> None:
@@ -370,7 +415,20 @@ async def test_a_patch_with_another_uid_is_422_immutable_not_a_precondition(
         body = await answer.json()
     assert (answer.status, body["reason"]) == (422, "Invalid")
     assert body["message"] == 'Pod "p" is invalid: metadata.uid: Invalid value: "uid-2": field is immutable'
-    assert (api.pod("default", "p") or {})["metadata"]["annotations"] == {}
+    cause = {"reason": "FieldValueInvalid", "message": 'Invalid value: "uid-2": field is immutable'}
+    assert body["details"]["causes"] == [cause | {"field": "metadata.uid"}] * 2  # rest.BeforeUpdate and the strategy
+    assert "annotations" not in (api.pod("default", "p") or {})["metadata"]
+
+
+async def test_a_stale_resource_version_is_409_before_an_immutable_uid_is_422(
+    api: ApiDouble, kube: aiohttp.ClientSession
+) -> None:
+    stale = api.add_pod(make_pod("p", uid="uid-1"))["metadata"]["resourceVersion"]
+    api.update_pod({**(api.pod("default", "p") or {}), "metadata": {"name": "p", "labels": {"a": "b"}}})
+    patch = orjson.dumps({"metadata": {"uid": "uid-2", "resourceVersion": stale}})
+    async with kube.patch("/api/v1/namespaces/default/pods/p", data=patch, headers=MERGE) as answer:
+        body = await answer.json()
+    assert (answer.status, body["reason"]) == (409, "Conflict")
 
 
 @pytest.mark.parametrize(
@@ -423,7 +481,101 @@ async def test_deleting_a_bound_pod_is_graceful_and_an_unbound_one_immediate(
     assert api.pod("default", "bound") is not None
     async with kube.delete("/api/v1/namespaces/default/pods/pending") as answer:
         assert answer.status == 200
+        gone = await answer.json()
     assert api.pod("default", "pending") is None
+    assert (gone["metadata"]["deletionGracePeriodSeconds"], gone["metadata"]["resourceVersion"]) == (
+        0,
+        str(api.resource_version),
+    )
+
+
+async def test_a_delete_writes_the_deletion_timestamp_before_removing_the_pod(
+    api: ApiDouble, kube: aiohttp.ClientSession, watch: Watch
+) -> None:
+    api.add_pod(make_pod("p"))
+    response = await watch("/api/v1/pods", resourceVersion=str(api.resource_version))
+    async with kube.delete("/api/v1/namespaces/default/pods/p") as answer:
+        assert answer.status == 200
+    [(modified, marked), (deleted, final)] = await next_events(response, 2)
+    assert (modified, deleted) == ("MODIFIED", "DELETED")
+    assert marked["metadata"]["deletionGracePeriodSeconds"] == 0 and "deletionTimestamp" in marked["metadata"]
+    assert int(final["metadata"]["resourceVersion"]) == int(marked["metadata"]["resourceVersion"]) + 1
+
+
+async def test_a_shorter_grace_period_moves_the_deletion_and_zero_removes(
+    api: ApiDouble, kube: aiohttp.ClientSession
+) -> None:
+    api.add_pod(make_pod("p", node="n1", phase="Running"))
+    async with kube.delete("/api/v1/namespaces/default/pods/p") as answer:
+        first = (await answer.json())["metadata"]
+    async with kube.delete("/api/v1/namespaces/default/pods/p", params={"gracePeriodSeconds": "60"}) as answer:
+        longer = (await answer.json())["metadata"]
+    assert longer == first  # a longer grace period changes nothing
+    async with kube.delete("/api/v1/namespaces/default/pods/p", params={"gracePeriodSeconds": "10"}) as answer:
+        shorter = (await answer.json())["metadata"]
+    assert shorter["deletionGracePeriodSeconds"] == 10
+    assert shorter["deletionTimestamp"] < first["deletionTimestamp"]
+    api.delete_pod("default", "p")  # the kubelet's grace-0 delete
+    assert api.pod("default", "p") is None
+
+
+async def test_the_status_subresource_writes_status_and_metadata_but_never_spec(
+    api: ApiDouble, kube: aiohttp.ClientSession
+) -> None:
+    api.add_pod(make_pod("p"))
+    patch = {"status": {"phase": "Running"}, "metadata": {"labels": {"by": "kubelet"}}, "spec": {"nodeName": "n1"}}
+    async with kube.patch(
+        "/api/v1/namespaces/default/pods/p/status", data=orjson.dumps(patch), headers=MERGE
+    ) as answer:
+        body = await answer.json()
+    assert answer.status == 200
+    assert (body["status"]["phase"], body["metadata"]["labels"]) == ("Running", {"by": "kubelet"})
+    assert "nodeName" not in body["spec"]
+    assert body == api.pod("default", "p")
+
+
+async def test_a_status_put_without_a_version_is_unconditional(api: ApiDouble, kube: aiohttp.ClientSession) -> None:
+    pod = api.add_pod(make_pod("p"))
+    api.update_pod({**pod, "metadata": {"name": "p", "labels": {"a": "b"}}})
+    pod["status"]["phase"] = "Succeeded"
+    del pod["metadata"]["resourceVersion"]
+    async with kube.put("/api/v1/namespaces/default/pods/p/status", data=orjson.dumps(pod)) as answer:
+        assert answer.status == 200
+    assert (api.pod("default", "p") or {})["status"]["phase"] == "Succeeded"
+
+
+@pytest.mark.parametrize(
+    ("meta", "status", "message"),
+    [
+        ({"resourceVersion": "1"}, 409, 'Operation cannot be fulfilled on pods "p": the object has been modified'),
+        ({"uid": "uid-other"}, 409, "Precondition failed: UID in precondition: uid-other, UID in object meta: uid-p"),
+        ({"name": "q"}, 400, "the name of the object (q) does not match the name on the URL (p)"),
+    ],
+)
+async def test_a_status_put_is_refused_like_any_update(
+    api: ApiDouble, kube: aiohttp.ClientSession, meta: dict[str, str], status: int, message: str
+) -> None:
+    pod = api.add_pod(make_pod("p", uid="uid-p"))
+    api.update_pod({**pod, "metadata": {"name": "p", "labels": {"a": "b"}}})
+    pod["metadata"] |= meta
+    async with kube.put("/api/v1/namespaces/default/pods/p/status", data=orjson.dumps(pod)) as answer:
+        body = await answer.json()
+    assert answer.status == status
+    assert message in body["message"]
+
+
+async def test_a_pod_that_finishes_leaves_a_watch_for_live_pods_as_deleted(
+    api: ApiDouble, kube: aiohttp.ClientSession, watch: Watch
+) -> None:
+    api.add_pod(make_pod("p", phase="Running"))
+    live = "status.phase!=Succeeded,status.phase!=Failed"
+    response = await watch("/api/v1/pods", resourceVersion=str(api.resource_version), fieldSelector=live)
+    patch = orjson.dumps({"status": {"phase": "Succeeded"}})
+    async with kube.patch("/api/v1/namespaces/default/pods/p/status", data=patch, headers=MERGE) as answer:
+        finished = await answer.json()
+    [(kind, obj)] = await next_events(response, 1)
+    assert (kind, obj["status"]["phase"]) == ("DELETED", "Running")
+    assert obj["metadata"]["resourceVersion"] == finished["metadata"]["resourceVersion"]
 
 
 def binding(name: str, node: str | None = "n1", uid: str | None = None) -> bytes:
@@ -448,6 +600,7 @@ async def test_binding_sets_the_node_and_pod_scheduled_and_answers_201(
     assert pod["spec"]["nodeName"] == "n1"
     [condition] = pod["status"]["conditions"]
     assert (condition["type"], condition["status"]) == ("PodScheduled", "True")
+    assert "annotations" not in pod["metadata"]  # none in the Binding, none on the pod (no empty map)
 
 
 async def test_binding_an_assigned_pod_is_409_with_the_real_message(
@@ -507,7 +660,13 @@ async def test_events_are_kept_and_echoed_with_201(
     assert answer.status == 201
     assert (body["kind"], body["apiVersion"], body["metadata"]["namespace"]) == ("Event", api_version, "default")
     assert body["metadata"]["name"].startswith("p.")
+    assert set(body["metadata"]["name"][2:]) <= set(GENERATED_NAME_LETTERS)
     assert api.events == [body]
+
+
+async def test_a_core_event_answers_with_a_null_event_time(kube: aiohttp.ClientSession) -> None:
+    async with kube.post("/api/v1/namespaces/default/events", data=b'{"metadata": {"generateName": "p."}}') as answer:
+        assert (await answer.json())["eventTime"] is None
 
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
@@ -569,6 +728,22 @@ async def test_creating_an_existing_lease_is_409_already_exists(kube: aiohttp.Cl
         "AlreadyExists",
         'leases.coordination.k8s.io "gpu-extender" already exists',
     )
+
+
+async def test_a_put_of_a_missing_lease_creates_it(api: ApiDouble, kube: aiohttp.ClientSession) -> None:
+    async with kube.put(LEASES + "/gpu-extender", data=lease_body("me", "12345")) as answer:
+        assert answer.status == 201
+        created = await answer.json()
+    assert created == api.lease("kube-system", "gpu-extender")
+    assert created["metadata"]["resourceVersion"] == str(api.resource_version)
+
+
+async def test_a_put_of_a_missing_lease_with_a_uid_fails_its_precondition(kube: aiohttp.ClientSession) -> None:
+    body = orjson.dumps({"metadata": {"name": "gpu-extender", "uid": "uid-1"}, "spec": {}})
+    async with kube.put(LEASES + "/gpu-extender", data=body) as answer:
+        status = await answer.json()
+    assert answer.status == 409
+    assert status["message"].endswith("Precondition failed: UID in precondition: uid-1, UID in object meta: ")
 
 
 async def test_a_missing_lease_is_404(kube: aiohttp.ClientSession) -> None:
@@ -699,12 +874,13 @@ async def test_version_and_readyz_and_the_request_log(api: ApiDouble, kube: aioh
 
 async def test_helpers_never_alias_the_stored_objects(api: ApiDouble) -> None:
     given = make_pod("p")
+    given["metadata"]["annotations"] = {"a": "1"}
     returned = api.add_pod(given)
     given["metadata"]["annotations"]["x"] = "1"
     returned["metadata"]["annotations"]["y"] = "2"
     (api.pod("default", "p") or {})["metadata"]["annotations"]["z"] = "3"
     stored = api.pod("default", "p") or {}
-    assert stored["metadata"]["annotations"] == {}
+    assert stored["metadata"]["annotations"] == {"a": "1"}
     assert stored["metadata"]["uid"] and stored["metadata"]["creationTimestamp"]
 
 
