@@ -85,6 +85,8 @@ def slim_pod(pod: Raw) -> Raw:
             ]
     if spec.get("nodeName"):
         slim_spec["nodeName"] = spec["nodeName"]
+    if spec.get("priority") is not None:
+        slim_spec["priority"] = spec["priority"]
     return {
         "metadata": {
             "name": meta.get("name"),

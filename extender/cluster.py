@@ -82,6 +82,8 @@ class PodRecord:
     problem: str = ""
     finished: bool = False
     """Succeeded or Failed: it holds nothing any more."""
+    priority: int = 0
+    """`spec.priority` (set by admission from its PriorityClass): who may be preempted for whom."""
 
     @property
     def key(self) -> str:
@@ -154,7 +156,13 @@ def pod_record(pod: Raw, profile: Profile) -> PodRecord:
     allocation = _read_allocation(uid, key, on_node, annotations, demand, profile)
     finished = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
     assume_time = _assume_time(annotations, profile)
-    return PodRecord(uid, namespace, name, node, demand, allocation, assume_time, problem, finished)
+    priority = pod_priority(pod)
+    return PodRecord(uid, namespace, name, node, demand, allocation, assume_time, problem, finished, priority)
+
+
+def pod_priority(pod: Raw) -> int:
+    priority = (pod.get("spec") or {}).get("priority")
+    return priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
 
 
 # --- nodes ------------------------------------------------------------------------------------------------

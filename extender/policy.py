@@ -257,12 +257,18 @@ def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allo
     return room >= demand.devices and state.ready
 
 
-def preempt_candidates(demand: Demand, candidates: Mapping[str, list[str]], cluster: Cluster) -> dict[str, list[str]]:
-    """The candidate nodes where evicting the listed victims frees enough memory; victims unchanged.
+def preempt_candidates(
+    demand: Demand, candidates: Mapping[str, list[str]], cluster: Cluster, priority: int = 0
+) -> dict[str, list[str]]:
+    """The candidate nodes where evicting victims frees enough memory on the GPUs, with those victims.
 
-    What a victim frees is what the cache counts for its UID on that node (observed or reserved): a victim
-    the cache does not count holds no GPU memory there, so evicting it frees none. A demand of zero keeps
-    every candidate: we have no say over such pods.
+    The scheduler picks victims by a node's totals: the lowest-priority pods until the node's sum fits,
+    which may leave every GPU short (two 8 GiB pods on two different GPUs do not make 16 GiB on one). Its
+    victims are kept when they free enough; otherwise we name our own from the pods on that node with a
+    lower priority than the preemptor's (`priority`), the fewest that free a device set (the extender API
+    lets us return other victims per node). What a victim frees is what the cache counts for its UID on that
+    node (observed or reserved): a pod the cache does not count holds no GPU memory there. A demand of zero
+    keeps every candidate: we have no say over such pods.
     """
     if demand.is_zero:
         return {node: list(uids) for node, uids in candidates.items()}
@@ -274,4 +280,35 @@ def preempt_candidates(demand: Demand, candidates: Mapping[str, list[str]], clus
         victims = [state.holds[uid].allocation for uid in uids if uid in state.holds]
         if fits_after_eviction(demand, state, victims):
             kept[node] = list(uids)
+            continue
+        ours = _fewest_victims(demand, state, cluster, priority)
+        if ours is not None:
+            kept[node] = ours
     return kept
+
+
+def _fewest_victims(demand: Demand, state: NodeState, cluster: Cluster, priority: int) -> list[str] | None:
+    """The fewest evictable pods on the node (lower priority than `priority`) whose eviction lets the demand
+    fit, preferring lower priorities; None when even all of them do not make room.
+
+    Greedy, then pruned: add pods from the lowest priority (and, among equals, the largest) until the demand
+    fits, then drop every pod, highest priority first, whose eviction turns out not to be needed.
+    """
+    evictable = []
+    for uid, hold in state.holds.items():
+        record = cluster.pods.get(uid)
+        if hold.observed and record is not None and record.priority < priority:
+            evictable.append((record.priority, -hold.allocation.memory, uid, hold.allocation))
+    evictable.sort()
+    chosen: list[tuple[int, int, str, Allocation]] = []
+    for entry in evictable:
+        chosen.append(entry)
+        if fits_after_eviction(demand, state, [victim[3] for victim in chosen]):
+            break
+    else:
+        return None
+    for entry in sorted(chosen, reverse=True):
+        rest = [victim for victim in chosen if victim is not entry]
+        if fits_after_eviction(demand, state, [victim[3] for victim in rest]):
+            chosen = rest
+    return [victim[2] for victim in chosen]

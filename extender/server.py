@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from extender import contract
 from extender.binding import Binder, BindRequest, Guard, RecentPods, bind
-from extender.cluster import Cluster, Hold, NodeState
+from extender.cluster import Cluster, Hold, NodeState, pod_priority
 from extender.httpserver import HttpServer, Request, Response, Router, json_error
 from extender.ledger import Ledger
 from extender.metrics import Metrics
@@ -257,7 +257,7 @@ def _preempt(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderPreemptionArgs)
     demand = _demand(args.Pod, service)
     candidates, violations = contract.preemption_candidates(args)
-    kept = preempt_candidates(demand, candidates, service.cluster)
+    kept = preempt_candidates(demand, candidates, service.cluster, pod_priority(args.Pod))
     return contract.preemption_reply(kept, violations), ""
 
 

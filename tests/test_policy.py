@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -158,6 +159,39 @@ def test_preempt_ignores_victims_that_hold_no_gpu_memory() -> None:
     # Evicting a pod the cache does not count frees nothing: 16 - 12 = 4 < 8 stays 4.
     assert preempt_candidates(Demand(8), {"a": ["cpu-only"]}, cluster) == {}
     assert preempt_candidates(Demand(8), {"a": ["victim", "cpu-only"]}, cluster) == {"a": ["victim", "cpu-only"]}
+
+
+def _with_priority(pod: dict[str, Any], priority: int) -> dict[str, Any]:
+    pod["spec"]["priority"] = priority
+    return pod
+
+
+def test_preempt_names_its_own_victims_when_the_schedulers_free_no_single_gpu() -> None:
+    """kube-scheduler picks the lowest-priority pods until the node's total fits: here the 10 and the 5, on
+    two different GPUs, which leaves each GPU 8 short. Evicting the 5 and the 20 frees GPU 1 whole."""
+    pods = (
+        _with_priority(bound_pod("p30", "a", (0,), 8), 30),
+        _with_priority(bound_pod("p10", "a", (0,), 8), 10),
+        _with_priority(bound_pod("p20", "a", (1,), 8), 20),
+        _with_priority(bound_pod("p5", "a", (1,), 8), 5),
+    )
+    cluster = make_cluster(make_node("a", gpus=2, mem=16), pods=pods)
+    uid = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in pods}
+    kept = preempt_candidates(Demand(16), {"a": [uid["p10"], uid["p5"]]}, cluster, priority=1000)
+    assert sorted(kept["a"]) == sorted([uid["p5"], uid["p20"]])
+
+
+def test_preempt_never_names_a_victim_of_equal_or_higher_priority() -> None:
+    pods = (
+        _with_priority(bound_pod("p10", "a", (0,), 8), 10),
+        _with_priority(bound_pod("p5", "a", (1,), 8), 5),
+        _with_priority(bound_pod("p100", "a", (0,), 8), 100),
+        _with_priority(bound_pod("p200", "a", (1,), 8), 200),
+    )
+    cluster = make_cluster(make_node("a", gpus=2, mem=16), pods=pods)
+    uid = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in pods}
+    # Freeing a GPU would need the 100 or the 200: not for a preemptor of priority 100.
+    assert preempt_candidates(Demand(16), {"a": [uid["p10"], uid["p5"]]}, cluster, priority=100) == {}
 
 
 def test_preempt_keeps_every_candidate_for_a_pod_without_gpu_demand() -> None:
