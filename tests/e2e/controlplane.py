@@ -108,6 +108,46 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def node_manifest(
+    name: str,
+    gpus: int = 2,
+    gpu_mem: int = 16,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Ready, untainted Node with `gpus` GPUs of `gpu_mem` units each: capacity and allocatable hold
+    gpu-count = gpus and gpu-mem = gpus * gpu_mem (the total, as the gpushare device plugin reports),
+    plus 16 cpu, 64Gi memory and 110 pods. No GPU resources at all when `gpus` is 0."""
+    capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+    if gpus:
+        capacity |= {GPU_COUNT: str(gpus), GPU_MEM: str(gpus * gpu_mem)}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})},
+            "annotations": dict(annotations or {}),
+        },
+        "spec": {},
+        "status": {
+            "capacity": capacity,
+            "allocatable": dict(capacity),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "e2e: no kubelet, Ready by fiat",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+        },
+    }
+
+
 class ControlPlaneError(RuntimeError):
     """A control-plane process did not start, or stopped; the message ends with the tail of its log."""
 
@@ -470,38 +510,19 @@ class ControlPlane:
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """A Ready, untainted Node with `gpus` GPUs of `gpu_mem` units each: capacity and allocatable hold
-        gpu-count = gpus and gpu-mem = gpus * gpu_mem (the total, as the gpushare device plugin reports),
-        plus 16 cpu, 64Gi memory and 110 pods. No GPU resources at all when `gpus` is 0."""
-        capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
-        if gpus:
-            capacity |= {GPU_COUNT: str(gpus), GPU_MEM: str(gpus * gpu_mem)}
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})},
-                "annotations": dict(annotations or {}),
-            },
-            "spec": {},
-            "status": {
-                "capacity": capacity,
-                "allocatable": dict(capacity),
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "KubeletReady",
-                        "message": "e2e: no kubelet, Ready by fiat",
-                        "lastHeartbeatTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
-            },
-        }
-        return await self.api("POST", "/api/v1/nodes", node)
+        """A Ready, untainted Node with `gpus` GPUs of `gpu_mem` units each (see `node_manifest`)."""
+        return await self.api("POST", "/api/v1/nodes", node_manifest(name, gpus, gpu_mem, labels, annotations))
+
+    def create_node_now(
+        self,
+        name: str,
+        gpus: int = 2,
+        gpu_mem: int = 16,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """`create_node`, blocking: for module- or session-scoped fixtures, outside any event loop."""
+        return self.request("POST", "/api/v1/nodes", node_manifest(name, gpus, gpu_mem, labels, annotations))
 
     async def create_pod(
         self,
@@ -511,9 +532,11 @@ class ControlPlane:
         scheduler_name: str = "default-scheduler",
         gpus: int | None = None,
         labels: Mapping[str, str] | None = None,
+        priority_class: str | None = None,
     ) -> dict[str, Any]:
         """A Pod with one container asking `gpu_mem` units of aliyun.com/gpu-mem (and `gpus` of gpu-count) in
-        its limits; a plain pod, asking only a little cpu, when both are None."""
+        its limits; a plain pod, asking only a little cpu, when both are None. `priority_class`: its
+        priorityClassName (the Priority admission plugin turns it into spec.priority)."""
         limits: dict[str, str] = {}
         if gpu_mem is not None:
             limits[GPU_MEM] = str(gpu_mem)
@@ -524,11 +547,18 @@ class ControlPlane:
             "image": "registry.example/none:latest",
             "resources": {"limits": limits, "requests": {"cpu": "10m"}},
         }
+        spec: dict[str, Any] = {
+            "schedulerName": scheduler_name,
+            "containers": [container],
+            "terminationGracePeriodSeconds": 0,
+        }
+        if priority_class is not None:
+            spec["priorityClassName"] = priority_class
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
-            "spec": {"schedulerName": scheduler_name, "containers": [container], "terminationGracePeriodSeconds": 0},
+            "spec": spec,
         }
         return await self.api("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
 
