@@ -11,7 +11,6 @@ import gc
 import logging
 import signal
 import socket
-import ssl
 import uuid
 from collections.abc import Callable
 
@@ -25,7 +24,7 @@ from extender.sources.kube.config import KubeConfig
 from extender.sources.kube.controller import KubeOptions, KubeSource
 from extender.sources.kube.informer import WatchOptions
 from extender.sources.kube.leader import LeaseTimings
-from extender.tls import server_context
+from extender.tls import ReloadingContext
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +89,7 @@ def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeS
     return service, source
 
 
-async def serve_live(settings: Settings, context: ssl.SSLContext | None, config: KubeConfig) -> None:
+async def serve_live(settings: Settings, tls: ReloadingContext | None, config: KubeConfig) -> None:
     """Serve from the API server until SIGTERM/SIGINT: the HTTP server stops first (binds under way finish),
     then the lease is given up and the watches end."""
     log.info("API server %s (%s)", config.server, config.source)
@@ -99,7 +98,7 @@ async def serve_live(settings: Settings, context: ssl.SSLContext | None, config:
         await source.start()
         settle = asyncio.create_task(_settle_when_synced(source))
         try:
-            await serve(service, settings, context)
+            await serve(service, settings, tls)
         finally:
             settle.cancel()
             await source.stop()
@@ -129,20 +128,31 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
     return uvloop.new_event_loop
 
 
-def ssl_context(settings: Settings) -> ssl.SSLContext | None:
+def server_tls(settings: Settings) -> ReloadingContext | None:
+    """The serving TLS context from the settings' files (raises `TLSConfigError` at once if they are unusable),
+    or None for plain HTTP."""
     if settings.insecure_http:
         log.warning("serving plain HTTP (--insecure-http): anyone who reaches this port can bind pods")
         return None
-    return server_context(settings.tls_cert, settings.tls_key, settings.client_ca)
+    return ReloadingContext(settings.tls_cert, settings.tls_key, settings.client_ca)
 
 
-async def serve(service: Service, settings: Settings, context: ssl.SSLContext | None) -> None:
-    """Serve until SIGTERM/SIGINT, then stop accepting, finish in-flight requests and return."""
+async def serve(service: Service, settings: Settings, tls: ReloadingContext | None) -> None:
+    """Serve until SIGTERM/SIGINT, then stop accepting, finish in-flight requests and return. With TLS, the
+    files are checked for new contents every `tls_reload_interval` seconds while serving."""
     server = build_server(service)
-    await server.start(settings.host, settings.port, context)
+    if tls is not None:
+
+        async def reload_tls_files() -> None:
+            await tls.watch(settings.tls_reload_interval)
+
+        server.background += (reload_tls_files,)
+    await server.start(settings.host, settings.port, tls.listening if tls is not None else None)
     log.info(
         "serving %s on %s:%d%s", settings.scheme, settings.host, server.port, " with mTLS" if settings.client_ca else ""
     )
+    if tls is not None:
+        log.info("serving certificate %s; files checked every %g s", tls.describe(), settings.tls_reload_interval)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

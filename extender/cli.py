@@ -1,4 +1,4 @@
-"""The `extender` command: serve | demo | inspect | scheduler-config.
+"""The `extender` command: serve | demo | inspect | scheduler-config | certs.
 
 Flags of `serve` (and of `scheduler-config`, which renders from the same settings) are generated from the
 `Settings` fields, so a new setting is a flag and an `EXTENDER_*` variable at once. Errors a user can fix
@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import ipaddress
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from extender import settings as settings_module
 from extender.settings import LogFormat, Settings, SettingsError
 
 log = logging.getLogger("extender")
+
+DEFAULT_CERTS_DIR = "gpu-extender-certs"
+DEFAULT_NAMESPACE = "gpu-extender"
 
 
 class _JsonFormatter(logging.Formatter):
@@ -72,22 +79,22 @@ def _settings(arguments: argparse.Namespace, check: bool = True) -> Settings:
 
 
 def _serve(arguments: argparse.Namespace) -> int:
-    from extender.app import event_loop_factory, file_service, serve, serve_live, ssl_context
+    from extender.app import event_loop_factory, file_service, serve, serve_live, server_tls
     from extender.sources.kube.config import ConfigError, load_config
 
     current = _settings(arguments)
     setup_logging(current.log_level, current.log_format)
-    context = ssl_context(current)  # before loading anything: a bad certificate fails at once
+    tls = server_tls(current)  # before loading anything: a bad certificate fails at once
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         if current.cluster:
             service, _ = file_service(current, current.cluster)
-            runner.run(serve(service, current, context))
+            runner.run(serve(service, current, tls))
         else:
             try:
                 config = load_config(current.kubeconfig, current.kube_context)
             except ConfigError as error:
                 raise SettingsError(f"{error} (or give --cluster FILE to serve from a file)") from None
-            runner.run(serve_live(current, context, config))
+            runner.run(serve_live(current, tls, config))
     return 0
 
 
@@ -96,6 +103,74 @@ def _scheduler_config(arguments: argparse.Namespace) -> int:
 
     current = _settings(arguments, check=False)
     sys.stdout.write(render(current, arguments.k8s_version))
+    return 0
+
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_NAME = re.compile(rf"(\*\.)?{_LABEL}(\.{_LABEL})*", re.IGNORECASE)
+_NAMESPACE = re.compile(_LABEL)
+MAX_DAYS = 36500
+
+
+def _certs_request(arguments: argparse.Namespace) -> tuple[list[str], list[str], datetime.timedelta]:
+    """The DNS names, IP addresses and validity asked for, checked; a ValueError names the bad flag."""
+    from extender.certs import service_dns_names
+
+    if not (_NAMESPACE.fullmatch(arguments.namespace) and len(arguments.namespace) <= 63):
+        raise ValueError(f"--namespace {arguments.namespace!r}: not a Kubernetes namespace name")
+    names = list(dict.fromkeys([*service_dns_names(arguments.namespace), *arguments.dns_name]))
+    for name in names:
+        if not (_DNS_NAME.fullmatch(name) and len(name) <= 253):
+            raise ValueError(f"--dns-name {name!r}: not a DNS name")
+    for ip in arguments.ip:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise ValueError(f"--ip {ip!r}: not an IPv4 or IPv6 address") from None
+    try:
+        days = int(arguments.days)
+    except ValueError:
+        raise ValueError(f"--days {arguments.days!r}: not a whole number") from None
+    if not 0 < days <= MAX_DAYS:
+        raise ValueError(f"--days {days}: must be between 1 and {MAX_DAYS}")
+    if not 0 < len(arguments.client_name.strip()) <= 64:
+        raise ValueError(f"--client-name {arguments.client_name!r}: must be 1 to 64 characters (an X.509 CN)")
+    return names, arguments.ip, datetime.timedelta(days=days)
+
+
+def _certs(arguments: argparse.Namespace) -> int:
+    from extender.certs import issue_certificates, load_ca, secrets_yaml, write_certificates
+
+    names, ips, valid_for = _certs_request(arguments)
+    if bool(arguments.ca_cert) != bool(arguments.ca_key):
+        raise ValueError("--ca-cert and --ca-key go together")
+    if arguments.secrets and (arguments.out is not None or arguments.keep_ca_key or arguments.force):
+        raise ValueError("--secrets prints to stdout: drop --out, --keep-ca-key and --force")
+    ca = load_ca(arguments.ca_cert, arguments.ca_key) if arguments.ca_cert else None
+    if arguments.secrets:
+        issued = issue_certificates(names, ips, arguments.client_name, valid_for, ca)
+        sys.stdout.write(secrets_yaml(issued, arguments.namespace))
+        return 0
+    out = Path(arguments.out or DEFAULT_CERTS_DIR)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: not a directory")
+    try:
+        files = write_certificates(
+            out, names, ips, arguments.client_name, valid_for, arguments.keep_ca_key, ca, replace=arguments.force
+        )
+    except FileExistsError as error:
+        raise ValueError(f"{error.filename} already exists: --force replaces it, or choose another --out") from None
+    except OSError as error:
+        raise ValueError(f"cannot write certificates to {out}: {error.strerror}") from None
+    server = ", ".join([*names, *ips])
+    print(f"wrote to {out}, valid for {valid_for.days} days:")
+    print(f"  {files.ca_certificate.name:<10}  the CA: the extender's --client-ca, the scheduler's tlsConfig.caFile")
+    print(f"  {files.server_certificate.name:<10}  serving certificate for {server}: --tls-cert")
+    print(f"  {files.server_key.name:<10}  its key (0600): --tls-key")
+    print(f"  {files.client_certificate.name:<10}  client certificate CN={arguments.client_name}: tlsConfig.certFile")
+    print(f"  {files.client_key.name:<10}  its key (0600): tlsConfig.keyFile")
+    if files.ca_key is not None:
+        print(f"  {files.ca_key.name:<10}  the CA's key (0600): keep it private; --ca-key renews under this CA")
     return 0
 
 
@@ -144,6 +219,40 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=7, help="Seed of the burst's pod sizes.")
     demo.add_argument("--cluster", default="", help="Cluster file to use instead of the bundled one.")
     demo.set_defaults(run=_demo)
+
+    certs = commands.add_parser(
+        "certs",
+        help="Write a CA, a serving and a client certificate for mTLS, as files or as Secret manifests.",
+        description="For clusters without cert-manager. The serving certificate names the Service "
+        "(gpu-extender, gpu-extender.NAMESPACE, .svc, .svc.cluster.local) and any --dns-name and --ip; the "
+        "client certificate is kube-scheduler's. Keys are ECDSA P-256, written with mode 0600.",
+    )
+    certs.add_argument(
+        "--out",
+        default=None,
+        help=f"Directory to write ca.crt, tls.crt/key and client.crt/key into (default: {DEFAULT_CERTS_DIR}).",
+    )
+    certs.add_argument(
+        "--secrets",
+        action="store_true",
+        help="Print Secret manifests instead: gpu-extender-tls (kubernetes.io/tls, with ca.crt) for the extender, "
+        "gpu-extender-client-ca (ca.crt) for its --client-ca, gpu-extender-scheduler-client (kubernetes.io/tls, "
+        "with ca.crt) for the scheduler.",
+    )
+    certs.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Namespace of the Service and of the Secrets.")
+    certs.add_argument(
+        "--dns-name", action="append", default=[], help="Another DNS name for the serving certificate (repeatable)."
+    )
+    certs.add_argument(
+        "--ip", action="append", default=[], help="An IP address for the serving certificate (repeatable)."
+    )
+    certs.add_argument("--days", default="365", help="Days the certificates are valid.")
+    certs.add_argument("--client-name", default="kube-scheduler", help="CN of the client certificate.")
+    certs.add_argument("--ca-cert", default="", help="Sign with this existing CA (PEM) instead of a new one.")
+    certs.add_argument("--ca-key", default="", help="Key of --ca-cert (unencrypted PEM, ECDSA or RSA).")
+    certs.add_argument("--keep-ca-key", action="store_true", help="Also write the new CA's key (ca.key, mode 0600).")
+    certs.add_argument("--force", action="store_true", help="Replace certificates already in --out.")
+    certs.set_defaults(run=_certs)
 
     inspect = commands.add_parser("inspect", help="Show nodes, GPUs, pods and reservations of a running extender.")
     inspect.add_argument("node", nargs="?", default="", help="Only this node.")

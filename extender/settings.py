@@ -50,6 +50,12 @@ class Settings:
     client_ca: str = _doc(
         "PEM CA bundle: when set, only clients with a certificate it signed are served (mTLS).", default=""
     )
+    tls_reload_interval: float = _doc(
+        "Seconds between checks of --tls-cert, --tls-key and --client-ca for new contents (a mounted Secret "
+        "changes by a symlink swap, without file events); new handshakes get the new files, open connections "
+        "keep theirs, and files that cannot be used are logged and the previous ones kept.",
+        default=10.0,
+    )
     insecure_http: bool = _doc(
         "Serve plain HTTP instead of HTTPS (logged as a warning; tests and demos only).", default=False
     )
@@ -183,6 +189,7 @@ class Settings:
         for name in (
             "reservation_ttl",
             "expiry_interval",
+            "tls_reload_interval",
             "http_timeout",
             "max_body_bytes",
             "api_timeout",

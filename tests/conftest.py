@@ -4,6 +4,8 @@ real certificates for the TLS tests."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -123,6 +125,37 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         leaf.private_key_pem.write_to_path(str(files[key]))
     client.private_key_and_cert_chain_pem.write_to_path(str(files["client_pem"]))
     return Pki(**{name: str(path) for name, path in files.items()})
+
+
+class SecretVolume:
+    """A directory laid out as the kubelet mounts a Secret, and updated as it updates one: each version in its
+    own `..<timestamp>` directory, `..data` a symlink to the current one, each key a symlink through `..data`.
+    `publish` swaps `..data` atomically (a rename over it) and removes the previous version, as the kubelet's
+    AtomicWriter does: the paths a program was given never change, so no event fires on them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.versions = 0
+        root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: str) -> str:
+        return str(self.root / key)
+
+    def publish(self, files: dict[str, bytes]) -> None:
+        self.versions += 1
+        version = self.root / f"..2026_05_01_10_00_{self.versions:02d}.{os.getpid()}"
+        version.mkdir()
+        for key, content in files.items():
+            (version / key).write_bytes(content)
+        data, staged = self.root / "..data", self.root / "..data_tmp"
+        previous = os.readlink(data) if data.is_symlink() else None
+        staged.symlink_to(version.name)
+        staged.replace(data)
+        for key in files:
+            if not (self.root / key).is_symlink():
+                (self.root / key).symlink_to(f"..data/{key}")
+        if previous is not None:
+            shutil.rmtree(self.root / previous)
 
 
 async def serve(server: HttpServer, context: ssl.SSLContext | None) -> AsyncIterator[str]:

@@ -1,11 +1,14 @@
 """The `extender` command as users run it: a real process, configured by flags and EXTENDER_* variables,
-stopped by SIGTERM; errors a user can fix end in one line naming the problem and exit 2."""
+stopped by SIGTERM, picking up a rotated certificate; errors a user can fix end in one line naming the problem
+and exit 2."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -15,9 +18,12 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
+from cryptography import x509
 
+from extender.certs import issue_client, issue_server, make_ca
 from extender.cli import main
 from tests.builders import make_node, make_pod
+from tests.conftest import SecretVolume
 
 
 def free_port() -> int:
@@ -26,13 +32,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes], seconds: float = 20.0) -> None:
+def wait_ready(
+    url: str, process: subprocess.Popen[bytes], seconds: float = 20.0, context: ssl.SSLContext | None = None
+) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"server exited early: {process.stderr.read().decode() if process.stderr else ''}")
         try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=1) as response:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=1, context=context) as response:
                 if response.status == 200:
                     return
         except OSError:
@@ -70,6 +78,74 @@ def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
     assert "Traceback" not in log
 
 
+def _filter(connection: http.client.HTTPSConnection) -> int:
+    """POST /filter on a kept-alive connection; the status."""
+    body = orjson.dumps({"Pod": make_pod("p", gpu_mem=4), "NodeNames": ["n1"]})
+    connection.request("POST", "/filter", body=body, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    response.read()
+    return response.status
+
+
+def _served_serial(connection: http.client.HTTPSConnection) -> int:
+    assert isinstance(connection.sock, ssl.SSLSocket)
+    der = connection.sock.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def test_serve_picks_up_a_rotated_certificate_without_dropping_open_connections(tmp_path: Path) -> None:
+    """As in a pod: the files are a mounted Secret, swapped by the kubelet while the extender serves."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"kind": "List", "items": [make_node("n1")]}))
+    ca = make_ca()
+    first, second, scheduler = issue_server(ca), issue_server(ca), issue_client(ca)
+    volume = SecretVolume(tmp_path / "tls")
+    volume.publish({"tls.crt": first.certificate_pem, "tls.key": first.key_pem, "ca.crt": ca.certificate_pem})
+    (tmp_path / "client.crt").write_bytes(scheduler.certificate_pem)
+    (tmp_path / "client.key").write_bytes(scheduler.key_pem)
+    client = ssl.create_default_context(cadata=ca.certificate_pem.decode())
+    client.load_cert_chain(tmp_path / "client.crt", tmp_path / "client.key")
+    port = free_port()
+    command = [sys.executable, "-m", "extender", "serve", "--cluster", str(cluster), "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--tls-reload-interval", "0.1", "--tls-cert", volume.path("tls.crt")]
+    command += ["--tls-key", volume.path("tls.key"), "--client-ca", volume.path("ca.crt")]
+    process = subprocess.Popen(
+        command,
+        env={name: value for name, value in os.environ.items() if not name.startswith("EXTENDER_")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_ready(f"https://localhost:{port}", process, context=client)
+        old = http.client.HTTPSConnection("localhost", port, context=client, timeout=5)
+        assert _filter(old) == 200
+        assert _served_serial(old) == first.certificate.serial_number
+
+        volume.publish({"tls.crt": second.certificate_pem, "tls.key": second.key_pem, "ca.crt": ca.certificate_pem})
+        deadline = time.monotonic() + 10
+        while True:
+            new = http.client.HTTPSConnection("localhost", port, context=client, timeout=5)
+            assert _filter(new) == 200
+            served = _served_serial(new)
+            new.close()
+            if served == second.certificate.serial_number or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert served == second.certificate.serial_number, "new connections never got the new certificate"
+        assert _filter(old) == 200, "the connection opened before the swap was dropped"
+        old.close()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    log = stderr.decode()
+    assert process.returncode == 0, log
+    assert "TLS files reloaded: new handshakes get CN=localhost" in log
+    assert "Traceback" not in log
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -100,3 +176,49 @@ def test_user_errors_are_one_line_and_exit_2(
     assert last.startswith("extender serve: ")
     assert message in last
     assert "Traceback" not in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--days", "0"], "--days 0: must be between 1 and 36500"),
+        (["--days", "-3"], "--days -3: must be between 1 and 36500"),
+        (["--days", "a year"], "--days 'a year': not a whole number"),
+        (["--ip", "10.0.0"], "--ip '10.0.0': not an IPv4 or IPv6 address"),
+        (["--dns-name", "bad..name"], "--dns-name 'bad..name': not a DNS name"),
+        (["--namespace", "Not_A_Namespace"], "--namespace 'Not_A_Namespace': not a Kubernetes namespace name"),
+        (["--client-name", ""], "--client-name '': must be 1 to 64 characters"),
+        (["--out", "UNWRITABLE/certs"], "cannot write certificates to UNWRITABLE/certs: Permission denied"),
+        (["--out", "A_FILE"], "--out A_FILE: not a directory"),
+        (["--out", "A_FILE/certs"], "cannot write certificates to A_FILE/certs: Not a directory"),
+        (["--out", "EXISTING"], "EXISTING/ca.crt already exists: --force replaces it"),
+        (["--secrets", "--out", "x"], "--secrets prints to stdout: drop --out"),
+        (["--ca-cert", "EXISTING/ca.crt"], "--ca-cert and --ca-key go together"),
+        (["--ca-cert", "EXISTING/tls.crt", "--ca-key", "EXISTING/tls.key"], "is not a CA certificate"),
+        (["--ca-cert", "EXISTING/ca.crt", "--ca-key", "EXISTING/client.key"], "does not belong to the certificate"),
+        (["--ca-cert", "EXISTING/none.crt", "--ca-key", "EXISTING/ca.key"], "none.crt: No such file or directory"),
+        (["--ca-cert", "EXISTING/ca.crt", "--ca-key", "EXISTING/ca.key", "--days", "400"], "the CA is valid until"),
+    ],
+)
+def test_certs_user_errors_are_one_line_and_exit_2(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if os.geteuid() == 0 and "UNWRITABLE/certs" in argv:
+        pytest.skip("root writes anywhere")
+    unwritable = tmp_path / "unwritable"
+    unwritable.mkdir(mode=0o500)
+    (tmp_path / "a-file").write_text("")
+    assert main(["certs", "--out", str(tmp_path / "existing"), "--keep-ca-key", "--days", "300"]) == 0
+    capsys.readouterr()
+    places = {"UNWRITABLE": str(unwritable), "A_FILE": str(tmp_path / "a-file"), "EXISTING": str(tmp_path / "existing")}
+
+    def placed(text: str) -> str:
+        for name, path in places.items():
+            text = text.replace(name, path)
+        return text
+
+    assert main(["certs", *map(placed, argv)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert error.startswith("extender certs: ")
+    assert placed(message) in error
