@@ -56,15 +56,29 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
 EXTENDER_USER = "gpu-extender"
 EXTENDER_NAMESPACE = "gpu-extender"
 """Where the extender keeps its leader-election Lease."""
-EXTENDER_RULES: list[dict[str, Any]] = [
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
-    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
-]
-"""Cluster-wide rights of the extender user; its Lease rights are namespaced (`LEASE_RULES`)."""
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+
+
+def manifest_rules(kind: str, name: str) -> list[dict[str, Any]]:
+    """The rules of a ClusterRole or Role in `manifests/rbac.yaml`: the e2e tier grants the extender exactly
+    what the manifests grant, read from the one place they are written."""
+    for document in yaml.safe_load_all((MANIFESTS / "rbac.yaml").read_text()):
+        if document and document.get("kind") == kind and document["metadata"]["name"] == name:
+            return list(document["rules"])
+    raise LookupError(f"no {kind} {name} in {MANIFESTS / 'rbac.yaml'}")
+
+
+EXTENDER_RULES: list[dict[str, Any]] = manifest_rules("ClusterRole", "gpu-extender")
+"""Cluster-wide rights of the extender user; its namespaced rights are `LEASE_RULES`."""
 LEASE_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    *manifest_rules("Role", "gpu-extender-leader-election"),
+    # Test-only: the failover test elects on a Lease of its own, beside the shared extender's "gpu-extender".
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["e2e-election"],
+        "verbs": ["get", "update"],
+    },
 ]
 
 GPU_MEM = "aliyun.com/gpu-mem"
