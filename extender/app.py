@@ -63,6 +63,7 @@ def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
         lease_namespace=settings.lease_namespace or config.namespace,
         lease_name=settings.lease_name,
         timings=LeaseTimings(settings.lease_duration, settings.renew_deadline, settings.retry_period),
+        pod_name=settings.pod_name,
     )
 
 
@@ -77,6 +78,7 @@ def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeS
         binder=source.binder,
         policy=settings.policy,
         ready=source.ready,
+        synced=source.is_synced,
         why_not_ready=source.why_not_ready,
         problem=source.problem,
         cache_current=source.cache_current,

@@ -61,6 +61,8 @@ class Service:
     recent: RecentPods = field(default_factory=RecentPods)
     ready: Callable[[], bool] = lambda: True
     """True once the cache holds a full listing (and, with leader election, on the leader)."""
+    synced: Callable[[], bool] | None = None
+    """True once the cache holds a full listing, leader or not (/synced); None: the same as `ready`."""
     why_not_ready: Callable[[], str] = lambda: NOT_READY
     """Why `ready()` is False, for /readyz and for refused verbs."""
     problem: Callable[[], str] = lambda: ""
@@ -277,6 +279,13 @@ def _readyz(service: Service, request: Request) -> Response:
     return _json({"status": "not ready", "Error": service.why_not_ready()}, 503)
 
 
+def _synced(service: Service, request: Request) -> Response:
+    synced = service.synced() if service.synced is not None else service.ready()
+    if synced:
+        return _json({"status": "synced", "leader": service.ready()})
+    return _json({"status": "not synced", "Error": NOT_READY}, 503)
+
+
 def _metrics(service: Service, request: Request) -> Response:
     return Response(200, service.metrics.render(service.cluster), "text/plain; version=0.0.4; charset=utf-8")
 
@@ -379,6 +388,7 @@ def build_server(service: Service) -> HttpServer:
     for path, page in (
         ("/healthz", _healthz),
         ("/readyz", _readyz),
+        ("/synced", _synced),
         ("/metrics", _metrics),
         ("/inspect", _inspect),
         ("/inspect/{node}", _inspect_node),

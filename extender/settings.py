@@ -101,6 +101,12 @@ class Settings:
     identity: str = _doc(
         "This replica's name in the Lease and in Events; empty: hostname and a random suffix.", default=""
     )
+    pod_name: str = _doc(
+        "This replica's own pod, in the Lease's namespace (from the downward API). When set, the leader labels it "
+        "gpu-extender.io/leader=true and every other replica removes that label, so a Service selecting it "
+        "sends kube-scheduler to the leader alone while every replica with a full cache is Ready (/synced).",
+        default="",
+    )
     # -- the device plugin's profile
     memory_resource: str = _doc(
         "Resource holding GPU memory (node total, pod demand).", default=_PROFILE.memory_resource

@@ -23,7 +23,7 @@ from extender.policy import PolicyConfig
 from extender.server import Service
 from extender.settings import Settings
 from extender.sources.kube.client import KubeClient
-from extender.sources.kube.controller import KubeOptions, KubeSource
+from extender.sources.kube.controller import LEADER_LABEL, KubeOptions, KubeSource
 from extender.sources.kube.informer import WatchOptions
 from extender.sources.kube.leader import LeaseTimings
 from tests.apidouble import ApiDouble
@@ -378,3 +378,49 @@ async def test_a_binding_still_under_way_when_leadership_runs_out_keeps_its_rese
     assert "leadership ran out" in reply["Error"]
     hold = cluster.hold_of(pod["metadata"]["uid"])
     assert hold is not None and hold.uncertain and cluster.nodes["n1"].used == [4]
+
+
+async def test_the_leader_labels_its_pod_and_the_standby_takes_the_label_over(
+    api: ApiDouble, kube: KubeClient, client_for: ClientFor
+) -> None:
+    """The Service selects gpu-extender.io/leader=true; every replica with a full cache is Ready (/synced)."""
+    seed(api)
+    for name in ("pod-a", "pod-b"):
+        api.add_pod({**make_pod(name, gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
+    sources = []
+    for name in ("pod-a", "pod-b"):
+        settings = Settings(
+            insecure_http=True,
+            identity=name,
+            lease_namespace="gpu-extender",
+            pod_name=name,
+            lease_duration=1.0,
+            renew_deadline=0.6,
+            retry_period=0.1,
+        ).check()
+        service, source = kube_service(settings, kube)
+        await source.start()
+        sources.append((service, source))
+
+    def labelled() -> list[str]:
+        return [
+            name
+            for name in ("pod-a", "pod-b")
+            if ((api.pod("gpu-extender", name) or {}).get("metadata", {}).get("labels") or {}).get(LEADER_LABEL)
+            == "true"
+        ]
+
+    try:
+        await eventually(lambda: len(labelled()) == 1, what="one labelled leader")
+        leader = labelled()[0]
+        first, second = sources if leader == "pod-a" else sources[::-1]
+        for service, _ in sources:
+            synced = await (await (await client_for(service)).get("/synced")).json()
+            assert synced["status"] == "synced" and synced["leader"] == (service is first[0])
+        await first[1].stop()  # SIGTERM: label removed, lease released
+        sources.remove(first)
+        await eventually(lambda: labelled() == [second[1].options.pod_name], what="the label moving over")
+    finally:
+        for _, source in sources:
+            await source.stop()
+    assert labelled() == []

@@ -36,6 +36,7 @@ from extender import cli
 from extender import settings as settings_module
 from extender.schedconfig import go_duration, render
 from extender.settings import Settings
+from extender.sources.kube.controller import LEADER_LABEL
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
 NAMESPACE = "gpu-extender"
@@ -73,6 +74,8 @@ EXTENDER_GRANTS: set[Grant] = {
     (NAMESPACE, "coordination.k8s.io", "leases", "create", ANY_NAME),
     (NAMESPACE, "coordination.k8s.io", "leases", "get", Settings().lease_name),
     (NAMESPACE, "coordination.k8s.io", "leases", "update", Settings().lease_name),
+    # The leader labels its own pod gpu-extender.io/leader=true, which the Service selects (controller.LeaderLabel).
+    (NAMESPACE, "", "pods", "patch", ANY_NAME),
 }
 """Everything the extender's ServiceAccount may do, and all it needs (README, "Running it against a cluster")."""
 
@@ -487,10 +490,14 @@ def test_the_configured_url_reaches_the_extender_through_its_service() -> None:
     service = find("Service", "gpu-extender")
     (port,) = service["spec"]["ports"]
     assert (url.scheme, url.hostname, url.port) == ("https", f"gpu-extender.{NAMESPACE}.svc", port["port"])
-    assert (
-        service["spec"]["selector"].items()
-        <= find("Deployment", "gpu-extender")["spec"]["template"]["metadata"]["labels"].items()
-    )
+    selector = dict(service["spec"]["selector"])
+    # The leader's own label, set by the extender on its pod (not in the template): kube-scheduler reaches the
+    # leader alone.
+    assert selector.pop(LEADER_LABEL) == "true"
+    assert selector.items() <= find("Deployment", "gpu-extender")["spec"]["template"]["metadata"]["labels"].items()
+    assert {"name": "EXTENDER_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container(
+        "gpu-extender"
+    )["env"]
     (container_port,) = (p for p in container("gpu-extender")["ports"] if p["name"] == port["targetPort"])
     assert container_port["containerPort"] == settings.port
     serving = find("Certificate", "gpu-extender-serving")["spec"]["dnsNames"]
@@ -609,7 +616,11 @@ def test_the_extender_runs_two_replicas_electing_a_leader() -> None:
         for variable in container("gpu-extender")["env"]
         if "valueFrom" in variable
     }
-    assert by_downward_api == {"EXTENDER_LEASE_NAMESPACE": "metadata.namespace", "EXTENDER_IDENTITY": "metadata.name"}
+    assert by_downward_api == {
+        "EXTENDER_LEASE_NAMESPACE": "metadata.namespace",
+        "EXTENDER_IDENTITY": "metadata.name",
+        "EXTENDER_POD_NAME": "metadata.name",
+    }
 
 
 def test_the_extender_serves_https_with_mutual_tls() -> None:
@@ -628,11 +639,10 @@ def test_the_extender_uses_only_settings_that_exist() -> None:
         assert variable.removeprefix(settings_module.ENV_PREFIX).lower() in names, variable
 
 
-def test_the_extenders_rollout_cannot_wait_for_a_standby_to_become_ready() -> None:
-    # a new pod is ready only once it leads, which it cannot while an old pod holds the Lease: a rollout that
-    # kept any old pod until a new one is ready would never end
+def test_the_extenders_rollout_keeps_a_replica_with_a_full_cache() -> None:
+    # every replica with a full cache is Ready (/synced), leader or not, so a rollout can wait for the new one
     strategy = find("Deployment", "gpu-extender")["spec"]["strategy"]
-    assert strategy["rollingUpdate"]["maxUnavailable"] == "100%"
+    assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
 @pytest.mark.parametrize("deployment", ["gpu-extender", "gpu-scheduler"])
@@ -677,11 +687,11 @@ def probe_command(probe: str) -> list[str]:
     return command
 
 
-def test_probes_call_readyz_and_healthz_over_mutual_tls_with_the_client_certificate() -> None:
+def test_probes_call_synced_and_healthz_over_mutual_tls_with_the_client_certificate() -> None:
     readiness, liveness = probe_command("readinessProbe"), probe_command("livenessProbe")
     assert readiness[:3] == liveness[:3] and readiness[:2] == ["python3", "-c"]
     port = extender_settings().port
-    assert readiness[3] == f"https://127.0.0.1:{port}/readyz"
+    assert readiness[3] == f"https://127.0.0.1:{port}/synced"
     assert liveness[3] == f"https://127.0.0.1:{port}/healthz"
     assert readiness[4:] == liveness[4:]
     ca, cert, key = readiness[4:]
@@ -701,7 +711,7 @@ class ProbeFiles:
 @pytest.fixture
 def mtls_server(tmp_path: Path) -> Iterator[tuple[str, ProbeFiles]]:
     """An HTTPS server like the extender's (client certificate required, serving certificate naming the Service,
-    not 127.0.0.1): /healthz answers 200, /readyz 503 "not the leader"."""
+    not 127.0.0.1): /healthz answers 200, /synced 503 "not synced"."""
     authority = trustme.CA()
     server_certificate = authority.issue_cert(f"gpu-extender.{NAMESPACE}.svc")
     client_certificate = authority.issue_cert("kube-scheduler")
@@ -712,7 +722,7 @@ def mtls_server(tmp_path: Path) -> Iterator[tuple[str, ProbeFiles]]:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            status, body = {"/healthz": (200, b"ok"), "/readyz": (503, b"not the leader")}[self.path]
+            status, body = {"/healthz": (200, b"ok"), "/synced": (503, b"not synced")}[self.path]
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -752,7 +762,7 @@ def test_liveness_probe_passes_on_200(mtls_server: tuple[str, ProbeFiles]) -> No
 def test_readiness_probe_fails_on_503_saying_why(mtls_server: tuple[str, ProbeFiles]) -> None:
     url, files = mtls_server
     result = run_probe("readinessProbe", url, files)
-    assert (result.returncode, result.stderr.strip()) == (1, "503 not the leader")
+    assert (result.returncode, result.stderr.strip()) == (1, "503 not synced")
 
 
 def test_probe_refuses_a_server_its_ca_did_not_sign(mtls_server: tuple[str, ProbeFiles], tmp_path: Path) -> None:

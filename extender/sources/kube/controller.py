@@ -13,14 +13,15 @@ themselves, so a stopped loop is a bug, and the liveness probe should restart th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from extender.cluster import Cluster
 from extender.metrics import Sample
-from extender.sources.kube.binder import EventRecorder, KubeBinder
-from extender.sources.kube.client import KubeClient
+from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
+from extender.sources.kube.client import KubeClient, KubeError
 from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
 from extender.sources.kube.leader import LeaderElector, LeaseTimings
 
@@ -36,6 +37,56 @@ class KubeOptions:
     lease_namespace: str = "default"
     lease_name: str = "gpu-extender"
     timings: LeaseTimings = field(default_factory=LeaseTimings)
+    pod_name: str = ""
+    """This replica's pod (in `lease_namespace`), labelled `LEADER_LABEL` while it leads; "" for none."""
+
+
+LABEL_PERIOD = 0.5
+"""Seconds between checks of the leader label (a check that finds nothing to change costs no API call)."""
+
+LEADER_LABEL = "gpu-extender.io/leader"
+"""On the leader's own pod (value "true"): what the Service selects, so kube-scheduler reaches the leader."""
+
+
+class LeaderLabel:
+    """Keeps `LEADER_LABEL` on this replica's pod equal to whether it may bind (leading, and relisted since).
+
+    Why not readiness alone: if only the leader were Ready, a Deployment of two would never be fully available
+    (rollouts would stall, a PodDisruptionBudget would forbid evicting the leader). With this label every
+    replica whose cache is full is Ready (`/synced`), and the Service selects the label. Reconciled every
+    `period` seconds and at once on a change of leadership; a failed patch is retried at the next round.
+    """
+
+    def __init__(self, client: KubeClient, namespace: str, pod: str, wanted: Callable[[], bool], period: float) -> None:
+        self.client = client
+        self.path = pod_path(namespace, pod)
+        self.wanted = wanted
+        self.period = period
+        self.labelled: bool | None = None
+        """What the pod carries as far as we know; None until the first patch (a restarted container may find
+        the label of its previous life)."""
+        self.wake = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            await self.reconcile()
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.period):
+                    await self.wake.wait()
+
+    async def reconcile(self, wanted: bool | None = None) -> None:
+        wanted = self.wanted() if wanted is None else wanted
+        if wanted == self.labelled:
+            return
+        patch = {"metadata": {"labels": {LEADER_LABEL: "true" if wanted else None}}}
+        try:
+            await self.client.merge_patch(self.path, patch)
+        except KubeError as error:
+            log.warning("%s the leader label on %s: %s", "setting" if wanted else "removing", self.path, error)
+            return
+        self.labelled = wanted
+        log.info("%s label %s on this replica's pod", "set" if wanted else "removed", LEADER_LABEL)
 
 
 class KubeSource:
@@ -65,14 +116,25 @@ class KubeSource:
         self._relisted_at = 0
         """The pods informer's `lists` count that a new leader waits for."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.label = (
+            LeaderLabel(client, options.lease_namespace, options.pod_name, self.ready, LABEL_PERIOD)
+            if options.pod_name and self.elector is not None
+            else None
+        )
 
     def _leadership(self, leading: bool) -> None:
         if leading:
             self._relisted_at = self.pods.request_relist()
+        if self.label is not None:
+            self.label.wake.set()
+
+    def is_synced(self) -> bool:
+        """The first lists of nodes and pods are in the cache: this replica could take over (/synced)."""
+        return self.nodes.synced.is_set() and self.pods.synced.is_set()
 
     def why_not_ready(self) -> str:
         """Why this replica is not ready ("" when it is), for /readyz and refused verbs."""
-        if not (self.nodes.synced.is_set() and self.pods.synced.is_set()):
+        if not self.is_synced():
             return "extender is not ready: its cache has not been filled yet (waiting for the first lists)"
         elector = self.elector
         if elector is not None:
@@ -145,6 +207,8 @@ class KubeSource:
         loops = {"nodes informer": self.nodes.run(), "pods informer": self.pods.run()}
         if self.elector is not None:
             loops["leader election"] = self.elector.run()
+        if self.label is not None:
+            loops["leader label"] = self.label.run()
         for name, loop in loops.items():
             self._tasks[name] = asyncio.create_task(loop, name=name)
             self._tasks[name].add_done_callback(self._stopped)
@@ -159,11 +223,15 @@ class KubeSource:
 
     async def stop(self) -> None:
         """Give the lease up first (a standby takes over at once), then stop the informers."""
-        order = ["leader election", "nodes informer", "pods informer"]
+        order = ["leader label", "leader election", "nodes informer", "pods informer"]
         for name in order:
             task = self._tasks.get(name)
             if task is not None and not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         self._tasks.clear()
+        if self.label is not None:  # no longer leading: the Service must stop sending kube-scheduler here
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.options.timings.retry_period * 2):
+                    await self.label.reconcile(False)
         await self.events.close()
