@@ -48,7 +48,7 @@ import orjson
 from extender.certs import CertificateFiles, write_certificates
 from extender.cluster import Cluster
 from extender.clustergen import generate, write
-from extender.harness import HOST, HarnessError, ServedExtender, machine
+from extender.harness import HOST, HarnessError, ServedExtender, machine, percentile
 from extender.resources import Profile
 
 HERE = Path(__file__).resolve().parent
@@ -249,11 +249,6 @@ def half_failing_demand(objects: list[dict[str, Any]]) -> int:
 
 
 # --- measurements -----------------------------------------------------------------------------------------
-
-
-def percentile(samples: Sequence[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
 
 
 @dataclass

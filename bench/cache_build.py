@@ -37,6 +37,7 @@ from aiohttp import web
 
 from extender.cluster import Cluster, PodRecord
 from extender.clustergen import generate
+from extender.harness import percentile
 from extender.resources import Profile
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.config import KubeConfig
@@ -294,8 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{MEMORY_TARGET_MB:.0f} MB: {verdict}); peak while listing {peak:.0f} MB"
     )
     for label, samples in (("apply a decoded event", applied), ("decode and apply", decoded)):
-        ordered = sorted(samples)
-        p99 = ordered[int(len(ordered) * 0.99)]
+        p99 = percentile(samples, 0.99)
         print(
             f"watch event, {label}: mean {statistics.fmean(samples) * 1e6:.0f} us, p99 {p99 * 1e6:.0f} us "
             f"over {len(samples)} MODIFIED pod events"

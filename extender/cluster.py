@@ -61,9 +61,13 @@ class Hold:
     """Unix seconds: the assume time (when the decision was made)."""
     bound: bool = False
     """A reservation whose binding the API accepted; waiting for the watch to show it."""
-    uncertain: bool = False
-    """A reservation whose binding failed in a way that may have landed all the same (a timeout); kept until
-    the watch shows the pod or the TTL frees it."""
+    uncertain_since: float | None = None
+    """When the binding of this reservation failed in a way that may have landed all the same (a timeout), by
+    the ledger's clock; None otherwise. Kept until the watch shows the pod or the TTL frees it."""
+
+    @property
+    def uncertain(self) -> bool:
+        return self.uncertain_since is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,15 +356,15 @@ class Cluster:
             self._changed(state)
 
     def mark_bound(self, uid: str) -> None:
-        self._mark(uid, bound=True, uncertain=False)
+        self._mark(uid, bound=True, uncertain_since=None)
 
-    def mark_uncertain(self, uid: str) -> None:
-        self._mark(uid, bound=False, uncertain=True)
+    def mark_uncertain(self, uid: str, since: float) -> None:
+        self._mark(uid, bound=False, uncertain_since=since)
 
-    def _mark(self, uid: str, bound: bool, uncertain: bool) -> None:
+    def _mark(self, uid: str, bound: bool, uncertain_since: float | None) -> None:
         hold = self.reserved.get(uid)
-        if hold is not None and (hold.bound, hold.uncertain) != (bound, uncertain):
-            marked = replace(hold, bound=bound, uncertain=uncertain)
+        if hold is not None and (hold.bound, hold.uncertain_since) != (bound, uncertain_since):
+            marked = replace(hold, bound=bound, uncertain_since=uncertain_since)
             self.reserved[uid] = marked
             self.nodes[hold.allocation.node].holds[uid] = marked
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import platform
 import signal
@@ -28,6 +29,14 @@ HOST = "127.0.0.1"
 
 class HarnessError(Exception):
     """The server would not start, or died; the message carries the end of its log."""
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of the samples (0.0 for none): what bench/ and loadtest/ report."""
+    ordered = sorted(samples)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
 
 
 def free_port() -> int:

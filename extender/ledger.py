@@ -36,7 +36,6 @@ class Ledger:
         self.clock = clock
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._in_flight: dict[str, str] = {}
-        self._uncertain_since: dict[str, float] = {}
 
     @asynccontextmanager
     async def locked(self, node: str) -> AsyncIterator[None]:
@@ -95,15 +94,14 @@ class Ledger:
 
     def mark_uncertain(self, uid: str) -> None:
         """The binding failed but may have landed: keep the reservation until the watch or the TTL decides."""
-        self.cluster.mark_uncertain(uid)
-        self._uncertain_since[uid] = self.clock()
+        self.cluster.mark_uncertain(uid, self.clock())
 
     def still_uncertain(self, uid: str) -> bool:
         """Whether a binding of this pod that failed uncertainly may still land: within UNCERTAIN_WINDOW of the
         failure, while its reservation is held. After that the API server has given the request up."""
-        since = self._uncertain_since.get(uid)
         hold = self.cluster.reserved.get(uid)
-        return since is not None and hold is not None and hold.uncertain and self.clock() - since < UNCERTAIN_WINDOW
+        since = hold.uncertain_since if hold is not None else None
+        return since is not None and self.clock() - since < UNCERTAIN_WINDOW
 
     def release(self, uid: str) -> Hold | None:
         """Undo a reservation (not an observed allocation); returns it, or None if there was none.
@@ -111,7 +109,6 @@ class Ledger:
         The pod is marked abandoned: annotations we may already have written on it no longer reserve
         anything by themselves when the watch shows them (only a binding does).
         """
-        self._uncertain_since.pop(uid, None)
         if uid not in self.cluster.reserved:
             return None
         self.cluster.abandoned.add(uid)
@@ -131,6 +128,4 @@ class Ledger:
         ]
         for hold in expired:
             self.release(hold.allocation.pod_uid)
-        for uid in [uid for uid in self._uncertain_since if uid not in self.cluster.reserved]:
-            del self._uncertain_since[uid]  # observed since (or released): settled
         return expired

@@ -61,8 +61,8 @@ class Service:
     recent: RecentPods = field(default_factory=RecentPods)
     ready: Callable[[], bool] = lambda: True
     """True once the cache holds a full listing (and, with leader election, on the leader)."""
-    synced: Callable[[], bool] | None = None
-    """True once the cache holds a full listing, leader or not (/synced); None: the same as `ready`."""
+    synced: Callable[[], bool] = lambda: True
+    """True once the cache holds a full listing, leader or not (/synced)."""
     why_not_ready: Callable[[], str] = lambda: NOT_READY
     """Why `ready()` is False, for /readyz and for refused verbs."""
     problem: Callable[[], str] = lambda: ""
@@ -280,8 +280,7 @@ def _readyz(service: Service, request: Request) -> Response:
 
 
 def _synced(service: Service, request: Request) -> Response:
-    synced = service.synced() if service.synced is not None else service.ready()
-    if synced:
+    if service.synced():
         return _json({"status": "synced", "leader": service.ready()})
     return _json({"status": "not synced", "Error": NOT_READY}, 503)
 

@@ -13,7 +13,6 @@ touches the network.
 from __future__ import annotations
 
 import copy
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from extender.harness import percentile
 
 POD_FIXTURE = Path(__file__).resolve().parent / "pod.json"
 NAMESPACE = "loadtest"
@@ -169,13 +170,6 @@ def best_host_encoded(body: bytes, entries: int, rng: random.Random) -> str | No
     if start < 0 or not before.endswith(b'",'):
         return None
     return before[start + len(_HOST_KEY) : -2].decode()
-
-
-def percentile(ordered: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of already sorted samples."""
-    if not ordered:
-        return 0.0
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
 
 
 def summarize(samples: Sequence[float]) -> dict[str, float]:

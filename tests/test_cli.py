@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -22,14 +21,9 @@ from cryptography import x509
 
 from extender.certs import issue_client, issue_server, make_ca
 from extender.cli import main
+from extender.harness import free_port
 from tests.builders import make_node, make_pod
 from tests.conftest import SecretVolume
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_ready(

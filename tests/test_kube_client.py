@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from extender.harness import free_port
 from extender.sources.kube import client as client_module
 from extender.sources.kube.client import (
     ApiError,
@@ -192,12 +192,6 @@ def test_a_body_that_is_not_a_status_gives_the_http_reason_and_its_start() -> No
 def test_retry_after_comes_from_status_details_without_the_header() -> None:
     body = orjson.dumps(status(429, "TooManyRequests", "slow down", {"retryAfterSeconds": 2}))
     assert api_error(429, body, "GET", "/api").retry_after == 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def test_connection_refused_is_connection_failed() -> None:

@@ -111,11 +111,9 @@ class EventRecorder:
         """At most this many Events under way; more are dropped (and logged) rather than queued without end."""
         self._pending: set[asyncio.Task[None]] = set()
         self.recorded = 0
-        self.dropped = 0
 
     def failed_bind(self, request: BindRequest, message: str) -> None:
         if len(self._pending) >= self.limit:
-            self.dropped += 1
             log.warning("event for %s dropped: %d events already under way", request.key, len(self._pending))
             return
         task = asyncio.ensure_future(self._post(request, message))

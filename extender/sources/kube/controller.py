@@ -114,7 +114,7 @@ class KubeSource:
             else None
         )
         self._relisted_at = 0
-        """The pods informer's `lists` count that a new leader waits for."""
+        """The pods list (by `Informer.lists_started`) a new leader waits for before it is ready."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.label = (
             LeaderLabel(client, options.lease_namespace, options.pod_name, self.ready, LABEL_PERIOD)

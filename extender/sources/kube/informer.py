@@ -137,15 +137,12 @@ class Informer(Generic[Slim]):
         self.lists = 0
         """Full lists applied so far; the first one makes the informer synced."""
         self.events = 0
-        self.relists = 0
-        """Lists after the first: each one a 410 or a requested resync."""
         self.failures = 0
         self.synced = asyncio.Event()
         self.last_error = ""
         self.current = False
         """True while the cache follows the API: the last list or watch worked. False from a failure until the
         next success; the ledger does not expire bound reservations meanwhile (the watch may just be late)."""
-        self.last_progress = time.monotonic()
         self.lists_started = 0
         self.last_list_started = 0
         """Which list (by `lists_started`) the cache now reflects."""
@@ -159,6 +156,11 @@ class Informer(Generic[Slim]):
         self._relist_requested = True
         self._wake.set()
         return self.lists_started + 1
+
+    @property
+    def relists(self) -> int:
+        """Lists after the first: each one a 410 or a requested resync."""
+        return max(0, self.lists - 1)
 
     async def run(self) -> None:
         """List and watch until cancelled. Never returns otherwise; failures are logged and retried."""
@@ -226,13 +228,10 @@ class Informer(Generic[Slim]):
             params = {**params, "continue": str(token)}
         version = str(meta.get("resourceVersion") or "")
         self.replace(objects)
-        if self.lists:
-            self.relists += 1
         self.lists += 1
         self.last_list_started = number
         self.current = True
         self.resource_version = version
-        self.last_progress = time.monotonic()
         self.synced.set()
         log.info(
             "%s: listed %d at resourceVersion %s in %.2f s",
@@ -290,5 +289,4 @@ class Informer(Generic[Slim]):
         if version:
             self.resource_version = version
         self.current = True
-        self.last_progress = time.monotonic()
         self.backoff.reset()

@@ -60,6 +60,11 @@ def _micro_time(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _record(spec: dict[str, Any]) -> tuple[Any, ...]:
+    """What a candidate watches for change in a Lease (client-go's observedRecord)."""
+    return (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+
+
 class LeaderElector:
     """Mutable: whether this replica leads, and what it last saw of the Lease."""
 
@@ -87,7 +92,6 @@ class LeaderElector:
         self.leading = False
         self.holder = ""
         """The holder as last read ("" when none or unknown)."""
-        self.transitions = 0
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._renewed_at = 0.0
@@ -162,7 +166,7 @@ class LeaderElector:
             log.info("reading lease %s/%s: %s", self.namespace, self.name, error)
             return False
         spec = lease.get("spec") or {}
-        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        record = _record(spec)
         if record != self._observed:
             self._observed, self._observed_at = record, self.monotonic()
         holder = str(spec.get("holderIdentity") or "")
@@ -218,10 +222,9 @@ class LeaderElector:
 
     def _note(self, lease: dict[str, Any]) -> None:
         spec = lease.get("spec") or {}
-        self._observed = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        self._observed = _record(spec)
         self._observed_at = self.monotonic()
         self.holder = self.identity
-        self.transitions = int(spec.get("leaseTransitions") or 0)
 
     async def _release(self) -> None:
         """Give the lease up, so a standby need not wait for it to expire. Best effort, bounded in time."""
