@@ -84,6 +84,7 @@ def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeS
         cache_current=source.cache_current,
         binding_time_left=source.binding_time_left,
         on_bind_failure=source.events.failed_bind,
+        recheck=source.recheck,
         expiry_interval=settings.expiry_interval,
         max_body_bytes=settings.max_body_bytes,
     )

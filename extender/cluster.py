@@ -441,9 +441,7 @@ class Cluster:
         if not uid:
             return
         if deleted or record.finished:
-            self.pods.pop(uid, None)
-            self.abandoned.discard(uid)
-            self.release(uid)
+            self._forget_pod(uid)
             return
         self.pods[uid] = record
         allocation = record.allocation
@@ -460,6 +458,20 @@ class Cluster:
                 self.hold(Hold(allocation, observed=False, since=record.assume_time))
         elif current is not None and current.observed:
             self.release(uid)
+
+    def forget_pod(self, uid: str) -> None:
+        """The pod is gone from the API (read there directly, ahead of the watch): free what it held.
+
+        A watch event for it that was already on its way may count it again for a moment; its DELETED event
+        follows in the same stream.
+        """
+        with self._batched():
+            self._forget_pod(uid)
+
+    def _forget_pod(self, uid: str) -> None:
+        self.pods.pop(uid, None)
+        self.abandoned.discard(uid)
+        self.release(uid)
 
     def replace(self, nodes: list[Raw], pods: list[Raw]) -> None:
         """Swap in a full listing of nodes and pods (see `replace_nodes`, `replace_pods`)."""
@@ -489,9 +501,7 @@ class Cluster:
         with self._batched():
             for uid in list(self.pods):
                 if uid not in listed:
-                    self.pods.pop(uid)
-                    self.abandoned.discard(uid)
-                    self.release(uid)
+                    self._forget_pod(uid)
             for uid in list(self._hold_node):
                 hold = self.hold_of(uid)
                 if hold is not None and hold.observed and uid not in listed:

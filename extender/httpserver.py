@@ -10,7 +10,9 @@ What it does: HTTP/1.0 and 1.1; keep-alive; `Content-Length` and chunked request
 refused from the header before the body is read when the length is declared); a header limit (431);
 `Expect: 100-continue`; pipelined requests answered in order; an idle timeout; TLS, and so mutual TLS,
 through the SSL context given; a graceful stop that finishes requests in flight. Synchronous handlers run
-inline as the request completes, with no task per request; asynchronous ones (bind) run as tasks.
+inline as the request completes, with no task per request; asynchronous ones (bind) run as tasks. A
+synchronous handler that finds it must wait after all (a filter that re-reads the API, rarely) returns an
+awaitable of its Response instead, which then runs as a task like an asynchronous handler's.
 
 What it never does: HTTP/2 or upgrades (ALPN offers only http/1.1), compression, or answering with a
 traceback: a handler that raises is logged and answered 500 with a one-line JSON error.
@@ -61,7 +63,7 @@ def json_error(status: int, message: str) -> Response:
     return Response(status, orjson.dumps({"Error": message}))
 
 
-SyncHandler = Callable[[Request], Response]
+SyncHandler = Callable[[Request], "Response | Awaitable[Response]"]
 AsyncHandler = Callable[[Request], Awaitable[Response]]
 Background = Callable[[], Coroutine[Any, Any, None]]
 
@@ -243,20 +245,27 @@ class _Connection(asyncio.Protocol):
         if params:
             request = Request(request.method, request.path, request.body, params)
         if route.is_async:
-            self.busy = True
-            task = asyncio.get_running_loop().create_task(self._run(route, request, keep_alive))
-            self.server.tasks.add(task)
-            task.add_done_callback(self.server.tasks.discard)
+            self._later(route, cast(AsyncHandler, route.handler)(request), keep_alive)
             return
         try:
-            response = cast(SyncHandler, route.handler)(request)
+            response = route.handler(request)
         except Exception as error:
             response = _unexpected(route, error)
+        if not isinstance(response, Response):
+            self._later(route, response, keep_alive)
+            return
         self._write(response, keep_alive)
 
-    async def _run(self, route: Route, request: Request, keep_alive: bool) -> None:
+    def _later(self, route: Route, pending: Awaitable[Response], keep_alive: bool) -> None:
+        """Answer when `pending` is done; requests pipelined behind it wait in the queue meanwhile."""
+        self.busy = True
+        task = asyncio.get_running_loop().create_task(self._run(route, pending, keep_alive))
+        self.server.tasks.add(task)
+        task.add_done_callback(self.server.tasks.discard)
+
+    async def _run(self, route: Route, pending: Awaitable[Response], keep_alive: bool) -> None:
         try:
-            response = await cast(AsyncHandler, route.handler)(request)
+            response = await pending
         except Exception as error:
             response = _unexpected(route, error)
         self.busy = False

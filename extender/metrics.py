@@ -75,6 +75,13 @@ class Metrics:
             "Reservations freed because the API never showed their pod bound.",
             registry=self.registry,
         )
+        self.rechecks = Counter(
+            "extender_filter_rechecks",
+            "Filters of a preemptor that read possible victims from the API before refusing a node, by result: "
+            "freed (some were gone: the watch was behind), unchanged, unanswered (the API did not answer in time).",
+            ["result"],
+            registry=self.registry,
+        )
         self.allocations = Gauge(
             "extender_allocations",
             "Pods holding GPU memory, by state: reserved, bound (awaiting watch), observed.",

@@ -220,6 +220,12 @@ def pod_key(pod: Raw) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
 
 
+def pod_uid(pod: Raw) -> str:
+    """`metadata.uid`, or "" when absent."""
+    meta = pod.get("metadata")
+    return str(meta.get("uid") or "") if isinstance(meta, dict) else ""
+
+
 # --- a node's devices -------------------------------------------------------------------------------------
 
 

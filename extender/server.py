@@ -8,7 +8,9 @@ answered 500 with a one-line message, never the traceback. The reservation expir
 server and stops with it.
 
 The transport is `httpserver.py` (why not aiohttp's server: measured there). Handlers that never wait
-(filter, prioritize, preempt, the GETs) are plain functions run inline; bind awaits the binder. Per request
+(filter, prioritize, preempt, the GETs) are plain functions run inline; bind awaits the binder. A filter
+waits only for a preemptor refused where it may have freed room, to read the possible victims from the API
+first (`recheck.py`). Per request
 the work is an orjson decode, a pydantic validation, and a set membership or a memo lookup per node name (the
 cache keeps per-node summaries and fit sets current).
 """
@@ -28,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from extender import contract
 from extender.binding import Binder, BindRequest, Guard, RecentPods, bind
-from extender.cluster import Cluster, Hold, NodeState, pod_priority
+from extender.cluster import Cluster, Hold, NodeState, PodRecord, pod_priority
 from extender.httpserver import HttpServer, Request, Response, Router, json_error
 from extender.ledger import Ledger
 from extender.metrics import Metrics
@@ -42,7 +44,8 @@ from extender.policy import (
     score_key,
     score_node,
 )
-from extender.resources import Demand, InvalidPod, Raw, pod_demand, pod_key
+from extender.recheck import Preemptions, Recheck, suspects
+from extender.resources import Demand, InvalidPod, Raw, pod_demand, pod_key, pod_uid
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,10 @@ class Service:
     """False while the source's watch is failing: bound reservations are then not expired (see Ledger.expire)."""
     on_bind_failure: Callable[[BindRequest, str], None] | None = None
     """Told of every bind that failed (the API source records an Event on the pod)."""
+    recheck: Recheck | None = None
+    """Reads pods from the API before a preemptor is refused a node it may have freed (`recheck.py`); None
+    where the cache is the only truth (the file source)."""
+    preemptions: Preemptions = field(default_factory=Preemptions)
     expiry_interval: float = 5.0
     max_body_bytes: int = 32 * 1024 * 1024
 
@@ -147,19 +154,30 @@ def _respond(service: Service, name: str, started: float, result: VerbResult | E
 
 
 def _verb(
-    service: Service, name: str, handler: Callable[[Request, Service], VerbResult]
-) -> Callable[[Request], Response]:
-    """Wrap a verb: time it, count it by outcome, and turn errors into the contract's `Error` bodies."""
+    service: Service, name: str, handler: Callable[[Request, Service], VerbResult | Awaitable[VerbResult]]
+) -> Callable[[Request], Response | Awaitable[Response]]:
+    """Wrap a verb: time it, count it by outcome, and turn errors into the contract's `Error` bodies. A verb
+    that must wait after all returns an awaitable of its result, and the response is then one too."""
 
-    def handle(request: Request) -> Response:
+    def handle(request: Request) -> Response | Awaitable[Response]:
         started = time.perf_counter()
         try:
-            result: VerbResult | Exception = handler(request, service)
+            result: VerbResult | Awaitable[VerbResult] | Exception = handler(request, service)
         except Exception as failure:
             result = failure
-        return _respond(service, name, started, result)
+        if isinstance(result, tuple | Exception):  # nearly always: a tuple is checked faster than an Awaitable
+            return _respond(service, name, started, result)
+        return _respond_later(service, name, started, result)
 
     return handle
+
+
+async def _respond_later(service: Service, name: str, started: float, pending: Awaitable[VerbResult]) -> Response:
+    try:
+        result: VerbResult | Exception = await pending
+    except Exception as failure:
+        result = failure
+    return _respond(service, name, started, result)
 
 
 def _async_verb(
@@ -176,23 +194,68 @@ def _async_verb(
     return handle
 
 
-def _filter(request: Request, service: Service) -> VerbResult:
+def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbResult]:
     args = _parse(request, contract.ExtenderArgs)
     demand = _demand(args.Pod, service)
     names = contract.requested_names(args, checked=False)
     if not service.ready():
-        reason = service.why_not_ready()
-        return contract.filter_reply(args, [], {}, {}, reason), reason
+        return _not_ready_filter(args, service)
     service.recent.remember(args.Pod)
+    outcome = _judge(args, demand, names, service)
+    if outcome.failed and service.recheck is not None:
+        stale = suspects(args.Pod, outcome.failed, service.cluster, service.preemptions)
+        if stale:
+            return _filter_rechecked(args, demand, names, service, outcome, stale)
+    return _filter_reply(args, demand, names, outcome, service)
+
+
+def _not_ready_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult:
+    reason = service.why_not_ready()
+    return contract.filter_reply(args, [], {}, {}, reason), reason
+
+
+def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service) -> FilterOutcome:
     cluster, unit = service.cluster, service.policy.unit
     states = _states(args, cluster)
     own_cache = states is cluster.nodes and not demand.is_zero  # views of nodes sent whole have no indexes
     fitting = cluster.fit_index.fitting(demand.per_device, states) if own_cache and demand.devices == 1 else None
     if fitting is not None and all_fit(demand, names, fitting):
-        outcome = FilterOutcome(passed=names)  # the common case: every name is a node that takes the pod
-    else:
-        memo = cluster.memo.table(judge_key(demand, unit)) if own_cache else None
-        outcome = filter_nodes(demand, _checked(names, args), states, unit, fitting, memo)
+        return FilterOutcome(passed=names)  # the common case: every name is a node that takes the pod
+    memo = cluster.memo.table(judge_key(demand, unit)) if own_cache else None
+    return filter_nodes(demand, _checked(names, args), states, unit, fitting, memo)
+
+
+async def _filter_rechecked(
+    args: contract.ExtenderArgs,
+    demand: Demand,
+    names: list[Any],
+    service: Service,
+    outcome: FilterOutcome,
+    stale: list[PodRecord],
+) -> VerbResult:
+    """The filter of a preemptor refused nodes it may have freed: read the possible victims there from the API
+    first, and judge again if some are gone (`recheck.py`)."""
+    assert service.recheck is not None
+    answer = await service.recheck(stale)
+    result = "freed" if answer.gone else "unanswered" if answer.unanswered else "unchanged"
+    service.metrics.rechecks.labels(result).inc()
+    if not service.ready():
+        return _not_ready_filter(args, service)
+    if answer.gone:
+        log.info(
+            "filter %s: %d of %d pods counted where it may have freed room are gone from the API (the watch is "
+            "behind); judging again",
+            pod_key(args.Pod),
+            answer.gone,
+            len(stale),
+        )
+        outcome = _judge(args, demand, names, service)
+    return _filter_reply(args, demand, names, outcome, service)
+
+
+def _filter_reply(
+    args: contract.ExtenderArgs, demand: Demand, names: list[Any], outcome: FilterOutcome, service: Service
+) -> VerbResult:
     metrics = service.metrics
     metrics.nodes_accepted.inc(len(outcome.passed))
     if outcome.failed:
@@ -252,6 +315,7 @@ async def _bind(request: Request, service: Service) -> VerbResult:
             service.on_bind_failure(target, error)
     else:
         log.info("bound %s to %s", target.key, target.node)
+        service.preemptions.forget(target.uid)
     return contract.binding_reply(error), error
 
 
@@ -260,6 +324,8 @@ def _preempt(request: Request, service: Service) -> VerbResult:
     demand = _demand(args.Pod, service)
     candidates, violations = contract.preemption_candidates(args)
     kept = preempt_candidates(demand, candidates, service.cluster, pod_priority(args.Pod))
+    if not demand.is_zero:
+        service.preemptions.remember(pod_uid(args.Pod), kept)
     return contract.preemption_reply(kept, violations), ""
 
 

@@ -7,7 +7,7 @@ hides a mistake.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import orjson
 import pytest
@@ -37,6 +37,19 @@ async def server() -> AsyncIterator[HttpServer]:
     router.add("POST", "/echo", echo)
     router.add("GET", "/items/{name}", echo)
     router.add("POST", "/slow", slow)
+
+    def sometimes(request: Request) -> Response | Awaitable[Response]:
+        """Inline, unless the body asks it to wait for the gate (as a filter that must read the API does)."""
+        if request.body != b"wait":
+            return Response(200, b'{"waited":false}')
+
+        async def later() -> Response:
+            await gate.wait()
+            return Response(200, b'{"waited":true}')
+
+        return later()
+
+    router.add("POST", "/sometimes", sometimes)
     router.add("GET", "/explode", explode)
     server = HttpServer(router, max_body_bytes=LIMIT, idle_timeout=1.0)
     server.gate = gate  # type: ignore[attr-defined]
@@ -151,6 +164,21 @@ async def test_pipelined_requests_are_answered_in_order_even_behind_a_slow_one(s
     first = await read_response(reader)
     second = await read_response(reader)
     assert (first[2], orjson.loads(second[2])["size"]) == (b'{"slow":true}', 5)
+    writer.close()
+
+
+async def test_a_synchronous_handler_may_answer_later_and_requests_behind_it_keep_their_order(
+    server: HttpServer,
+) -> None:
+    reader, writer = await connect(server)
+    writer.write(post("/sometimes", b"now"))
+    assert (await read_response(reader))[2] == b'{"waited":false}'
+    writer.write(post("/sometimes", b"wait") + post("/sometimes", b"now") + post("/echo", b"123"))
+    with pytest.raises(TimeoutError):  # nothing answered while the first waits, not even the ones behind it
+        await asyncio.wait_for(reader.readline(), 0.1)
+    server.gate.set()  # type: ignore[attr-defined]
+    answers = [(await read_response(reader))[2] for _ in range(3)]
+    assert answers[:2] == [b'{"waited":true}', b'{"waited":false}'] and orjson.loads(answers[2])["size"] == 3
     writer.close()
 
 

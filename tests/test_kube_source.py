@@ -20,6 +20,7 @@ from extender.app import kube_service
 from extender.cluster import Cluster
 from extender.ledger import Ledger
 from extender.policy import PolicyConfig
+from extender.recheck import Answer
 from extender.server import Service
 from extender.settings import Settings
 from extender.sources.kube.client import KubeClient
@@ -57,6 +58,7 @@ class Replica:
             why_not_ready=self.source.why_not_ready,
             problem=self.source.problem,
             on_bind_failure=self.source.events.failed_bind,
+            recheck=self.source.recheck,
         )
 
 
@@ -424,3 +426,48 @@ async def test_the_leader_labels_its_pod_and_the_standby_takes_the_label_over(
         for _, source in sources:
             await source.stop()
     assert labelled() == []
+
+
+async def test_a_preemptor_s_filter_reads_from_the_api_the_victims_the_watch_has_not_shown_gone(
+    api: ApiDouble, replicas: Replicas, client_for: ClientFor
+) -> None:
+    """kube-scheduler retries a preemptor as soon as its informer shows the victim deleted; ours may show it
+    later. The watch is held back here (dropped, every new one hangs) while the API changes under it."""
+    api.add_node(make_node("n1", gpus=4, mem=16))
+    for index in range(4):
+        api.add_pod(bound_pod(f"low-{index}", "n1", (index,), 16))
+    replica = await replicas.start()
+    await asyncio.wait_for(replica.source.synced(), 5.0)
+    source, cluster = replica.source, replica.cluster
+    api.fail("GET", "/api/v1/pods", mode="hang", times=1000)
+    api.drop_watches()
+    await eventually(lambda: not source.pods.current or api.open_watches == 0, what="the watch held back")
+
+    api.delete_pod("default", "low-0")
+    await asyncio.sleep(0.1)
+    assert cluster.nodes["n1"].used == [16, 16, 16, 16], "the watch has not shown the deletion"
+    client = await client_for(replica.service)
+    preemptor = make_pod("high", gpu_mem=16)
+    preemptor["status"] = {"nominatedNodeName": "n1"}
+    preemptor["spec"]["priority"] = 1000
+    reply = await (await client.post("/filter", filter_body(preemptor, ["n1"]))).json()
+    assert reply["NodeNames"] == ["n1"], reply
+    assert cluster.nodes["n1"].used == [0, 16, 16, 16]
+
+    records = {record.name: record for record in cluster.pods.values()}
+    api.delete_pod("default", "low-1")
+    api.add_pod(make_pod("low-1", gpu_mem=16))  # the same name again: another pod
+    finished = api.pod("default", "low-2")
+    assert finished is not None
+    finished["status"]["phase"] = "Succeeded"
+    api.update_pod(finished)
+    stale = [records["low-1"], records["low-2"], records["low-3"]]
+    assert await source.recheck(stale) == Answer(gone=2, unanswered=0)
+    assert cluster.nodes["n1"].used == [0, 0, 0, 16], "a new pod of the same name, and a finished one, hold nothing"
+
+    api.fail("GET", "/api/v1/namespaces/default/pods/low-3", status=500)
+    assert await source.recheck([records["low-3"]]) == Answer(gone=0, unanswered=1)
+    api.fail("GET", "/api/v1/namespaces/default/pods/low-3", mode="hang")
+    source.recheck_timeout = 0.2
+    assert await source.recheck([records["low-3"]]) == Answer(gone=0, unanswered=1)
+    assert cluster.nodes["n1"].used == [0, 0, 0, 16]

@@ -18,10 +18,11 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from extender.cluster import Cluster
+from extender.cluster import TERMINAL_PHASES, Cluster, PodRecord
 from extender.metrics import Sample
+from extender.recheck import TIMEOUT, Answer
 from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
-from extender.sources.kube.client import KubeClient, KubeError
+from extender.sources.kube.client import KubeClient, KubeError, NotFound
 from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
 from extender.sources.kube.leader import LeaderElector, LeaseTimings
 
@@ -94,7 +95,9 @@ class KubeSource:
 
     def __init__(self, client: KubeClient, cluster: Cluster, options: KubeOptions) -> None:
         self.client = client
+        self.cluster = cluster
         self.options = options
+        self.recheck_timeout = TIMEOUT
         self.nodes = Informer(client, NODES, cluster.apply_node, cluster.replace_nodes, options.watch)
         self.pods = Informer(
             client, pods_kind(cluster.profile), cluster.apply_record, cluster.replace_records, options.watch
@@ -155,6 +158,40 @@ class KubeSource:
 
     def ready(self) -> bool:
         return not self.why_not_ready()
+
+    async def recheck(self, pods: list[PodRecord]) -> Answer:
+        """Read each pod from the API (concurrently, `recheck_timeout` seconds in all); forget in the cache those
+        the API no longer has, has under another UID (deleted and created again), or shows finished. The watch
+        brings the same news a little later; until then the cache would count memory that is free
+        (`recheck.py`)."""
+
+        async def gone(record: PodRecord) -> bool:
+            try:
+                pod = await self.client.get(pod_path(record.namespace, record.name))
+            except NotFound:
+                return True
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            return bool(meta.get("uid") != record.uid or status.get("phase") in TERMINAL_PHASES)
+
+        reads = [asyncio.ensure_future(gone(record)) for record in pods]
+        done, late = await asyncio.wait(reads, timeout=self.recheck_timeout) if reads else (set(), set())
+        for read in late:
+            read.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        found, unanswered = 0, len(late)
+        for record, read in zip(pods, reads, strict=True):
+            if read not in done:
+                continue
+            error = read.exception()
+            if error is not None:
+                if not isinstance(error, KubeError):
+                    raise error
+                log.info("rechecking pod %s: %s", record.key, error)
+                unanswered += 1
+            elif read.result():
+                self.cluster.forget_pod(record.uid)
+                found += 1
+        return Answer(found, unanswered)
 
     def samples(self) -> Iterator[Sample]:
         """Its counters, for /metrics."""

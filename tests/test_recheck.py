@@ -1,0 +1,203 @@
+"""A preemptor's filter reads its possible victims from the API before refusing a node it may have freed.
+
+The scenario (kube-scheduler v1.34, seen in the e2e tier): the scheduler evicts a victim, sees the deletion, and
+retries the preemptor within milliseconds; our watch shows the deletion a little later. Here the cache is that
+late watch, and `FakeApi` stands for the API server's answer to a GET of each pod (which pods it still has);
+`test_kube_source.py` runs the same through the real source against the API double, and the e2e tier against
+kube-apiserver and kube-scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from extender.cluster import Cluster, PodRecord
+from extender.recheck import LIMIT, Answer, Preemptions, suspects
+from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
+from tests.conftest import ClientFor, make_service
+
+
+def with_priority(pod: dict[str, Any], priority: int, nominated: str = "") -> dict[str, Any]:
+    pod["spec"]["priority"] = priority
+    if nominated:
+        pod.setdefault("status", {})["nominatedNodeName"] = nominated
+    return pod
+
+
+def victim(name: str, node: str, index: int, mem: int = 16, priority: int = 0) -> dict[str, Any]:
+    return with_priority(bound_pod(name, node, (index,), mem), priority)
+
+
+def full_cluster() -> Cluster:
+    """Two nodes of two 16 GiB GPUs, every GPU held by one 16 GiB pod of priority 0."""
+    return make_cluster(
+        make_node("n1", gpus=2, mem=16),
+        make_node("n2", gpus=2, mem=16),
+        pods=tuple(victim(f"low-{node}-{index}", node, index) for node in ("n1", "n2") for index in (0, 1)),
+    )
+
+
+def keys(records: list[PodRecord]) -> list[str]:
+    return [record.key for record in records]
+
+
+class FakeApi:
+    """Stands for kube-apiserver answering GETs of pods: `deleted` are 404, `silent` never answer in time."""
+
+    def __init__(self, cluster: Cluster, deleted: Iterable[str] = (), silent: bool = False) -> None:
+        self.cluster = cluster
+        self.deleted = set(deleted)
+        self.silent = silent
+        self.asked: list[list[str]] = []
+
+    async def recheck(self, pods: list[PodRecord]) -> Answer:
+        self.asked.append(keys(pods))
+        if self.silent:
+            return Answer(0, len(pods))
+        gone = [record for record in pods if record.name in self.deleted]
+        for record in gone:
+            self.cluster.forget_pod(record.uid)
+        return Answer(len(gone), 0)
+
+
+# --- which pods are read --------------------------------------------------------------------------------------
+
+
+def test_a_pod_that_is_no_preemptor_has_nothing_to_recheck() -> None:
+    cluster = full_cluster()
+    pod = with_priority(make_pod("newcomer", gpu_mem=16), 1000)
+    assert suspects(pod, ["n1", "n2"], cluster, Preemptions()) == []
+
+
+def test_the_nominated_node_s_lower_priority_pods_are_read_when_it_is_refused() -> None:
+    cluster = full_cluster()
+    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000, nominated="n1")
+    assert sorted(keys(suspects(preemptor, ["n1", "n2"], cluster, Preemptions()))) == [
+        "default/low-n1-0",
+        "default/low-n1-1",
+    ]
+    assert suspects(preemptor, ["n2"], cluster, Preemptions()) == [], "n1 was not refused: nothing to check"
+
+
+def test_pods_of_the_preemptor_s_priority_or_higher_are_never_victims_so_never_read() -> None:
+    cluster = make_cluster(
+        make_node("n1", gpus=2, mem=16),
+        pods=(victim("peer", "n1", 0, priority=1000), victim("low", "n1", 1, priority=999)),
+    )
+    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000, nominated="n1")
+    assert keys(suspects(preemptor, ["n1"], cluster, Preemptions())) == ["default/low"]
+
+
+def test_nodes_preempt_offered_are_read_after_the_nominated_one_at_most_limit_pods() -> None:
+    nodes = [make_node(f"n{number}", gpus=8, mem=16) for number in range(4)]
+    pods = tuple(victim(f"low-{number}-{index}", f"n{number}", index) for number in range(4) for index in range(8))
+    cluster = make_cluster(*nodes, pods=pods)
+    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000, nominated="n3")
+    offered = Preemptions()
+    offered.remember(preemptor["metadata"]["uid"], ["n1", "n3", "n2"])
+    found = suspects(preemptor, ["n0", "n1", "n2", "n3"], cluster, offered)
+    assert len(found) == LIMIT == 16
+    assert [record.node_name for record in found] == ["n3"] * 8 + ["n1"] * 8
+
+
+def test_reservations_not_yet_seen_bound_are_not_read() -> None:
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
+    reserved = with_priority(make_pod("reserved", gpu_mem=16, node="n1", indexes=(0,), bound=False), 0)
+    cluster.apply_pod(reserved)
+    assert len(cluster.reserved) == 1
+    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000, nominated="n1")
+    assert suspects(preemptor, ["n1"], cluster, Preemptions()) == []
+
+
+def test_what_preempt_offered_is_forgotten_after_its_memory_or_the_bind() -> None:
+    clock = FakeClock()
+    offered = Preemptions(memory=300.0, limit=2, clock=clock)
+    offered.remember("a", ["n1"])
+    offered.remember("b", [])
+    assert (offered.nodes_of("a"), offered.nodes_of("b"), len(offered)) == (("n1",), (), 1)
+    clock.advance(301)
+    assert offered.nodes_of("a") == ()
+    offered.remember("a", ["n1"])
+    offered.forget("a")
+    assert offered.nodes_of("a") == ()
+    for uid in ("x", "y", "z"):
+        offered.remember(uid, ["n1"])
+    assert (len(offered), offered.nodes_of("x")) == (2, ()), "bounded: the oldest goes first"
+
+
+# --- through the service --------------------------------------------------------------------------------------
+
+
+def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:
+    return orjson.dumps({"Pod": pod, "NodeNames": names})
+
+
+async def test_a_victim_the_api_no_longer_has_is_dropped_and_the_node_passes(client_for: ClientFor) -> None:
+    cluster = full_cluster()
+    api = FakeApi(cluster, deleted={"low-n1-0"})
+    service = make_service(cluster, recheck=api.recheck)
+    client = await client_for(service)
+    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000, nominated="n1")
+    reply = await (await client.post("/filter", data=filter_body(preemptor, ["n1", "n2"]))).json()
+    assert reply["NodeNames"] == ["n1"] and set(reply["FailedNodes"]) == {"n2"}
+    assert [sorted(asked) for asked in api.asked] == [["default/low-n1-0", "default/low-n1-1"]]
+    assert cluster.nodes["n1"].used == [0, 16]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'extender_filter_rechecks_total{result="freed"} 1.0' in metrics
+
+
+async def test_victims_still_there_keep_the_node_refused(client_for: ClientFor) -> None:
+    """A victim still terminating holds its memory: the answer is the cache's, as the scheduler's own is."""
+    cluster = full_cluster()
+    api = FakeApi(cluster)
+    client = await client_for(make_service(cluster, recheck=api.recheck))
+    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000, nominated="n1")
+    reply = await (await client.post("/filter", data=filter_body(preemptor, ["n1"]))).json()
+    assert reply["NodeNames"] == [] and "all 2 GPUs here are full" in reply["FailedNodes"]["n1"]
+    assert len(api.asked) == 1
+    metrics = await (await client.get("/metrics")).text()
+    assert 'extender_filter_rechecks_total{result="unchanged"} 1.0' in metrics
+
+
+async def test_an_api_that_does_not_answer_leaves_the_cache_s_answer(client_for: ClientFor) -> None:
+    cluster = full_cluster()
+    api = FakeApi(cluster, deleted={"low-n1-0"}, silent=True)
+    client = await client_for(make_service(cluster, recheck=api.recheck))
+    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000, nominated="n1")
+    reply = await (await client.post("/filter", data=filter_body(preemptor, ["n1"]))).json()
+    assert (reply["NodeNames"], reply["Error"]) == ([], "")
+    metrics = await (await client.get("/metrics")).text()
+    assert 'extender_filter_rechecks_total{result="unanswered"} 1.0' in metrics
+
+
+async def test_nodes_offered_by_preempt_are_rechecked_until_the_preemptor_is_bound(client_for: ClientFor) -> None:
+    """The scheduler's retry may carry no nomination yet (its status patch races the victim's deletion): the
+    nodes our /preempt offered are checked instead, until the pod is bound."""
+    cluster = full_cluster()
+    api = FakeApi(cluster, deleted={"low-n2-1"})
+    service = make_service(cluster, recheck=api.recheck)
+    client = await client_for(service)
+    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000)
+    (chosen,) = [uid for uid, record in cluster.pods.items() if record.name == "low-n2-1"]
+    body = {"Pod": preemptor, "NodeNameToMetaVictims": {"n2": {"Pods": [{"UID": chosen}]}}}
+    offered = await (await client.post("/preempt", data=orjson.dumps(body))).json()
+    assert list(offered["NodeNameToMetaVictims"]) == ["n2"]
+
+    reply = await (await client.post("/filter", data=filter_body(preemptor, ["n1", "n2"]))).json()
+    assert reply["NodeNames"] == ["n2"] and api.asked == [["default/low-n2-0", "default/low-n2-1"]]
+    meta = preemptor["metadata"]
+    binding = {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": "n2"}
+    assert (await (await client.post("/bind", data=orjson.dumps(binding))).json()) == {"Error": ""}
+    assert service.preemptions.nodes_of(meta["uid"]) == ()
+
+
+async def test_a_pod_that_is_no_preemptor_never_waits_on_the_api(client_for: ClientFor) -> None:
+    cluster = full_cluster()
+    api = FakeApi(cluster, deleted={"low-n1-0"})
+    client = await client_for(make_service(cluster, recheck=api.recheck))
+    pod = with_priority(make_pod("plain", gpu_mem=16), 1000)
+    reply = await (await client.post("/filter", data=filter_body(pod, ["n1", "n2"]))).json()
+    assert reply["NodeNames"] == [] and api.asked == []
