@@ -205,7 +205,7 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
     if outcome.failed and service.recheck is not None:
         stale = suspects(args.Pod, outcome.failed, service.cluster, service.preemptions)
         if stale:
-            return _filter_rechecked(args, demand, names, service, outcome, stale)
+            return _filter_rechecked(args, demand, names, service, stale)
     return _filter_reply(args, demand, names, outcome, service)
 
 
@@ -230,7 +230,6 @@ async def _filter_rechecked(
     demand: Demand,
     names: list[Any],
     service: Service,
-    outcome: FilterOutcome,
     stale: list[PodRecord],
 ) -> VerbResult:
     """The filter of a preemptor refused nodes it may have freed: read the possible victims there from the API
@@ -243,14 +242,13 @@ async def _filter_rechecked(
         return _not_ready_filter(args, service)
     if answer.gone:
         log.info(
-            "filter %s: %d of %d pods counted where it may have freed room are gone from the API (the watch is "
-            "behind); judging again",
+            "filter %s: %d of %d pods counted where it may have freed room are gone from the API (the watch is behind)",
             pod_key(args.Pod),
             answer.gone,
             len(stale),
         )
-        outcome = _judge(args, demand, names, service)
-    return _filter_reply(args, demand, names, outcome, service)
+    # Judged again in any case: binds and watch events went on during the reads.
+    return _filter_reply(args, demand, names, _judge(args, demand, names, service), service)
 
 
 def _filter_reply(

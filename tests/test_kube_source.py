@@ -470,4 +470,10 @@ async def test_a_preemptor_s_filter_reads_from_the_api_the_victims_the_watch_has
     api.fail("GET", "/api/v1/namespaces/default/pods/low-3", mode="hang")
     source.recheck_timeout = 0.2
     assert await source.recheck([records["low-3"]]) == Answer(gone=0, unanswered=1)
+
+    async def broken(path: str, params: Any = None) -> Any:
+        raise RuntimeError("a bug in the client")
+
+    source.client.get = broken  # type: ignore[method-assign]
+    assert await source.recheck([records["low-3"]]) == Answer(gone=0, unanswered=1), "a bug is no 500 for the filter"
     assert cluster.nodes["n1"].used == [0, 0, 0, 16]

@@ -91,16 +91,39 @@ def test_pods_of_the_preemptor_s_priority_or_higher_are_never_victims_so_never_r
     assert keys(suspects(preemptor, ["n1"], cluster, Preemptions())) == ["default/low"]
 
 
-def test_nodes_preempt_offered_are_read_after_the_nominated_one_at_most_limit_pods() -> None:
-    nodes = [make_node(f"n{number}", gpus=8, mem=16) for number in range(4)]
-    pods = tuple(victim(f"low-{number}-{index}", f"n{number}", index) for number in range(4) for index in range(8))
+def test_the_victims_preempt_named_are_read_the_nominated_node_s_first() -> None:
+    """Three nodes of one GPU, each shared by eight 2 GiB pods: /preempt named one pod's worth of victims on each
+    (the scheduler evicts exactly those on the node it picks); only they are read."""
+    nodes = [make_node(f"n{number}", gpus=1, mem=16) for number in range(3)]
+    pods = tuple(victim(f"low-{number}-{index}", f"n{number}", 0, mem=2) for number in range(3) for index in range(8))
     cluster = make_cluster(*nodes, pods=pods)
-    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000, nominated="n3")
+    uid_of = {record.name: uid for uid, record in cluster.pods.items()}
+    preemptor = with_priority(make_pod("high", gpu_mem=4), 1000)
     offered = Preemptions()
-    offered.remember(preemptor["metadata"]["uid"], ["n1", "n3", "n2"])
-    found = suspects(preemptor, ["n0", "n1", "n2", "n3"], cluster, offered)
-    assert len(found) == LIMIT == 16
-    assert [record.node_name for record in found] == ["n3"] * 8 + ["n1"] * 8
+    named = {f"n{number}": [uid_of[f"low-{number}-0"], uid_of[f"low-{number}-1"]] for number in range(3)}
+    offered.remember(preemptor["metadata"]["uid"], named)
+    assert keys(suspects(preemptor, ["n0", "n1", "n2"], cluster, offered)) == [
+        f"default/low-{number}-{index}" for number in range(3) for index in range(2)
+    ]
+    assert keys(suspects(preemptor, ["n0"], cluster, offered)) == ["default/low-0-0", "default/low-0-1"]
+    preemptor["status"] = {"nominatedNodeName": "n2"}
+    assert keys(suspects(preemptor, ["n0", "n1", "n2"], cluster, offered))[:2] == ["default/low-2-0", "default/low-2-1"]
+
+
+def test_without_named_victims_the_nominated_node_s_lowest_priorities_come_first_within_the_limit() -> None:
+    """Five GPUs shared by eight pods each, the lowest priorities on the last GPU: those are the ones the scheduler
+    evicted, and they are read even though more pods than `LIMIT` could be."""
+    pods = tuple(
+        victim(f"p{index}-{number}", "n1", index, mem=2, priority=0 if index == 4 else 500)
+        for index in range(5)
+        for number in range(8)
+    )
+    cluster = make_cluster(make_node("n1", gpus=5, mem=16), pods=pods)
+    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000, nominated="n1")
+    found = suspects(preemptor, ["n1"], cluster, Preemptions())
+    assert len(found) == LIMIT == 32 < len(pods)
+    assert {record.name for record in found} >= {f"p4-{number}" for number in range(8)}
+    assert [record.priority for record in found[:8]] == [0] * 8
 
 
 def test_reservations_not_yet_seen_bound_are_not_read() -> None:
@@ -112,20 +135,20 @@ def test_reservations_not_yet_seen_bound_are_not_read() -> None:
     assert suspects(preemptor, ["n1"], cluster, Preemptions()) == []
 
 
-def test_what_preempt_offered_is_forgotten_after_its_memory_or_the_bind() -> None:
+def test_what_preempt_named_is_forgotten_after_its_memory_or_the_bind() -> None:
     clock = FakeClock()
     offered = Preemptions(memory=300.0, limit=2, clock=clock)
-    offered.remember("a", ["n1"])
-    offered.remember("b", [])
-    assert (offered.nodes_of("a"), offered.nodes_of("b"), len(offered)) == (("n1",), (), 1)
+    offered.remember("a", {"n1": ["v"]})
+    offered.remember("b", {})
+    assert (offered.offer("a"), offered.offer("b"), len(offered)) == ({"n1": ("v",)}, {}, 1)
     clock.advance(301)
-    assert offered.nodes_of("a") == ()
-    offered.remember("a", ["n1"])
+    assert offered.offer("a") == {}
+    offered.remember("a", {"n1": ["v"]})
     offered.forget("a")
-    assert offered.nodes_of("a") == ()
+    assert offered.offer("a") == {}
     for uid in ("x", "y", "z"):
-        offered.remember(uid, ["n1"])
-    assert (len(offered), offered.nodes_of("x")) == (2, ()), "bounded: the oldest goes first"
+        offered.remember(uid, {"n1": ["v"]})
+    assert (len(offered), offered.offer("x")) == (2, {}), "bounded: the oldest goes first"
 
 
 # --- through the service --------------------------------------------------------------------------------------
@@ -173,9 +196,9 @@ async def test_an_api_that_does_not_answer_leaves_the_cache_s_answer(client_for:
     assert 'extender_filter_rechecks_total{result="unanswered"} 1.0' in metrics
 
 
-async def test_nodes_offered_by_preempt_are_rechecked_until_the_preemptor_is_bound(client_for: ClientFor) -> None:
+async def test_victims_named_by_preempt_are_rechecked_until_the_preemptor_is_bound(client_for: ClientFor) -> None:
     """The scheduler's retry may carry no nomination yet (its status patch races the victim's deletion): the
-    nodes our /preempt offered are checked instead, until the pod is bound."""
+    victims our /preempt named are read instead, until the pod is bound."""
     cluster = full_cluster()
     api = FakeApi(cluster, deleted={"low-n2-1"})
     service = make_service(cluster, recheck=api.recheck)
@@ -187,11 +210,11 @@ async def test_nodes_offered_by_preempt_are_rechecked_until_the_preemptor_is_bou
     assert list(offered["NodeNameToMetaVictims"]) == ["n2"]
 
     reply = await (await client.post("/filter", data=filter_body(preemptor, ["n1", "n2"]))).json()
-    assert reply["NodeNames"] == ["n2"] and api.asked == [["default/low-n2-0", "default/low-n2-1"]]
+    assert reply["NodeNames"] == ["n2"] and api.asked == [["default/low-n2-1"]]
     meta = preemptor["metadata"]
     binding = {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": "n2"}
     assert (await (await client.post("/bind", data=orjson.dumps(binding))).json()) == {"Error": ""}
-    assert service.preemptions.nodes_of(meta["uid"]) == ()
+    assert service.preemptions.offer(meta["uid"]) == {}
 
 
 async def test_a_pod_that_is_no_preemptor_never_waits_on_the_api(client_for: ClientFor) -> None:
@@ -201,3 +224,23 @@ async def test_a_pod_that_is_no_preemptor_never_waits_on_the_api(client_for: Cli
     pod = with_priority(make_pod("plain", gpu_mem=16), 1000)
     reply = await (await client.post("/filter", data=filter_body(pod, ["n1", "n2"]))).json()
     assert reply["NodeNames"] == [] and api.asked == []
+
+
+async def test_a_replica_that_stops_leading_during_the_reads_answers_that_it_is_not_ready(
+    client_for: ClientFor,
+) -> None:
+    cluster = full_cluster()
+    leading = [True]
+    api = FakeApi(cluster, deleted={"low-n1-0"})
+
+    async def recheck(pods: list[PodRecord]) -> Answer:
+        leading[0] = False  # the lease is lost while the API is read
+        return await api.recheck(pods)
+
+    service = make_service(
+        cluster, recheck=recheck, ready=lambda: leading[0], why_not_ready=lambda: "extender is not the leader"
+    )
+    client = await client_for(service)
+    preemptor = with_priority(make_pod("high", gpu_mem=16), 1000, nominated="n1")
+    reply = await (await client.post("/filter", data=filter_body(preemptor, ["n1"]))).json()
+    assert (reply["NodeNames"], reply["Error"]) == ([], "extender is not the leader")

@@ -165,30 +165,39 @@ class KubeSource:
         brings the same news a little later; until then the cache would count memory that is free
         (`recheck.py`)."""
 
-        async def gone(record: PodRecord) -> bool:
+        async def gone(record: PodRecord) -> bool | None:
+            """True: gone; False: still there; None: no answer (logged)."""
             try:
                 pod = await self.client.get(pod_path(record.namespace, record.name))
             except NotFound:
                 return True
+            except KubeError as error:
+                log.info("rechecking pod %s: %s", record.key, error)
+                return None
+            except Exception:  # a bug; the filter still gets the cache's answer rather than a 500
+                log.warning("rechecking pod %s failed unexpectedly", record.key, exc_info=True)
+                return None
+            if not isinstance(pod, dict):
+                log.info("rechecking pod %s: the API answered %r, not a pod", record.key, type(pod).__name__)
+                return None
             meta, status = pod.get("metadata") or {}, pod.get("status") or {}
             return bool(meta.get("uid") != record.uid or status.get("phase") in TERMINAL_PHASES)
 
         reads = [asyncio.ensure_future(gone(record)) for record in pods]
-        done, late = await asyncio.wait(reads, timeout=self.recheck_timeout) if reads else (set(), set())
-        for read in late:
-            read.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        try:
+            done, late = await asyncio.wait(reads, timeout=self.recheck_timeout) if reads else (set(), set())
+        finally:
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
         found, unanswered = 0, len(late)
         for record, read in zip(pods, reads, strict=True):
             if read not in done:
                 continue
-            error = read.exception()
-            if error is not None:
-                if not isinstance(error, KubeError):
-                    raise error
-                log.info("rechecking pod %s: %s", record.key, error)
+            answer = read.result()
+            if answer is None:
                 unanswered += 1
-            elif read.result():
+            elif answer:
                 self.cluster.forget_pod(record.uid)
                 found += 1
         return Answer(found, unanswered)
