@@ -99,7 +99,7 @@ ENV PATH=/opt/venv/bin:/usr/bin \
 
 USER 65532:65532
 WORKDIR /home/nonroot
-EXPOSE 8443
+EXPOSE 8443 8081
 
 ENTRYPOINT ["extender"]
 CMD ["serve"]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from extender.cluster import Cluster
 from extender.ledger import Ledger
-from extender.server import Service, build_server
+from extender.server import PROBES, Service, build_health_server, build_server
 from extender.settings import Settings
 from extender.sources.file import FileBinder, load_cluster_file
 from extender.sources.kube.client import KubeClient
@@ -156,6 +156,15 @@ async def serve(service: Service, settings: Settings, tls: ReloadingContext | No
     )
     if tls is not None:
         log.info("serving certificate %s; files checked every %g s", tls.describe(), settings.tls_reload_interval)
+    health = build_health_server(service) if settings.health_port else None
+    if health is not None:
+        try:
+            await health.start(settings.host, settings.health_port)
+        except BaseException:
+            await server.stop(grace=0.0)
+            raise
+        paths = ", ".join(path for path, _ in PROBES)
+        log.info("serving %s over plain http on %s:%d", paths, settings.host, health.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -167,4 +176,6 @@ async def serve(service: Service, settings: Settings, tls: ReloadingContext | No
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         await server.stop(grace=10.0)
+        if health is not None:
+            await health.stop(grace=1.0)
         log.info("stopped")

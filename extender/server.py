@@ -441,6 +441,10 @@ async def _expiry_sweep(service: Service) -> None:
             )
 
 
+PROBES = (("/healthz", _healthz), ("/readyz", _readyz), ("/synced", _synced), ("/metrics", _metrics))
+"""What the health listener serves (`build_health_server`): state, never pods' names or any verb."""
+
+
 def build_server(service: Service) -> HttpServer:
     """The HTTP server for a service, not yet listening: `await server.start(host, port, ssl_context)`."""
     router = Router()
@@ -448,17 +452,19 @@ def build_server(service: Service) -> HttpServer:
     router.add("POST", "/prioritize", _verb(service, "prioritize", _prioritize))
     router.add("POST", "/bind", _async_verb(service, "bind", _bind))
     router.add("POST", "/preempt", _verb(service, "preempt", _preempt))
-    for path, page in (
-        ("/healthz", _healthz),
-        ("/readyz", _readyz),
-        ("/synced", _synced),
-        ("/metrics", _metrics),
-        ("/inspect", _inspect),
-        ("/inspect/{node}", _inspect_node),
-    ):
+    for path, page in (*PROBES, ("/inspect", _inspect), ("/inspect/{node}", _inspect_node)):
         router.add("GET", path, functools.partial(page, service))
 
     async def expiry_sweep() -> None:
         await _expiry_sweep(service)
 
     return HttpServer(router, service.max_body_bytes, background=(expiry_sweep,))
+
+
+def build_health_server(service: Service) -> HttpServer:
+    """The plain-HTTP listener for kubelet probes and Prometheus (`--health-port`): the `PROBES` pages only, so
+    it can go without TLS. Requests to it carry no body worth reading."""
+    router = Router()
+    for path, page in PROBES:
+        router.add("GET", path, functools.partial(page, service))
+    return HttpServer(router, max_body_bytes=64 * 1024)

@@ -45,6 +45,12 @@ class Settings:
     # -- serving
     host: str = _doc("Address to listen on.", default="0.0.0.0")
     port: int = _doc("Port to listen on.", default=8443)
+    health_port: int = _doc(
+        "Port of a second, plain-HTTP listener on --host that serves only GET /healthz, /readyz, /synced and "
+        "/metrics, for kubelet httpGet probes and Prometheus without a client certificate; never the verbs or "
+        "/inspect. 0: no such listener.",
+        default=0,
+    )
     tls_cert: str = _doc("PEM certificate chain to serve HTTPS with.", default="")
     tls_key: str = _doc("PEM private key of --tls-cert.", default="")
     client_ca: str = _doc(
@@ -188,6 +194,10 @@ class Settings:
         """Refuse inconsistent combinations; returns self so it chains."""
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port {self.port} is out of range 0..65535")
+        if not 0 <= self.health_port <= 65535:
+            raise SettingsError(f"health_port {self.health_port} is out of range 0..65535")
+        if self.health_port and self.health_port == self.port:
+            raise SettingsError(f"health_port and port are both {self.port}: the health listener needs its own port")
         if not self.insecure_http and not (self.tls_cert and self.tls_key):
             raise SettingsError("HTTPS needs --tls-cert and --tls-key (or --insecure-http for plain HTTP)")
         if self.insecure_http and self.client_ca:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import http.client
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -70,6 +72,67 @@ def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
     assert "serving plain HTTP (--insecure-http)" in log
     assert "shutting down gracefully" in log
     assert "Traceback" not in log
+
+
+def test_the_health_port_serves_probes_and_metrics_over_plain_http_and_nothing_else(tmp_path: Path) -> None:
+    """What kubelet httpGet probes and Prometheus reach without a client certificate, while every verb stays
+    behind mutual TLS on the main port."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"kind": "List", "items": [make_node("n1")]}))
+    ca = make_ca()
+    server = issue_server(ca)
+    for name, data in (
+        ("tls.crt", server.certificate_pem),
+        ("tls.key", server.key_pem),
+        ("ca.crt", ca.certificate_pem),
+    ):
+        (tmp_path / name).write_bytes(data)
+    port, health = free_port(), free_port()
+    command = [sys.executable, "-m", "extender", "serve", "--cluster", str(cluster), "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--health-port", str(health), "--tls-cert", str(tmp_path / "tls.crt")]
+    command += ["--tls-key", str(tmp_path / "tls.key"), "--client-ca", str(tmp_path / "ca.crt")]
+    env = {name: value for name, value in os.environ.items() if not name.startswith("EXTENDER_")}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        plain = f"http://127.0.0.1:{health}"
+        wait_ready(plain, process)
+        for path, expected in (("/healthz", b'"ok"'), ("/synced", b'"synced"'), ("/metrics", b"extender_requests")):
+            with urllib.request.urlopen(plain + path, timeout=5) as response:
+                assert response.status == 200 and expected in response.read(), path
+        body = orjson.dumps({"Pod": make_pod("p", gpu_mem=4), "NodeNames": ["n1"]})
+        for method, path, data in (("POST", "/filter", body), ("POST", "/bind", body), ("GET", "/inspect", None)):
+            request = urllib.request.Request(plain + path, data=data, method=method)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=5)
+            assert refused.value.code == 404, path
+        anonymous = ssl.create_default_context(cadata=ca.certificate_pem.decode())
+        with pytest.raises(OSError):  # the main port still wants the scheduler's certificate
+            urllib.request.urlopen(f"https://localhost:{port}/healthz", timeout=5, context=anonymous).read()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    log = stderr.decode()
+    assert process.returncode == 0, log
+    assert f"serving /healthz, /readyz, /synced, /metrics over plain http on 127.0.0.1:{health}" in log
+
+
+def test_a_health_port_already_taken_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"kind": "List", "items": [make_node("n1")]}))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        health = taken.getsockname()[1]
+        command = [sys.executable, "-m", "extender", "serve", "--cluster", str(cluster), "--host", "127.0.0.1"]
+        command += ["--port", str(free_port()), "--health-port", str(health), "--insecure-http"]
+        env = {name: value for name, value in os.environ.items() if not name.startswith("EXTENDER_")}
+        result = subprocess.run(command, env=env, capture_output=True, timeout=30)
+    stderr = result.stderr.decode()
+    assert result.returncode == 2, stderr
+    assert "extender serve:" in stderr and "address already in use" in stderr.lower()
+    assert "Traceback" not in stderr
 
 
 def _filter(connection: http.client.HTTPSConnection) -> int:

@@ -9,17 +9,12 @@ are rebuilt here from the kustomization files, which are read as data.
 from __future__ import annotations
 
 import functools
-import http.server
 import json
 import os
 import posixpath
 import re
 import shutil
-import ssl
 import subprocess
-import sys
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,15 +23,17 @@ from urllib.parse import urlsplit
 import jsonschema
 import kubernetes_validate
 import pytest
-import trustme
 import yaml
 from kubernetes_validate import utils as kubernetes_validate_utils
 
 from extender import cli
 from extender import settings as settings_module
 from extender.schedconfig import go_duration, render
+from extender.server import build_health_server
 from extender.settings import Settings
 from extender.sources.kube.controller import LEADER_LABEL
+from tests.builders import make_cluster
+from tests.conftest import make_service
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
 NAMESPACE = "gpu-extender"
@@ -682,92 +679,27 @@ def test_replicas_spread_over_nodes_and_keep_one_through_evictions(deployment: s
     assert budget["selector"]["matchLabels"] == find("Deployment", deployment)["spec"]["selector"]["matchLabels"]
 
 
-def probe_command(probe: str) -> list[str]:
-    command: list[str] = container("gpu-extender")[probe]["exec"]["command"]
-    return command
+def test_probes_get_synced_and_healthz_from_the_plain_health_listener() -> None:
+    """The kubelet's httpGet cannot present a client certificate: the probes go to --health-port, which serves
+    the probe pages alone (tests/test_cli.py runs it), never to the mTLS port of the verbs."""
+    extender, settings = container("gpu-extender"), extender_settings()
+    assert settings.health_port and settings.health_port != settings.port
+    ports = {port["name"]: port["containerPort"] for port in extender["ports"]}
+    assert ports == {"https": settings.port, "health": settings.health_port}
+    assert extender["readinessProbe"]["httpGet"] == {"path": "/synced", "port": "health"}
+    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    served = set(build_health_server(make_service(make_cluster())).router.paths)
+    assert served == {"/healthz", "/readyz", "/synced", "/metrics"}
+    assert find("Service", "gpu-extender")["spec"]["ports"][0]["targetPort"] == "https"
 
 
-def test_probes_call_synced_and_healthz_over_mutual_tls_with_the_client_certificate() -> None:
-    readiness, liveness = probe_command("readinessProbe"), probe_command("livenessProbe")
-    assert readiness[:3] == liveness[:3] and readiness[:2] == ["python3", "-c"]
-    port = extender_settings().port
-    assert readiness[3] == f"https://127.0.0.1:{port}/synced"
-    assert liveness[3] == f"https://127.0.0.1:{port}/healthz"
-    assert readiness[4:] == liveness[4:]
-    ca, cert, key = readiness[4:]
+def test_the_extenders_pods_hold_no_client_key() -> None:
+    """Only kube-scheduler holds the client certificate's key: the extender mounts the CA that signed it."""
     client = find("Certificate", "gpu-extender-scheduler-client")["spec"]["secretName"]
-    assert mounted_secret_file("gpu-extender", ca) == (client, "ca.crt")
-    assert mounted_secret_file("gpu-extender", cert) == (client, "tls.crt")
-    assert mounted_secret_file("gpu-extender", key) == (client, "tls.key")
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeFiles:
-    ca: Path
-    cert: Path
-    key: Path
-
-
-@pytest.fixture
-def mtls_server(tmp_path: Path) -> Iterator[tuple[str, ProbeFiles]]:
-    """An HTTPS server like the extender's (client certificate required, serving certificate naming the Service,
-    not 127.0.0.1): /healthz answers 200, /synced 503 "not synced"."""
-    authority = trustme.CA()
-    server_certificate = authority.issue_cert(f"gpu-extender.{NAMESPACE}.svc")
-    client_certificate = authority.issue_cert("kube-scheduler")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.verify_mode = ssl.CERT_REQUIRED
-    server_certificate.configure_cert(context)
-    authority.configure_trust(context)
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            status, body = {"/healthz": (200, b"ok"), "/synced": (503, b"not synced")}[self.path]
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    files = ProbeFiles(tmp_path / "ca.crt", tmp_path / "tls.crt", tmp_path / "tls.key")
-    authority.cert_pem.write_to_path(str(files.ca))
-    client_certificate.cert_chain_pems[0].write_to_path(str(files.cert))
-    client_certificate.private_key_pem.write_to_path(str(files.key))
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}", files
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def run_probe(probe: str, url: str, files: ProbeFiles) -> subprocess.CompletedProcess[str]:
-    script = probe_command(probe)[2]
-    path = urlsplit(probe_command(probe)[3]).path
-    argv = [sys.executable, "-c", script, url + path, str(files.ca), str(files.cert), str(files.key)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-
-
-def test_liveness_probe_passes_on_200(mtls_server: tuple[str, ProbeFiles]) -> None:
-    url, files = mtls_server
-    result = run_probe("livenessProbe", url, files)
-    assert (result.returncode, result.stdout.strip()) == (0, "ok"), result.stderr
-
-
-def test_readiness_probe_fails_on_503_saying_why(mtls_server: tuple[str, ProbeFiles]) -> None:
-    url, files = mtls_server
-    result = run_probe("readinessProbe", url, files)
-    assert (result.returncode, result.stderr.strip()) == (1, "503 not synced")
-
-
-def test_probe_refuses_a_server_its_ca_did_not_sign(mtls_server: tuple[str, ProbeFiles], tmp_path: Path) -> None:
-    url, files = mtls_server
-    stranger = tmp_path / "other-ca.crt"
-    trustme.CA().cert_pem.write_to_path(str(stranger))
-    result = run_probe("livenessProbe", url, ProbeFiles(stranger, files.cert, files.key))
-    assert result.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in result.stderr
+    mounted = [
+        item["key"]
+        for volume in pod_spec("gpu-extender")["volumes"]
+        if volume.get("secret", {}).get("secretName") == client
+        for item in volume["secret"]["items"]
+    ]
+    assert mounted == ["ca.crt"]

@@ -41,6 +41,8 @@ def test_the_config_file_can_come_from_the_environment(tmp_path: Path) -> None:
     [
         ({}, {"EXTENDER_PORT": "eighty"}, "EXTENDER_PORT='eighty': invalid literal"),
         ({"port": "70000"}, {}, "port 70000 is out of range"),
+        ({"health_port": "-1"}, {}, "health_port -1 is out of range"),
+        ({"health_port": "8443"}, {}, "health_port and port are both 8443: the health listener needs its own port"),
         ({"insecure_http": "maybe"}, {}, "--insecure-http='maybe': expected true or false"),
         ({"node_strategy": "random"}, {}, "(one of: binpack, spread)"),
         ({"reservation_ttl": "0"}, {}, "reservation_ttl must be positive"),
