@@ -11,12 +11,14 @@ import gc
 import logging
 import signal
 import socket
+import time
 import uuid
 from collections.abc import Callable
 
 from extender.cluster import Cluster
 from extender.ledger import Ledger
-from extender.server import PROBES, Service, build_health_server, build_server
+from extender.requeue import WATCH_LAG
+from extender.server import PROBES, Service, build_health_server, build_server, memory_freed
 from extender.settings import Settings
 from extender.sources.file import FileBinder, load_cluster_file
 from extender.sources.kube.client import KubeClient
@@ -85,10 +87,12 @@ def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeS
         binding_time_left=source.binding_time_left,
         on_bind_failure=source.events.failed_bind,
         recheck=source.recheck,
+        requeue=source.requeue if source.requeuer is not None else None,
         expiry_interval=settings.expiry_interval,
         max_body_bytes=settings.max_body_bytes,
     )
     service.metrics.add_source(source.samples)
+    source.on_freed = lambda node: memory_freed(service, node, time.time() - WATCH_LAG)
     return service, source
 
 

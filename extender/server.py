@@ -45,6 +45,7 @@ from extender.policy import (
     score_node,
 )
 from extender.recheck import Preemptions, Recheck, suspects
+from extender.requeue import Refusals
 from extender.resources import Demand, InvalidPod, Raw, pod_demand, pod_key, pod_uid
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,10 @@ class Service:
     """Reads pods from the API before a preemptor is refused a node it may have freed (`recheck.py`); None
     where the cache is the only truth (the file source)."""
     preemptions: Preemptions = field(default_factory=Preemptions)
+    requeue: Callable[[str], None] | None = None
+    """Asks kube-scheduler to retry the pods an extender rejected (the API source annotates its own pod; see
+    `requeue.py`), saying why; None where there is no way to (the file source, or no --pod-name)."""
+    refusals: Refusals = field(default_factory=Refusals)
     expiry_interval: float = 5.0
     max_body_bytes: int = 32 * 1024 * 1024
 
@@ -262,6 +267,8 @@ def _filter_reply(
         metrics.nodes_unresolvable.inc(len(outcome.unresolvable))
     if demand.memory and len(outcome.passed) < len(names):
         log.debug("filter %s: %d of %d nodes fit", pod_key(args.Pod), len(outcome.passed), len(names))
+        if not outcome.passed and outcome.failed and service.requeue is not None:
+            service.refusals.refused(pod_uid(args.Pod), demand)
     return contract.filter_reply(args, outcome.passed, outcome.failed, outcome.unresolvable), ""
 
 
@@ -314,6 +321,7 @@ async def _bind(request: Request, service: Service) -> VerbResult:
     else:
         log.info("bound %s to %s", target.key, target.node)
         service.preemptions.forget(target.uid)
+        service.refusals.forget(target.uid)
     return contract.binding_reply(error), error
 
 
@@ -439,6 +447,18 @@ async def _expiry_sweep(service: Service) -> None:
                 allocation.node,
                 ",".join(map(str, allocation.indexes)),
             )
+            memory_freed(service, allocation.node, hold.since)
+
+
+def memory_freed(service: Service, node: str, since: float) -> None:
+    """Memory came free on `node` in the cache with no cluster event for kube-scheduler after it (a late watch
+    event, an expired reservation: `requeue.py`): if a pod refused since `since` (Unix seconds) fits there now,
+    ask kube-scheduler to retry it."""
+    if service.requeue is None:
+        return
+    state = service.cluster.nodes.get(node)
+    if state is not None and service.refusals.waiting_fits(state, since):
+        service.requeue(f"memory came free on {node} for a pod refused since")
 
 
 PROBES = (("/healthz", _healthz), ("/readyz", _readyz), ("/synced", _synced), ("/metrics", _metrics))

@@ -110,7 +110,8 @@ class Settings:
     pod_name: str = _doc(
         "This replica's own pod, in the Lease's namespace (from the downward API). When set, the leader labels it "
         "gpu-extender.io/leader=true and every other replica removes that label, so a Service selecting it "
-        "sends kube-scheduler to the leader alone while every replica with a full cache is Ready (/synced).",
+        "sends kube-scheduler to the leader alone while every replica with a full cache is Ready (/synced); and "
+        "an annotation on it asks kube-scheduler to retry pods refused while the cache was behind.",
         default="",
     )
     # -- the device plugin's profile

@@ -753,6 +753,10 @@ class ApiDouble:
             raise ValueError("times must be at least 1")
         self._faults.append(Fault(method.upper(), path_prefix, status, times, mode, delay, body))
 
+    def clear_faults(self) -> None:
+        """Forget every fault not played yet (a request already hanging stays so until its client gives up)."""
+        self._faults.clear()
+
     def drop_watches(self) -> None:
         """Cut every open watch mid-stream: the connection closes without the terminating chunk."""
         self._signal_watches(Signal.DROP)

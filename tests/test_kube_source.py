@@ -24,7 +24,7 @@ from extender.recheck import Answer
 from extender.server import Service
 from extender.settings import Settings
 from extender.sources.kube.client import KubeClient
-from extender.sources.kube.controller import LEADER_LABEL, KubeOptions, KubeSource
+from extender.sources.kube.controller import LEADER_LABEL, KubeOptions, KubeSource, Requeuer
 from extender.sources.kube.informer import WatchOptions
 from extender.sources.kube.leader import LeaseTimings
 from tests.apidouble import ApiDouble
@@ -477,3 +477,70 @@ async def test_a_preemptor_s_filter_reads_from_the_api_the_victims_the_watch_has
     source.client.get = broken  # type: ignore[method-assign]
     assert await source.recheck([records["low-3"]]) == Answer(gone=0, unanswered=1), "a bug is no 500 for the filter"
     assert cluster.nodes["n1"].used == [0, 0, 0, 16]
+
+
+async def test_a_pod_refused_while_the_watch_was_late_is_retried_by_annotating_the_extenders_pod(
+    api: ApiDouble, kube: KubeClient, client_for: ClientFor
+) -> None:
+    """The watch is held back while a GPU pod is deleted; kube-scheduler, which saw the deletion, asks about the
+    waiting pod and is refused. When the deletion reaches the cache, the extender annotates its own pod: the
+    update of an assigned pod on which kube-scheduler retries the pods an extender rejected (e2e tier)."""
+    api.add_node(make_node("n1", gpus=1, mem=16))
+    api.add_pod(bound_pod("running", "n1", (0,), 16))
+    api.add_pod({**make_pod("self", gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
+    settings = Settings(
+        insecure_http=True, identity="self", lease_namespace="gpu-extender", pod_name="self", leader_elect=False
+    ).check()
+    service, source = kube_service(settings, kube)
+    await source.start()
+    try:
+        await eventually(source.ready, what="synced")
+        client = await client_for(service)
+        api.fail("GET", "/api/v1/pods", mode="drop", times=1000)  # every new watch cut at once, then backed off
+        api.drop_watches()
+        await eventually(lambda: not source.pods.current, what="the watch held back")
+        api.delete_pod("default", "running")
+        waiting = api.add_pod(make_pod("waiting", gpu_mem=16))
+        reply = await (await client.post("/filter", filter_body(waiting, ["n1"]))).json()
+        assert reply["NodeNames"] == [], "the cache still counts the deleted pod"
+        assert source.requeuer is not None and source.requeuer.written == 0
+
+        api.clear_faults()
+        await eventually(lambda: (api.pod("gpu-extender", "self") or {})["metadata"].get("annotations"), what="asked")
+        annotations = (api.pod("gpu-extender", "self") or {})["metadata"]["annotations"]
+        assert set(annotations) == {"gpu-extender.io/requeue-requested"}
+        assert service.cluster.nodes["n1"].used == [0]
+        metrics = await (await client.get("/metrics")).text()
+        assert "extender_requeue_requests_total 1.0" in metrics
+    finally:
+        await source.stop()
+
+
+async def test_requests_to_retry_are_written_at_most_once_a_period_and_none_is_lost(
+    api: ApiDouble, kube: KubeClient
+) -> None:
+    api.add_pod({**make_pod("self", gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
+    requeuer = Requeuer(kube, "gpu-extender", "self", period=0.3)
+    task = asyncio.create_task(requeuer.run())
+    try:
+        requeuer.request("first")
+        await eventually(lambda: requeuer.written == 1, what="the first write")
+        first = api.pod("gpu-extender", "self")
+        for reason in ("second", "third", "fourth"):  # during the pause: one more write, at its end
+            requeuer.request(reason)
+        await asyncio.sleep(0.1)
+        assert requeuer.written == 1
+        await eventually(lambda: requeuer.written == 2, what="the write after the pause")
+        await asyncio.sleep(0.4)
+        assert requeuer.written == 2
+        last = api.pod("gpu-extender", "self")
+        assert first is not None and last is not None
+        stamps = [pod["metadata"]["annotations"]["gpu-extender.io/requeue-requested"] for pod in (first, last)]
+        assert stamps[0] < stamps[1]
+        api.delete_pod("gpu-extender", "self")
+        requeuer.request("gone")  # a failed write is logged, and the loop goes on
+        await asyncio.sleep(0.1)
+        assert requeuer.written == 2 and not task.done()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

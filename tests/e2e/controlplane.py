@@ -367,6 +367,9 @@ class ControlPlane:
         """What a controller-manager or an operator would have created, through the API as admin."""
         self.request("POST", "/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "default"}})
         self.request("POST", "/api/v1/namespaces", {"metadata": {"name": EXTENDER_NAMESPACE}})
+        self.request(
+            "POST", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/serviceaccounts", {"metadata": {"name": "default"}}
+        )
         rbac = "/apis/rbac.authorization.k8s.io/v1"
         subject = [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": EXTENDER_USER}]
         self.request("POST", f"{rbac}/clusterroles", {"metadata": {"name": EXTENDER_USER}, "rules": EXTENDER_RULES})

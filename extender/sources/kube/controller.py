@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from extender.cluster import TERMINAL_PHASES, Cluster, PodRecord
 from extender.metrics import Sample
 from extender.recheck import TIMEOUT, Answer
+from extender.requeue import PERIOD, REQUEUE_ANNOTATION
 from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
 from extender.sources.kube.client import KubeClient, KubeError, NotFound
 from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
@@ -90,6 +92,40 @@ class LeaderLabel:
         log.info("%s label %s on this replica's pod", "set" if wanted else "removed", LEADER_LABEL)
 
 
+class Requeuer:
+    """Writes `REQUEUE_ANNOTATION` (the time, RFC 3339 with microseconds) on this replica's pod when asked,
+    at most once per `period` seconds: an update of an assigned pod, on which kube-scheduler retries every pod
+    an extender rejected (`requeue.py`). A request during the pause is carried out at its end; a failed write
+    is logged and retried at the next request."""
+
+    def __init__(self, client: KubeClient, namespace: str, pod: str, period: float = PERIOD) -> None:
+        self.client = client
+        self.path = pod_path(namespace, pod)
+        self.period = period
+        self.reason = ""
+        self.wake = asyncio.Event()
+        self.written = 0
+
+    def request(self, reason: str) -> None:
+        self.reason = reason
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: stamp}}}
+            try:
+                await self.client.merge_patch(self.path, patch)
+            except KubeError as error:
+                log.warning("asking kube-scheduler to retry rejected pods (annotating %s): %s", self.path, error)
+            else:
+                self.written += 1
+                log.info("asked kube-scheduler to retry the pods it could not place: %s", self.reason)
+            await asyncio.sleep(self.period)
+
+
 class KubeSource:
     """Mutable: its loops run from `start()` to `stop()`."""
 
@@ -100,8 +136,10 @@ class KubeSource:
         self.recheck_timeout = TIMEOUT
         self.nodes = Informer(client, NODES, cluster.apply_node, cluster.replace_nodes, options.watch)
         self.pods = Informer(
-            client, pods_kind(cluster.profile), cluster.apply_record, cluster.replace_records, options.watch
+            client, pods_kind(cluster.profile), self._apply_pod, cluster.replace_records, options.watch
         )
+        self.on_freed: Callable[[str], None] | None = None
+        """Told the node when a watch event frees memory there (a pod deleted or finished)."""
         self.binder = KubeBinder(client, observe=cluster.apply_pod)
         self.events = EventRecorder(client, options.identity)
         self.elector = (
@@ -124,6 +162,18 @@ class KubeSource:
             if options.pod_name and self.elector is not None
             else None
         )
+        self.requeuer = Requeuer(client, options.lease_namespace, options.pod_name) if options.pod_name else None
+
+    def _apply_pod(self, record: PodRecord, deleted: bool) -> None:
+        held = self.cluster.hold_of(record.uid) if deleted or record.finished else None
+        self.cluster.apply_record(record, deleted)
+        if held is not None and self.on_freed is not None:
+            self.on_freed(held.allocation.node)
+
+    def requeue(self, reason: str) -> None:
+        """Ask kube-scheduler to retry the pods an extender rejected (needs `pod_name`; see `Requeuer`)."""
+        if self.requeuer is not None:
+            self.requeuer.request(reason)
 
     def _leadership(self, leading: bool) -> None:
         if leading:
@@ -234,6 +284,13 @@ class KubeSource:
             yield Sample(
                 "extender_leader", "1 while this replica holds the lease.", "gauge", float(self.elector.leading)
             )
+        if self.requeuer is not None:
+            yield Sample(
+                "extender_requeue_requests_total",
+                "Annotations written on this replica's pod for kube-scheduler to retry the pods it rejected.",
+                "counter",
+                self.requeuer.written,
+            )
         yield Sample(
             "extender_bind_failure_events_total",
             "Warning Events recorded for failed binds.",
@@ -255,6 +312,8 @@ class KubeSource:
             loops["leader election"] = self.elector.run()
         if self.label is not None:
             loops["leader label"] = self.label.run()
+        if self.requeuer is not None:
+            loops["requeue"] = self.requeuer.run()
         for name, loop in loops.items():
             self._tasks[name] = asyncio.create_task(loop, name=name)
             self._tasks[name].add_done_callback(self._stopped)
@@ -269,7 +328,7 @@ class KubeSource:
 
     async def stop(self) -> None:
         """Give the lease up first (a standby takes over at once), then stop the informers."""
-        order = ["leader label", "leader election", "nodes informer", "pods informer"]
+        order = ["leader label", "requeue", "leader election", "nodes informer", "pods informer"]
         for name in order:
             task = self._tasks.get(name)
             if task is not None and not task.done():
