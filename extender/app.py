@@ -7,17 +7,16 @@ service through here, so they run what production runs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import signal
 import socket
-import time
 import uuid
 from collections.abc import Callable
 
 from extender.cluster import Cluster
 from extender.ledger import Ledger
-from extender.requeue import WATCH_LAG
 from extender.server import PROBES, Service, build_health_server, build_server, memory_freed
 from extender.settings import Settings
 from extender.sources.file import FileBinder, load_cluster_file
@@ -92,7 +91,7 @@ def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeS
         max_body_bytes=settings.max_body_bytes,
     )
     service.metrics.add_source(source.samples)
-    source.on_freed = lambda node: memory_freed(service, node, time.time() - WATCH_LAG)
+    source.on_freed = functools.partial(memory_freed, service)
     return service, source
 
 

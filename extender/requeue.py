@@ -8,12 +8,14 @@ in our cache with no such event to come after them:
   pod waits out the flush.
 - **A reservation expires** (its binding never showed up in the API): nothing in the API changed at all.
 
-So when the cache frees memory on a node (a deletion or a finished pod from the watch, an expired
-reservation), and a pod refused everywhere since then would fit there now, we ask kube-scheduler to retry:
+So when the cache frees room on a node (a pod deleted or finished, seen by the watch, a relist or a read of
+the API; a node added or changed; an expired reservation), and a pod refused everywhere since then would fit
+there now, we ask kube-scheduler to retry:
 the API source writes an annotation on the extender's own pod (`REQUEUE_ANNOTATION`), an update of an
 assigned pod, which kube-scheduler (1.32 and later, with its queueing hints) answers by retrying every pod an
 extender rejected. "Since then" is `WATCH_LAG` seconds before a watch event (a refusal longer ago had its
-retry from that event already), and the reservation's start for an expiry. At most one such write per
+retry from that event already), or before the start of a gap in the watch the cache is still catching up on
+(`RECOVERY`), and the reservation's start for an expiry. At most one such write per
 `PERIOD` seconds (the source's `Requeuer`): each one retries every waiting pod the extender rejected, so it
 is kept for when it is due.
 
@@ -34,6 +36,9 @@ REQUEUE_ANNOTATION = "gpu-extender.io/requeue-requested"
 """On the extender's own pod: when it last asked kube-scheduler to retry the pods it rejected."""
 WATCH_LAG = 1.0
 """Seconds before a watch event in which a refusal may have come from the watch being late."""
+RECOVERY = 10.0
+"""Seconds after a gap in a watch (a failure, then a resumed watch or a relist) during which what the cache
+applies may be what it missed: refusals since the gap began count."""
 MEMORY = 300.0
 """Seconds a refusal is remembered (kube-scheduler's own flush of unschedulable pods is 5 minutes)."""
 PERIOD = 1.0

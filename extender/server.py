@@ -451,14 +451,17 @@ async def _expiry_sweep(service: Service) -> None:
 
 
 def memory_freed(service: Service, node: str, since: float) -> None:
-    """Memory came free on `node` in the cache with no cluster event for kube-scheduler after it (a late watch
-    event, an expired reservation: `requeue.py`): if a pod refused since `since` (Unix seconds) fits there now,
-    ask kube-scheduler to retry it."""
+    """Room came free on `node` in the cache, maybe with no cluster event for kube-scheduler after it (a late
+    watch event, an expired reservation: `requeue.py`): if a pod refused since `since` (Unix seconds) fits there
+    now, ask kube-scheduler to retry it."""
     if service.requeue is None:
         return
-    state = service.cluster.nodes.get(node)
-    if state is not None and service.refusals.waiting_fits(state, since):
-        service.requeue(f"memory came free on {node} for a pod refused since")
+    try:
+        state = service.cluster.nodes.get(node)
+        if state is not None and service.refusals.waiting_fits(state, since):
+            service.requeue(f"room came free on {node} for a pod refused since")
+    except Exception:  # a bug here must not stop the informer or the expiry sweep that called it
+        log.exception("deciding whether to ask kube-scheduler to retry, for node %s", node)
 
 
 PROBES = (("/healthz", _healthz), ("/readyz", _readyz), ("/synced", _synced), ("/metrics", _metrics))

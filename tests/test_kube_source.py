@@ -21,6 +21,7 @@ from extender.cluster import Cluster
 from extender.ledger import Ledger
 from extender.policy import PolicyConfig
 from extender.recheck import Answer
+from extender.requeue import WATCH_LAG
 from extender.server import Service
 from extender.settings import Settings
 from extender.sources.kube.client import KubeClient
@@ -541,6 +542,86 @@ async def test_requests_to_retry_are_written_at_most_once_a_period_and_none_is_l
         requeuer.request("gone")  # a failed write is logged, and the loop goes on
         await asyncio.sleep(0.1)
         assert requeuer.written == 2 and not task.done()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def requeue_source(api: ApiDouble, kube: KubeClient) -> tuple[Service, KubeSource]:
+    api.add_pod({**make_pod("self", gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
+    settings = Settings(
+        insecure_http=True, identity="self", lease_namespace="gpu-extender", pod_name="self", leader_elect=False
+    ).check()
+    service, source = kube_service(settings, kube)
+    await source.start()
+    await eventually(source.ready, what="synced")
+    return service, source
+
+
+def requeue_requested(api: ApiDouble) -> bool:
+    annotations = (api.pod("gpu-extender", "self") or {}).get("metadata", {}).get("annotations") or {}
+    return "gpu-extender.io/requeue-requested" in annotations
+
+
+async def test_a_deletion_that_arrives_by_a_relist_after_a_long_gap_still_asks_for_a_retry(
+    api: ApiDouble, kube: KubeClient, client_for: ClientFor
+) -> None:
+    """The watch is down for longer than a late event's allowance (`WATCH_LAG`): the pod refused during the gap
+    counts, and the deletion comes by the relist that ends it (the history was compacted meanwhile)."""
+    api.add_node(make_node("n1", gpus=1, mem=16))
+    api.add_pod(bound_pod("running", "n1", (0,), 16))
+    service, source = await requeue_source(api, kube)
+    try:
+        client = await client_for(service)
+        api.fail("GET", "/api/v1/pods", mode="drop", times=1000)
+        api.drop_watches()
+        await eventually(lambda: not source.pods.current, what="the watch down")
+        api.delete_pod("default", "running")
+        waiting = api.add_pod(make_pod("waiting", gpu_mem=16))
+        assert (await (await client.post("/filter", filter_body(waiting, ["n1"]))).json())["NodeNames"] == []
+        await asyncio.sleep(WATCH_LAG + 0.2)
+        api.compact()
+        lists = source.pods.lists
+        api.clear_faults()
+        await eventually(lambda: source.pods.lists > lists, what="the relist")
+        await eventually(lambda: requeue_requested(api), what="a retry asked")
+        assert service.cluster.nodes["n1"].used == [0]
+    finally:
+        await source.stop()
+
+
+async def test_a_node_the_cache_learns_of_late_asks_for_a_retry(
+    api: ApiDouble, kube: KubeClient, client_for: ClientFor
+) -> None:
+    """A node added (the cluster autoscaler's new GPU node) that kube-scheduler sees before our nodes watch."""
+    api.add_node(make_node("n1", gpus=1, mem=16))
+    api.add_pod(bound_pod("running", "n1", (0,), 16))
+    service, source = await requeue_source(api, kube)
+    try:
+        client = await client_for(service)
+        api.fail("GET", "/api/v1/nodes", mode="drop", times=1000)
+        api.drop_watches()
+        await eventually(lambda: not source.nodes.current, what="the nodes watch held back")
+        api.add_node(make_node("n2", gpus=1, mem=16))
+        waiting = api.add_pod(make_pod("waiting", gpu_mem=16))
+        reply = await (await client.post("/filter", filter_body(waiting, ["n1", "n2"]))).json()
+        assert reply["NodeNames"] == [] and "not in the extender's cache" in reply["FailedNodes"]["n2"]
+        assert not requeue_requested(api)
+        api.clear_faults()
+        await eventually(lambda: requeue_requested(api), what="a retry asked")
+    finally:
+        await source.stop()
+
+
+async def test_a_retry_request_that_fails_in_passing_is_written_again(api: ApiDouble, kube: KubeClient) -> None:
+    api.add_pod({**make_pod("self", gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
+    requeuer = Requeuer(kube, "gpu-extender", "self", period=0.1)
+    api.fail("PATCH", "/api/v1/namespaces/gpu-extender/pods/self", status=503)
+    task = asyncio.create_task(requeuer.run())
+    try:
+        requeuer.request("once")
+        await eventually(lambda: requeuer.written == 1, what="the write after the 503")
+        assert requeue_requested(api)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -71,7 +71,7 @@ async def test_a_pod_refused_just_before_a_late_deletion_is_retried(client_for: 
     (uid_a,) = [uid for uid, record in cluster.pods.items() if record.name == "a"]
     cluster.forget_pod(uid_a)  # the watch, late, shows "a" deleted
     memory_freed(service, "n1", since=service.refusals.clock() - 1)
-    assert asked == ["memory came free on n1 for a pod refused since"]
+    assert asked == ["room came free on n1 for a pod refused since"]
 
     meta = waiting["metadata"]
     await client.post("/filter", data=filter_body(waiting, ["n1"]))
@@ -106,7 +106,7 @@ async def test_an_expired_reservation_retries_the_pods_it_kept_out(client_for: C
     assert reply["NodeNames"] == [] and asked == []
     clock.advance(60)  # the orphan's TTL is over: the sweep frees it
     await eventually(lambda: asked, what="a request to retry")
-    assert asked == ["memory came free on n1 for a pod refused since"]
+    assert asked == ["room came free on n1 for a pod refused since"]
     await asyncio.sleep(0.05)
     assert len(asked) == 1, "once: the refusal was before the orphan's end, and nothing else came free"
 

@@ -16,15 +16,18 @@ import asyncio
 import contextlib
 import datetime
 import logging
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from extender.cluster import TERMINAL_PHASES, Cluster, PodRecord
 from extender.metrics import Sample
 from extender.recheck import TIMEOUT, Answer
-from extender.requeue import PERIOD, REQUEUE_ANNOTATION
+from extender.requeue import PERIOD, RECOVERY, REQUEUE_ANNOTATION, WATCH_LAG
+from extender.resources import Raw
 from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
-from extender.sources.kube.client import KubeClient, KubeError, NotFound
+from extender.sources.kube.client import ConnectionFailed, KubeClient, KubeError, NotFound, ServerError, Throttled
 from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
 from extender.sources.kube.leader import LeaderElector, LeaseTimings
 
@@ -120,6 +123,8 @@ class Requeuer:
                 await self.client.merge_patch(self.path, patch)
             except KubeError as error:
                 log.warning("asking kube-scheduler to retry rejected pods (annotating %s): %s", self.path, error)
+                if isinstance(error, ServerError | Throttled | ConnectionFailed):
+                    self.wake.set()  # passing: again after the pause (a missing pod or a refusal is for people)
             else:
                 self.written += 1
                 log.info("asked kube-scheduler to retry the pods it could not place: %s", self.reason)
@@ -134,12 +139,11 @@ class KubeSource:
         self.cluster = cluster
         self.options = options
         self.recheck_timeout = TIMEOUT
-        self.nodes = Informer(client, NODES, cluster.apply_node, cluster.replace_nodes, options.watch)
-        self.pods = Informer(
-            client, pods_kind(cluster.profile), self._apply_pod, cluster.replace_records, options.watch
-        )
-        self.on_freed: Callable[[str], None] | None = None
-        """Told the node when a watch event frees memory there (a pod deleted or finished)."""
+        self.nodes = Informer(client, NODES, self._apply_node, self._replace_nodes, options.watch)
+        self.pods = Informer(client, pods_kind(cluster.profile), self._apply_pod, self._replace_pods, options.watch)
+        self.on_freed: Callable[[str, float], None] | None = None
+        """Told when the API's news frees room on a node (a pod deleted or finished; a node added or changed): the
+        node, and since when a refusal there may have been the cache's lag (Unix time; see `requeue.py`)."""
         self.binder = KubeBinder(client, observe=cluster.apply_pod)
         self.events = EventRecorder(client, options.identity)
         self.elector = (
@@ -164,11 +168,41 @@ class KubeSource:
         )
         self.requeuer = Requeuer(client, options.lease_namespace, options.pod_name) if options.pod_name else None
 
+    # -- what the informers apply, and the room it frees (`requeue.py`)
+
+    def _late_since(self, informer: Informer[Any]) -> float:
+        """Since when what the informer applies now may have been news to kube-scheduler already: `WATCH_LAG`
+        before now, or before the start of a gap in the watch it is still catching up on."""
+        now = time.time()
+        began = informer.late_since(now, RECOVERY)
+        return min(now, began if began is not None else now) - WATCH_LAG
+
+    def _freed(self, nodes: Iterable[str], informer: Informer[Any]) -> None:
+        if self.on_freed is not None:
+            since = self._late_since(informer)
+            for node in nodes:
+                self.on_freed(node, since)
+
     def _apply_pod(self, record: PodRecord, deleted: bool) -> None:
         held = self.cluster.hold_of(record.uid) if deleted or record.finished else None
         self.cluster.apply_record(record, deleted)
-        if held is not None and self.on_freed is not None:
-            self.on_freed(held.allocation.node)
+        if held is not None:
+            self._freed((held.allocation.node,), self.pods)
+
+    def _replace_pods(self, records: list[PodRecord]) -> None:
+        used = {name: state.used_total for name, state in self.cluster.nodes.items()}
+        self.cluster.replace_records(records)
+        freed = [name for name, state in self.cluster.nodes.items() if state.used_total < used.get(name, 0)]
+        self._freed(freed, self.pods)
+
+    def _apply_node(self, node: Raw, deleted: bool) -> None:
+        self.cluster.apply_node(node, deleted)
+        if not deleted:
+            self._freed((str((node.get("metadata") or {}).get("name") or ""),), self.nodes)
+
+    def _replace_nodes(self, nodes: list[Raw]) -> None:
+        self.cluster.replace_nodes(nodes)
+        self._freed([str((node.get("metadata") or {}).get("name") or "") for node in nodes], self.nodes)
 
     def requeue(self, reason: str) -> None:
         """Ask kube-scheduler to retry the pods an extender rejected (needs `pod_name`; see `Requeuer`)."""
@@ -249,6 +283,7 @@ class KubeSource:
                 unanswered += 1
             elif answer:
                 self.cluster.forget_pod(record.uid)
+                self._freed((record.node_name,), self.pods)
                 found += 1
         return Answer(found, unanswered)
 

@@ -146,6 +146,14 @@ class Informer(Generic[Slim]):
         self.lists_started = 0
         self.last_list_started = 0
         """Which list (by `lists_started`) the cache now reflects."""
+        self.heard_at = 0.0
+        """Unix time of the last list, event or bookmark from the API."""
+        self.gap_began: float | None = None
+        """`heard_at` when the latest failure began a gap (None before any): what happened after it reaches the
+        cache late, in the events replayed or the relist that ends the gap."""
+        self.resumed_at = 0.0
+        """Unix time the latest gap ended (a list or a watch event came through again)."""
+        self._in_gap = False
         self._relist_requested = False
         self._wake = asyncio.Event()
 
@@ -185,14 +193,34 @@ class Informer(Generic[Slim]):
                 need_list = True
             except Gone as error:
                 log.info("%s: resourceVersion %s expired (%s): relisting", self.kind.name, self.resource_version, error)
+                self._gap()
                 need_list = True
             except KubeError as error:
                 self.failures += 1
                 self.current = False
+                self._gap()
                 self.last_error = str(error)
                 delay = self.backoff.next()
                 log.warning("%s: %s; retrying in %.1f s", self.kind.name, error, delay)
                 await self._sleep(delay)
+
+    def _gap(self) -> None:
+        if not self._in_gap:
+            self._in_gap = True
+            self.gap_began = self.heard_at
+
+    def _heard(self) -> None:
+        self.heard_at = time.time()
+        if self._in_gap:
+            self._in_gap = False
+            self.resumed_at = self.heard_at
+
+    def late_since(self, now: float, recovery: float) -> float | None:
+        """When the cache may have stopped following the API, if it resumed less than `recovery` seconds before
+        `now` (what it applies now may be what it missed since then); else None."""
+        if self.gap_began is not None and (self._in_gap or now - self.resumed_at < recovery):
+            return self.gap_began
+        return None
 
     async def _sleep(self, delay: float) -> None:
         self._wake.clear()
@@ -227,6 +255,7 @@ class Informer(Generic[Slim]):
                 break
             params = {**params, "continue": str(token)}
         version = str(meta.get("resourceVersion") or "")
+        self._heard()
         self.replace(objects)
         self.lists += 1
         self.last_list_started = number
@@ -280,6 +309,7 @@ class Informer(Generic[Slim]):
         if kind == "ERROR":
             raise api_error(int(obj.get("code") or 500), orjson.dumps(obj), "WATCH", self.kind.path)
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        self._heard()
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             self.apply(self.kind.slim(obj), kind == "DELETED")
             self.events += 1
