@@ -35,13 +35,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from extender.app import kube_service
 from extender.cluster import Cluster, PodRecord
 from extender.clustergen import generate
 from extender.harness import percentile
 from extender.resources import Profile
+from extender.settings import Settings
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.config import KubeConfig
-from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
+from extender.sources.kube.informer import Informer
 
 PAGE = 500
 LIST_TARGET_SECONDS = 15.0
@@ -210,20 +212,17 @@ def rss_mb() -> float:
 
 
 async def build(port: int) -> tuple[float, Cluster, Informer[PodRecord]]:
-    cluster = Cluster(PROFILE)
+    """The cache as `extender serve` builds it (`kube_service`: the source's informers and what they call)."""
     config = KubeConfig(server=f"http://127.0.0.1:{port}", source="bench API server")
+    settings = Settings(insecure_http=True, leader_elect=False, identity="bench", list_page_size=PAGE).check()
     async with KubeClient(config, timeout=60.0) as client:
-        options = WatchOptions(page_size=PAGE)
-        nodes = Informer(client, NODES, cluster.apply_node, cluster.replace_nodes, options)
-        pods = Informer(client, pods_kind(PROFILE), cluster.apply_record, cluster.replace_records, options)
+        service, source = kube_service(settings, client)
         started = time.perf_counter()
-        tasks = [asyncio.create_task(nodes.run()), asyncio.create_task(pods.run())]
-        await asyncio.gather(nodes.synced.wait(), pods.synced.wait())
+        await source.start()
+        await source.synced()
         elapsed = time.perf_counter() - started
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return elapsed, cluster, pods
+        await source.stop()
+    return elapsed, service.cluster, source.pods
 
 
 def event_costs(cluster: Cluster, informer: Informer[PodRecord], count: int) -> tuple[list[float], list[float]]:
