@@ -146,6 +146,11 @@ def server_tls(settings: Settings) -> ReloadingContext | None:
 async def serve(service: Service, settings: Settings, tls: ReloadingContext | None) -> None:
     """Serve until SIGTERM/SIGINT, then stop accepting, finish in-flight requests and return. With TLS, the
     files are checked for new contents every `tls_reload_interval` seconds while serving."""
+    health = build_health_server(service) if settings.health_port else None
+    if health is not None:  # first: the verbs' port never listens without it
+        await health.start(settings.host, settings.health_port)
+        paths = ", ".join(path for path, _ in PROBES)
+        log.info("serving %s over plain http on %s:%d", paths, settings.host, health.port)
     server = build_server(service)
     if tls is not None:
 
@@ -153,21 +158,17 @@ async def serve(service: Service, settings: Settings, tls: ReloadingContext | No
             await tls.watch(settings.tls_reload_interval)
 
         server.background += (reload_tls_files,)
-    await server.start(settings.host, settings.port, tls.listening if tls is not None else None)
+    try:
+        await server.start(settings.host, settings.port, tls.listening if tls is not None else None)
+    except BaseException:
+        if health is not None:
+            await health.stop(grace=0.0)
+        raise
     log.info(
         "serving %s on %s:%d%s", settings.scheme, settings.host, server.port, " with mTLS" if settings.client_ca else ""
     )
     if tls is not None:
         log.info("serving certificate %s; files checked every %g s", tls.describe(), settings.tls_reload_interval)
-    health = build_health_server(service) if settings.health_port else None
-    if health is not None:
-        try:
-            await health.start(settings.host, settings.health_port)
-        except BaseException:
-            await server.stop(grace=0.0)
-            raise
-        paths = ", ".join(path for path, _ in PROBES)
-        log.info("serving %s over plain http on %s:%d", paths, settings.host, health.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
