@@ -190,10 +190,17 @@ async def test_scheduler_binds_a_plain_pod_to_a_kubeletless_node(
             return str((await control_plane.api("GET", pod_path("smoke-schedule")))["spec"].get("nodeName", ""))
 
         assert await eventually(node_name) == "smoke-schedule"
+
+        # The scheduler logs the bind after the API answered it, so after we may see the pod bound: wait for it.
+        async def logged() -> bool:
+            return 'Successfully bound pod to node" pod="default/smoke-schedule"' in control_plane.scheduler_log(
+                scheduler
+            )
+
+        assert await eventually(logged)
     finally:
         control_plane.stop_scheduler(scheduler)
     assert scheduler.returncode is not None
-    assert 'Successfully bound pod to node" pod="default/smoke-schedule"' in control_plane.scheduler_log(scheduler)
 
 
 async def test_watch_from_a_listed_resource_version_shows_a_created_pod(
