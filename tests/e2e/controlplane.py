@@ -24,6 +24,7 @@ What the real v1.34.1 API server does that one might not expect (measured here):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -36,7 +37,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,17 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], timeout: float = 30.0, what: str = "the condition", interval: float = 0.2
+) -> Any:
+    """Poll the coroutine function `check()` until it returns something truthy, which is returned."""
+    deadline = time.monotonic() + timeout
+    while not (found := await check()):
+        assert time.monotonic() < deadline, f"not true after {timeout} s: {what}"
+        await asyncio.sleep(interval)
+    return found
 
 
 def node_manifest(

@@ -18,15 +18,13 @@ What the real v1.34.1 API server answered here, for the extender's code to rely 
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import Remember
-from tests.e2e.controlplane import EXTENDER_NAMESPACE, ApiError, ControlPlane
+from tests.e2e.controlplane import EXTENDER_NAMESPACE, ApiError, ControlPlane, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -46,15 +44,6 @@ def pod_path(name: str, namespace: str = "default") -> str:
 
 def binding(pod: str, node: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod}, "target": {"kind": "Node", "name": node}}
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 30.0) -> Any:
-    """Poll `check()` until it returns something truthy, which is returned."""
-    deadline = time.monotonic() + timeout
-    while not (found := await check()):
-        assert time.monotonic() < deadline, f"not true after {timeout} s"
-        await asyncio.sleep(0.2)
-    return found
 
 
 async def test_api_server_reports_the_pinned_release(control_plane: ControlPlane) -> None:

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from extender.certs import write_certificates
-from tests.e2e.controlplane import EXTENDER_NAMESPACE, GPU_MEM, ApiError, ControlPlane
+from tests.e2e.controlplane import EXTENDER_NAMESPACE, GPU_MEM, ApiError, ControlPlane, eventually
 from tests.e2e.extender_process import ExtenderProcess, TLSFiles
 
 pytestmark = pytest.mark.e2e
@@ -207,15 +207,6 @@ async def _extender_empty(process: ExtenderProcess) -> bool:
 
 
 # ---- waiting ---------------------------------------------------------------------------------------------
-
-
-async def eventually(check: Any, timeout: float = 30.0, what: str = "the condition", interval: float = 0.2) -> Any:
-    """Poll the coroutine function `check()` until it returns something truthy, which is returned."""
-    deadline = time.monotonic() + timeout
-    while not (found := await check()):
-        assert time.monotonic() < deadline, f"not true after {timeout} s: {what}"
-        await asyncio.sleep(interval)
-    return found
 
 
 # ---- what the API says -------------------------------------------------------------------------------------
