@@ -118,36 +118,49 @@ def extender_entry(settings: Settings, legacy_policy: bool) -> dict[str, Any]:
     return entry
 
 
-def _config_api(settings: Settings, minor: int, api_version: str, scheduler_name: str) -> str:
+def _config_api(settings: Settings, minor: int, api_version: str) -> str:
+    if not settings.scheduler_name:
+        raise SettingsError("scheduler_name is empty: the profile needs a schedulerName")
     entry = extender_entry(settings, legacy_policy=False)
-    document = {
-        "apiVersion": api_version,
-        "kind": "KubeSchedulerConfiguration",
-        "profiles": [{"schedulerName": scheduler_name}],
-        "extenders": [entry],
-    }
+    document: dict[str, Any] = {"apiVersion": api_version, "kind": "KubeSchedulerConfiguration"}
+    if settings.scheduler_kubeconfig:
+        document["clientConnection"] = {"kubeconfig": settings.scheduler_kubeconfig}
+    document |= {"profiles": [{"schedulerName": settings.scheduler_name}], "extenders": [entry]}
+    left = (
+        "leaderElection is\n# left at its default here).\n"
+        if settings.scheduler_kubeconfig
+        else "clientConnection and\n# leaderElection are left at their defaults here).\n"
+    )
     header = (
         f"# kube-scheduler configuration for Kubernetes 1.{minor} ({api_version}), from `extender scheduler-config`.\n"
-        "# Start kube-scheduler with --config=<this file>, merged with your own settings (clientConnection and\n"
-        "# leaderElection are left at their defaults here).\n"
-        f"# Pods asking for {settings.memory_resource} are then filtered, scored and bound by {settings.url}.\n"
+        "# Start kube-scheduler with --config=<this file>, merged with your own settings ("
+        + left
+        + f"# Pods asking for {settings.memory_resource} are then filtered, scored and bound by {settings.url}.\n"
     )
     if "tlsConfig" in entry:
         header += "# The tlsConfig files are paths on the scheduler's host: mount them there.\n"
     return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
 
 
-def _policy(settings: Settings) -> str:
+def _policy(settings: Settings, minor: int) -> str:
+    for name, value, default, instead in (
+        ("scheduler_name", settings.scheduler_name, "default-scheduler", "kube-scheduler's --scheduler-name flag"),
+        ("scheduler_kubeconfig", settings.scheduler_kubeconfig, "", "kube-scheduler's --kubeconfig flag"),
+    ):
+        if value != default:
+            raise SettingsError(
+                f"{name} {value!r}: a Policy file (Kubernetes 1.{minor}) has no such field; use {instead} instead"
+            )
     # No "predicates"/"priorities" keys: absent, the scheduler keeps its defaults; an empty list disables them.
     document = {"kind": "Policy", "apiVersion": "v1", "extenders": [extender_entry(settings, legacy_policy=True)]}
     return json.dumps(document, indent=2) + "\n"
 
 
-def render(settings: Settings, k8s_version: str, scheduler_name: str = "default-scheduler") -> str:
+def render(settings: Settings, k8s_version: str) -> str:
     """The configuration text for a kube-scheduler of `k8s_version` (see the module docstring for which)."""
     minor = kubernetes_minor(k8s_version)
     if minor >= FIRST_V1:
-        return _config_api(settings, minor, "kubescheduler.config.k8s.io/v1", scheduler_name)
+        return _config_api(settings, minor, "kubescheduler.config.k8s.io/v1")
     if minor >= FIRST_V1BETA3:
-        return _config_api(settings, minor, "kubescheduler.config.k8s.io/v1beta3", scheduler_name)
-    return _policy(settings)
+        return _config_api(settings, minor, "kubescheduler.config.k8s.io/v1beta3")
+    return _policy(settings, minor)

@@ -169,6 +169,16 @@ class Settings:
     scheduler_key_file: str = _doc(
         "Path, on the scheduler, of its client key for mTLS.", default="/etc/kubernetes/gpu-extender/client.key"
     )
+    scheduler_name: str = _doc(
+        "The rendered profile's schedulerName (1.23 and later): gpu-scheduler for a second scheduler.",
+        default="default-scheduler",
+    )
+    scheduler_kubeconfig: str = _doc(
+        "clientConnection.kubeconfig of the rendered configuration (1.23 and later): with --config, kube-scheduler "
+        "ignores its --kubeconfig flag, so one outside a pod's service account (kubeadm's static pod: "
+        "/etc/kubernetes/scheduler.conf) needs it here. Empty: none (a pod's service account).",
+        default="",
+    )
     # -- logging
     log_level: str = _doc("Logging level.", default="INFO")
     log_format: LogFormat = _doc("Log lines as text or JSON.", default=LogFormat.TEXT)

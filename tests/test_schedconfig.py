@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -101,7 +102,7 @@ def test_plain_http_has_no_tls_config(minor: int) -> None:
 
 @pytest.mark.parametrize("minor", sorted(CONFIG_API))
 def test_config_api_has_a_profile_and_a_header_saying_what_it_is(minor: int) -> None:
-    text = render(SETTINGS, f"1.{minor}", scheduler_name="gpu-scheduler")
+    text = render(dataclasses.replace(SETTINGS, scheduler_name="gpu-scheduler"), f"1.{minor}")
     assert parse(text, minor)["profiles"] == [{"schedulerName": "gpu-scheduler"}]
     assert "leaderElection" not in parse(text, minor)
     assert text.startswith(f"# kube-scheduler configuration for Kubernetes 1.{minor} (")
@@ -110,6 +111,31 @@ def test_config_api_has_a_profile_and_a_header_saying_what_it_is(minor: int) -> 
 
 def test_profile_defaults_to_the_default_scheduler() -> None:
     assert parse(render(SETTINGS, "1.31"), 31)["profiles"] == [{"schedulerName": "default-scheduler"}]
+
+
+@pytest.mark.parametrize("minor", sorted(CONFIG_API))
+def test_the_scheduler_s_kubeconfig_goes_in_its_client_connection(minor: int) -> None:
+    """With --config, kube-scheduler ignores its --kubeconfig flag (kubeadm's static pod has one)."""
+    text = render(dataclasses.replace(SETTINGS, scheduler_kubeconfig="/etc/kubernetes/scheduler.conf"), f"1.{minor}")
+    assert parse(text, minor)["clientConnection"] == {"kubeconfig": "/etc/kubernetes/scheduler.conf"}
+    assert "leaderElection is\n# left at its default here" in text
+    assert "clientConnection" not in parse(render(SETTINGS, f"1.{minor}"), minor)
+
+
+@pytest.mark.parametrize(
+    ("changed", "flag"),
+    [({"scheduler_name": "gpu-scheduler"}, "--scheduler-name"), ({"scheduler_kubeconfig": "/k"}, "--kubeconfig")],
+)
+def test_a_policy_file_refuses_what_only_kube_scheduler_s_flags_can_say(changed: dict[str, str], flag: str) -> None:
+    with pytest.raises(
+        SettingsError, match=f"a Policy file \\(Kubernetes 1.22\\) has no such field; use kube-scheduler's {flag}"
+    ):
+        render(dataclasses.replace(SETTINGS, **changed), "1.22")
+
+
+def test_an_empty_scheduler_name_is_refused() -> None:
+    with pytest.raises(SettingsError, match="scheduler_name is empty"):
+        render(dataclasses.replace(SETTINGS, scheduler_name=""), "1.31")
 
 
 def test_policy_keeps_the_default_predicates_and_priorities() -> None:
@@ -177,6 +203,15 @@ def test_cli_prints_a_config_that_parses(capsys: pytest.CaptureFixture[str]) -> 
     document = yaml.safe_load(capsys.readouterr().out)
     assert document["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert only_extender(document)["weight"] == 7
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_cli_renders_a_second_scheduler_with_its_kubeconfig(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["scheduler-config", "--k8s-version", "1.34", "--scheduler-name", "gpu-scheduler"]
+    assert cli.main([*argv, "--scheduler-kubeconfig", "/etc/kubernetes/scheduler.conf"]) == 0
+    document = yaml.safe_load(capsys.readouterr().out)
+    assert document["profiles"] == [{"schedulerName": "gpu-scheduler"}]
+    assert document["clientConnection"] == {"kubeconfig": "/etc/kubernetes/scheduler.conf"}
 
 
 @pytest.mark.usefixtures("clean_env")

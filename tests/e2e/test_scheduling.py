@@ -25,7 +25,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
 from extender.certs import write_certificates
 from tests.e2e.controlplane import EXTENDER_NAMESPACE, GPU_MEM, ApiError, ControlPlane, eventually
@@ -115,11 +114,9 @@ def scheduler_config(extender: ExtenderProcess) -> str:
         sys.executable, "-m", "extender", "scheduler-config", "--k8s-version", "1.34", "--url", extender.url,
         "--scheduler-ca-file", str(tls.ca),
         "--scheduler-cert-file", str(tls.client_cert), "--scheduler-key-file", str(tls.client_key),
+        "--scheduler-name", SCHEDULER_NAME,
     ]  # fmt: skip
-    rendered = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    config = yaml.safe_load(rendered)
-    config["profiles"][0]["schedulerName"] = SCHEDULER_NAME
-    return yaml.safe_dump(config, sort_keys=False)
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
 
 
 @dataclass(slots=True)
