@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from extender.cluster import NodeState
 from extender.policy import Verdict, judge
@@ -67,20 +67,25 @@ class Refusals:
         """The pod is bound."""
         self._refused.pop(uid, None)
 
-    def waiting_fits(self, state: NodeState, since: float) -> bool:
-        """Whether a pod refused at `since` or later (Unix seconds) would fit on the node now."""
+    def demands_since(self, since: float) -> set[Demand]:
+        """What the pods refused at `since` or later (Unix seconds) asked, each demand once."""
         oldest = self.clock() - self.memory
         while self._refused:
             uid, (when, _) = next(iter(self._refused.items()))
             if when >= oldest:
                 break
             del self._refused[uid]
+        demands = set()
         for when, demand in reversed(self._refused.values()):
             if when < since:
-                return False  # in order of refusal: the rest are older still
-            if judge(demand, state, "")[0] is Verdict.FITS:
-                return True
-        return False
+                break  # in order of refusal: the rest are older still
+            demands.add(demand)
+        return demands
 
     def __len__(self) -> int:
         return len(self._refused)
+
+
+def fits_any(demands: Iterable[Demand], state: NodeState) -> bool:
+    """Whether one of the demands would fit on the node now."""
+    return any(judge(demand, state, "")[0] is Verdict.FITS for demand in demands)

@@ -21,7 +21,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -45,7 +45,7 @@ from extender.policy import (
     score_node,
 )
 from extender.recheck import Preemptions, Recheck, suspects
-from extender.requeue import Refusals
+from extender.requeue import Refusals, fits_any
 from extender.resources import Demand, InvalidPod, Raw, pod_demand, pod_key, pod_uid
 
 log = logging.getLogger(__name__)
@@ -447,21 +447,28 @@ async def _expiry_sweep(service: Service) -> None:
                 allocation.node,
                 ",".join(map(str, allocation.indexes)),
             )
-            memory_freed(service, allocation.node, hold.since)
+            memory_freed(service, (allocation.node,), hold.since)
 
 
-def memory_freed(service: Service, node: str, since: float) -> None:
-    """Room came free on `node` in the cache, maybe with no cluster event for kube-scheduler after it (a late
-    watch event, an expired reservation: `requeue.py`): if a pod refused since `since` (Unix seconds) fits there
-    now, ask kube-scheduler to retry it."""
+def memory_freed(service: Service, nodes: Iterable[str], since: float) -> None:
+    """Room came free on these nodes in the cache, maybe with no cluster event for kube-scheduler after it (a
+    late watch event, a relist, an expired reservation: `requeue.py`): if a pod refused since `since` (Unix
+    seconds) fits on one of them now, ask kube-scheduler to retry. One request retries every waiting pod, so
+    the first node that takes one is enough; a relist of thousands of nodes costs one pass over the few
+    distinct demands refused."""
     if service.requeue is None:
         return
     try:
-        state = service.cluster.nodes.get(node)
-        if state is not None and service.refusals.waiting_fits(state, since):
-            service.requeue(f"room came free on {node} for a pod refused since")
+        demands = service.refusals.demands_since(since)
+        if not demands:
+            return
+        for node in nodes:
+            state = service.cluster.nodes.get(node)
+            if state is not None and fits_any(demands, state):
+                service.requeue(f"room came free on {node} for a pod refused since")
+                return
     except Exception:  # a bug here must not stop the informer or the expiry sweep that called it
-        log.exception("deciding whether to ask kube-scheduler to retry, for node %s", node)
+        log.exception("deciding whether to ask kube-scheduler to retry")
 
 
 PROBES = (("/healthz", _healthz), ("/readyz", _readyz), ("/synced", _synced), ("/metrics", _metrics))

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from extender.ledger import Ledger
-from extender.requeue import Refusals
+from extender.requeue import Refusals, fits_any
 from extender.resources import Demand
 from extender.server import memory_freed
 from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
@@ -26,13 +26,16 @@ def test_a_refusal_counts_only_from_since_and_only_if_the_pod_fits_now() -> None
     cluster = make_cluster(make_node("n1", gpus=1, mem=16), pods=(bound_pod("a", "n1", (0,), 12),))
     refusals = Refusals(clock=clock)
     refusals.refused("big", Demand(memory=8))
+    refusals.refused("also-big", Demand(memory=8))
     state = cluster.nodes["n1"]
-    assert not refusals.waiting_fits(state, since=clock.now - 1), "4 GiB free: the 8 GiB pod still does not fit"
-    cluster.apply_pod(bound_pod("a", "n1", (0,), 12, uid=next(iter(cluster.pods))), deleted=True)
-    assert refusals.waiting_fits(state, since=clock.now - 1)
-    assert not refusals.waiting_fits(state, since=clock.now + 1), "refused before `since`: it had its retry"
+    assert refusals.demands_since(clock.now - 1) == {Demand(memory=8)}, "each demand once"
+    assert not fits_any(refusals.demands_since(clock.now - 1), state), "4 GiB free: an 8 GiB pod does not fit"
+    cluster.forget_pod(next(iter(cluster.pods)))
+    assert fits_any(refusals.demands_since(clock.now - 1), state)
+    assert refusals.demands_since(clock.now + 1) == set(), "refused before `since`: it had its retry"
     refusals.forget("big")
-    assert not refusals.waiting_fits(state, since=0)
+    refusals.forget("also-big")
+    assert refusals.demands_since(0) == set()
 
 
 def test_refusals_are_bounded_and_forgotten_after_their_memory() -> None:
@@ -41,9 +44,8 @@ def test_refusals_are_bounded_and_forgotten_after_their_memory() -> None:
     for uid in ("a", "b", "c"):
         refusals.refused(uid, Demand(memory=4))
     assert len(refusals) == 2
-    empty = make_cluster(make_node("n1", gpus=1, mem=16)).nodes["n1"]
     clock.advance(301)
-    assert not refusals.waiting_fits(empty, since=0) and len(refusals) == 0
+    assert refusals.demands_since(0) == set() and len(refusals) == 0
 
 
 def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:
@@ -66,11 +68,11 @@ async def test_a_pod_refused_just_before_a_late_deletion_is_retried(client_for: 
     reply = await (await client.post("/filter", data=filter_body(waiting, ["n1", "n2"]))).json()
     assert reply["NodeNames"] == []
 
-    memory_freed(service, "n1", since=service.refusals.clock() - 1)  # nothing freed yet: nothing fits
+    memory_freed(service, ["n1"], since=service.refusals.clock() - 1)  # nothing freed yet: nothing fits
     assert asked == []
     (uid_a,) = [uid for uid, record in cluster.pods.items() if record.name == "a"]
     cluster.forget_pod(uid_a)  # the watch, late, shows "a" deleted
-    memory_freed(service, "n1", since=service.refusals.clock() - 1)
+    memory_freed(service, ["n1"], since=service.refusals.clock() - 1)
     assert asked == ["room came free on n1 for a pod refused since"]
 
     meta = waiting["metadata"]
@@ -116,5 +118,16 @@ async def test_without_a_way_to_ask_nothing_is_remembered(client_for: ClientFor)
     client = await client_for(service)
     reply = await (await client.post("/filter", data=filter_body(make_pod("waiting", gpu_mem=16), ["n1"]))).json()
     assert reply["NodeNames"] == []
-    memory_freed(service, "n1", since=0)
+    memory_freed(service, ["n1"], since=0)
     assert service.requeue is None and len(service.refusals) == 0
+
+
+def test_room_on_many_nodes_for_many_waiting_pods_asks_once() -> None:
+    nodes = [make_node(f"n{number}", gpus=1, mem=16) for number in range(50)]
+    cluster = make_cluster(*nodes)
+    asked: list[str] = []
+    service = make_service(cluster, requeue=asked.append)
+    for number in range(1000):  # a thousand waiting pods of two sizes
+        service.refusals.refused(f"waiting-{number}", Demand(memory=8 if number % 2 else 16))
+    memory_freed(service, [f"n{number}" for number in range(50)], since=0)
+    assert asked == ["room came free on n0 for a pod refused since"]

@@ -17,7 +17,7 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,9 +141,9 @@ class KubeSource:
         self.recheck_timeout = TIMEOUT
         self.nodes = Informer(client, NODES, self._apply_node, self._replace_nodes, options.watch)
         self.pods = Informer(client, pods_kind(cluster.profile), self._apply_pod, self._replace_pods, options.watch)
-        self.on_freed: Callable[[str, float], None] | None = None
-        """Told when the API's news frees room on a node (a pod deleted or finished; a node added or changed): the
-        node, and since when a refusal there may have been the cache's lag (Unix time; see `requeue.py`)."""
+        self.on_freed: Callable[[list[str], float], None] | None = None
+        """Told when the API's news frees room on nodes (a pod deleted or finished; a node added or changed): the
+        nodes, and since when a refusal there may have been the cache's lag (Unix time; see `requeue.py`)."""
         self.binder = KubeBinder(client, observe=cluster.apply_pod)
         self.events = EventRecorder(client, options.identity)
         self.elector = (
@@ -177,17 +177,15 @@ class KubeSource:
         began = informer.late_since(now, RECOVERY)
         return min(now, began if began is not None else now) - WATCH_LAG
 
-    def _freed(self, nodes: Iterable[str], informer: Informer[Any]) -> None:
-        if self.on_freed is not None:
-            since = self._late_since(informer)
-            for node in nodes:
-                self.on_freed(node, since)
+    def _freed(self, nodes: list[str], informer: Informer[Any]) -> None:
+        if self.on_freed is not None and nodes:
+            self.on_freed(nodes, self._late_since(informer))
 
     def _apply_pod(self, record: PodRecord, deleted: bool) -> None:
         held = self.cluster.hold_of(record.uid) if deleted or record.finished else None
         self.cluster.apply_record(record, deleted)
         if held is not None:
-            self._freed((held.allocation.node,), self.pods)
+            self._freed([held.allocation.node], self.pods)
 
     def _replace_pods(self, records: list[PodRecord]) -> None:
         used = {name: state.used_total for name, state in self.cluster.nodes.items()}
@@ -198,7 +196,7 @@ class KubeSource:
     def _apply_node(self, node: Raw, deleted: bool) -> None:
         self.cluster.apply_node(node, deleted)
         if not deleted:
-            self._freed((str((node.get("metadata") or {}).get("name") or ""),), self.nodes)
+            self._freed([str((node.get("metadata") or {}).get("name") or "")], self.nodes)
 
     def _replace_nodes(self, nodes: list[Raw]) -> None:
         self.cluster.replace_nodes(nodes)
@@ -283,7 +281,7 @@ class KubeSource:
                 unanswered += 1
             elif answer:
                 self.cluster.forget_pod(record.uid)
-                self._freed((record.node_name,), self.pods)
+                self._freed([record.node_name], self.pods)
                 found += 1
         return Answer(found, unanswered)
 
