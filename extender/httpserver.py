@@ -9,10 +9,10 @@ filters a second (`make bench`). aiohttp stays the client (demo, tests).
 What it does: HTTP/1.0 and 1.1; keep-alive; `Content-Length` and chunked request bodies; a body limit (413,
 refused from the header before the body is read when the length is declared); a header limit (431);
 `Expect: 100-continue`; pipelined requests answered in order; an idle timeout; TLS, and so mutual TLS,
-through the SSL context given; a graceful stop that finishes requests in flight. Synchronous handlers run
-inline as the request completes, with no task per request; asynchronous ones (bind) run as tasks. A
-synchronous handler that finds it must wait after all (a filter that re-reads the API, rarely) returns an
-awaitable of its Response instead, which then runs as a task like an asynchronous handler's.
+through the SSL context given; a graceful stop that finishes requests in flight. A handler runs inline as
+the request completes, with no task per request, and answers a Response; one that must wait (bind always,
+a filter that re-reads the API rarely) answers an awaitable of its Response instead, which then runs as a
+task while requests pipelined behind it wait their turn.
 
 What it never does: HTTP/2 or upgrades (ALPN offers only http/1.1), compression, or answering with a
 traceback: a handler that raises is logged and answered 500 with a one-line JSON error.
@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import email.utils
 import http
-import inspect
 import logging
 import ssl
 import time
@@ -63,8 +62,8 @@ def json_error(status: int, message: str) -> Response:
     return Response(status, orjson.dumps({"Error": message}))
 
 
-SyncHandler = Callable[[Request], "Response | Awaitable[Response]"]
-AsyncHandler = Callable[[Request], Awaitable[Response]]
+Handler = Callable[[Request], "Response | Awaitable[Response]"]
+"""Answers at once with a Response, or with an awaitable of one when it must wait (a coroutine function is one)."""
 Background = Callable[[], Coroutine[Any, Any, None]]
 
 
@@ -72,8 +71,7 @@ Background = Callable[[], Coroutine[Any, Any, None]]
 class Route:
     method: str
     path: str
-    handler: SyncHandler | AsyncHandler
-    is_async: bool
+    handler: Handler
 
 
 class Router:
@@ -83,8 +81,8 @@ class Router:
         self._exact: dict[str, dict[str, Route]] = {}
         self._prefixed: dict[str, tuple[str, dict[str, Route]]] = {}
 
-    def add(self, method: str, path: str, handler: SyncHandler | AsyncHandler) -> None:
-        route = Route(method, path, handler, inspect.iscoroutinefunction(handler))
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        route = Route(method, path, handler)
         if path.endswith("}"):
             prefix, _, name = path.rpartition("/{")
             self._prefixed.setdefault(prefix + "/", (name[:-1], {}))[1][method] = route
@@ -244,9 +242,6 @@ class _Connection(asyncio.Protocol):
             return
         if params:
             request = Request(request.method, request.path, request.body, params)
-        if route.is_async:
-            self._later(route, cast(AsyncHandler, route.handler)(request), keep_alive)
-            return
         try:
             response = route.handler(request)
         except Exception as error:

@@ -188,13 +188,8 @@ async def _respond_later(service: Service, name: str, started: float, pending: A
 def _async_verb(
     service: Service, name: str, handler: Callable[[Request, Service], Awaitable[VerbResult]]
 ) -> Callable[[Request], Awaitable[Response]]:
-    async def handle(request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            result: VerbResult | Exception = await handler(request, service)
-        except Exception as failure:
-            result = failure
-        return _respond(service, name, started, result)
+    def handle(request: Request) -> Awaitable[Response]:
+        return _respond_later(service, name, time.perf_counter(), handler(request, service))
 
     return handle
 
@@ -210,7 +205,7 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
     if outcome.failed and service.recheck is not None:
         stale = suspects(args.Pod, outcome.failed, service.cluster, service.preemptions)
         if stale:
-            return _filter_rechecked(args, demand, names, service, stale)
+            return _filter_rechecked(args, demand, names, service, service.recheck, stale)
     return _filter_reply(args, demand, names, outcome, service)
 
 
@@ -235,12 +230,12 @@ async def _filter_rechecked(
     demand: Demand,
     names: list[Any],
     service: Service,
+    recheck: Recheck,
     stale: list[PodRecord],
 ) -> VerbResult:
     """The filter of a preemptor refused nodes it may have freed: read the possible victims there from the API
-    first, and judge again if some are gone (`recheck.py`)."""
-    assert service.recheck is not None
-    answer = await service.recheck(stale)
+    first, then judge again (`recheck.py`)."""
+    answer = await recheck(stale)
     result = "freed" if answer.gone else "unanswered" if answer.unanswered else "unchanged"
     service.metrics.rechecks.labels(result).inc()
     if not service.ready():

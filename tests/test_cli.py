@@ -4,6 +4,7 @@ and exit 2."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import signal
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -44,31 +46,46 @@ def wait_ready(
     raise AssertionError("server never became ready")
 
 
-def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
+def one_node_cluster(tmp_path: Path) -> Path:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump({"kind": "List", "items": [make_node("n1")]}))
+    return cluster
+
+
+@contextlib.contextmanager
+def serving(args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """`extender serve ARGS` as a process, killed if the test fails before `stop_gracefully`."""
+    command = [sys.executable, "-m", "extender", "serve", *args]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def stop_gracefully(process: subprocess.Popen[bytes]) -> str:
+    """SIGTERM; its log, once it has exited 0."""
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=20)
+    log = stderr.decode()
+    assert process.returncode == 0, log
+    return log
+
+
+def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
+    cluster = one_node_cluster(tmp_path)
     port = free_port()
     env = {**os.environ, "EXTENDER_PORT": str(port), "EXTENDER_INSECURE_HTTP": "true"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "extender", "serve", "--cluster", str(cluster), "--host", "127.0.0.1"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
+    with serving(["--cluster", str(cluster), "--host", "127.0.0.1"], env) as process:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, process)
         body = orjson.dumps({"Pod": make_pod("p", gpu_mem=4), "NodeNames": ["n1"]})
         request = urllib.request.Request(f"{url}/filter", data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=5) as response:
             assert orjson.loads(response.read())["NodeNames"] == ["n1"]
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=20)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    log = stderr.decode()
-    assert process.returncode == 0, log
+        log = stop_gracefully(process)
     assert "serving plain HTTP (--insecure-http)" in log
     assert "shutting down gracefully" in log
     assert "Traceback" not in log
@@ -77,8 +94,7 @@ def test_serve_answers_then_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
 def test_the_health_port_serves_probes_and_metrics_over_plain_http_and_nothing_else(tmp_path: Path) -> None:
     """What kubelet httpGet probes and Prometheus reach without a client certificate, while every verb stays
     behind mutual TLS on the main port."""
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"kind": "List", "items": [make_node("n1")]}))
+    cluster = one_node_cluster(tmp_path)
     ca = make_ca()
     server = issue_server(ca)
     for name, data in (
@@ -88,12 +104,11 @@ def test_the_health_port_serves_probes_and_metrics_over_plain_http_and_nothing_e
     ):
         (tmp_path / name).write_bytes(data)
     port, health = free_port(), free_port()
-    command = [sys.executable, "-m", "extender", "serve", "--cluster", str(cluster), "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--health-port", str(health), "--tls-cert", str(tmp_path / "tls.crt")]
-    command += ["--tls-key", str(tmp_path / "tls.key"), "--client-ca", str(tmp_path / "ca.crt")]
+    args = ["--cluster", str(cluster), "--host", "127.0.0.1", "--port", str(port), "--health-port", str(health)]
+    args += ["--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key")]
+    args += ["--client-ca", str(tmp_path / "ca.crt")]
     env = {name: value for name, value in os.environ.items() if not name.startswith("EXTENDER_")}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with serving(args, env) as process:
         plain = f"http://127.0.0.1:{health}"
         wait_ready(plain, process)
         for path, expected in (("/healthz", b'"ok"'), ("/synced", b'"synced"'), ("/metrics", b"extender_requests")):
@@ -108,19 +123,12 @@ def test_the_health_port_serves_probes_and_metrics_over_plain_http_and_nothing_e
         anonymous = ssl.create_default_context(cadata=ca.certificate_pem.decode())
         with pytest.raises(OSError):  # the main port still wants the scheduler's certificate
             urllib.request.urlopen(f"https://localhost:{port}/healthz", timeout=5, context=anonymous).read()
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=20)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    log = stderr.decode()
-    assert process.returncode == 0, log
+        log = stop_gracefully(process)
     assert f"serving /healthz, /readyz, /synced, /metrics over plain http on 127.0.0.1:{health}" in log
 
 
 def test_a_health_port_already_taken_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"kind": "List", "items": [make_node("n1")]}))
+    cluster = one_node_cluster(tmp_path)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -153,8 +161,7 @@ def _served_serial(connection: http.client.HTTPSConnection) -> int:
 
 def test_serve_picks_up_a_rotated_certificate_without_dropping_open_connections(tmp_path: Path) -> None:
     """As in a pod: the files are a mounted Secret, swapped by the kubelet while the extender serves."""
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"kind": "List", "items": [make_node("n1")]}))
+    cluster = one_node_cluster(tmp_path)
     ca = make_ca()
     first, second, scheduler = issue_server(ca), issue_server(ca), issue_client(ca)
     volume = SecretVolume(tmp_path / "tls")
@@ -164,16 +171,11 @@ def test_serve_picks_up_a_rotated_certificate_without_dropping_open_connections(
     client = ssl.create_default_context(cadata=ca.certificate_pem.decode())
     client.load_cert_chain(tmp_path / "client.crt", tmp_path / "client.key")
     port = free_port()
-    command = [sys.executable, "-m", "extender", "serve", "--cluster", str(cluster), "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--tls-reload-interval", "0.1", "--tls-cert", volume.path("tls.crt")]
-    command += ["--tls-key", volume.path("tls.key"), "--client-ca", volume.path("ca.crt")]
-    process = subprocess.Popen(
-        command,
-        env={name: value for name, value in os.environ.items() if not name.startswith("EXTENDER_")},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
+    args = ["--cluster", str(cluster), "--host", "127.0.0.1"]
+    args += ["--port", str(port), "--tls-reload-interval", "0.1", "--tls-cert", volume.path("tls.crt")]
+    args += ["--tls-key", volume.path("tls.key"), "--client-ca", volume.path("ca.crt")]
+    env = {name: value for name, value in os.environ.items() if not name.startswith("EXTENDER_")}
+    with serving(args, env) as process:
         wait_ready(f"https://localhost:{port}", process, context=client)
         old = http.client.HTTPSConnection("localhost", port, context=client, timeout=5)
         assert _filter(old) == 200
@@ -192,13 +194,7 @@ def test_serve_picks_up_a_rotated_certificate_without_dropping_open_connections(
         assert served == second.certificate.serial_number, "new connections never got the new certificate"
         assert _filter(old) == 200, "the connection opened before the swap was dropped"
         old.close()
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=20)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    log = stderr.decode()
-    assert process.returncode == 0, log
+        log = stop_gracefully(process)
     assert "TLS files reloaded: new handshakes get CN=localhost" in log
     assert "Traceback" not in log
 
@@ -225,8 +221,7 @@ def test_user_errors_are_one_line_and_exit_2(
     for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"kind": "List", "items": [make_node("n1")]}))
+    cluster = one_node_cluster(tmp_path)
     assert main([str(cluster) if arg == "CLUSTER" else arg for arg in argv]) == 2
     error = capsys.readouterr().err
     last = error.strip().splitlines()[-1]

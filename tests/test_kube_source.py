@@ -26,7 +26,7 @@ from extender.server import Service
 from extender.settings import Settings
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.controller import LEADER_LABEL, KubeOptions, KubeSource, Requeuer
-from extender.sources.kube.informer import WatchOptions
+from extender.sources.kube.informer import Informer, WatchOptions
 from extender.sources.kube.leader import LeaseTimings
 from tests.apidouble import ApiDouble
 from tests.builders import PROFILE, FakeClock, bound_pod, cache_differences, make_node, make_pod
@@ -389,7 +389,7 @@ async def test_the_leader_labels_its_pod_and_the_standby_takes_the_label_over(
     """The Service selects gpu-extender.io/leader=true; every replica with a full cache is Ready (/synced)."""
     seed(api)
     for name in ("pod-a", "pod-b"):
-        api.add_pod({**make_pod(name, gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
+        add_extender_pod(api, name)
     sources = []
     for name in ("pod-a", "pod-b"):
         settings = Settings(
@@ -480,6 +480,34 @@ async def test_a_preemptor_s_filter_reads_from_the_api_the_victims_the_watch_has
     assert cluster.nodes["n1"].used == [0, 0, 0, 16]
 
 
+def add_extender_pod(api: ApiDouble, name: str) -> None:
+    """A running pod of the extender's own, in its namespace (where it labels and annotates itself)."""
+    api.add_pod({**make_pod(name, gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
+
+
+async def hold_watch_back(api: ApiDouble, informer: Informer[Any], path: str) -> None:
+    """Cut the watches, and every new one on `path` at once (then backed off), until `api.clear_faults()`."""
+    api.fail("GET", path, mode="drop", times=1000)
+    api.drop_watches()
+    await eventually(lambda: not informer.current, what=f"the {informer.kind.name} watch held back")
+
+
+async def requeue_source(api: ApiDouble, kube: KubeClient) -> tuple[Service, KubeSource]:
+    add_extender_pod(api, "self")
+    settings = Settings(
+        insecure_http=True, identity="self", lease_namespace="gpu-extender", pod_name="self", leader_elect=False
+    ).check()
+    service, source = kube_service(settings, kube)
+    await source.start()
+    await eventually(source.ready, what="synced")
+    return service, source
+
+
+def requeue_requested(api: ApiDouble) -> bool:
+    annotations = (api.pod("gpu-extender", "self") or {}).get("metadata", {}).get("annotations") or {}
+    return "gpu-extender.io/requeue-requested" in annotations
+
+
 async def test_a_pod_refused_while_the_watch_was_late_is_retried_by_annotating_the_extenders_pod(
     api: ApiDouble, kube: KubeClient, client_for: ClientFor
 ) -> None:
@@ -488,18 +516,10 @@ async def test_a_pod_refused_while_the_watch_was_late_is_retried_by_annotating_t
     update of an assigned pod on which kube-scheduler retries the pods an extender rejected (e2e tier)."""
     api.add_node(make_node("n1", gpus=1, mem=16))
     api.add_pod(bound_pod("running", "n1", (0,), 16))
-    api.add_pod({**make_pod("self", gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
-    settings = Settings(
-        insecure_http=True, identity="self", lease_namespace="gpu-extender", pod_name="self", leader_elect=False
-    ).check()
-    service, source = kube_service(settings, kube)
-    await source.start()
+    service, source = await requeue_source(api, kube)
     try:
-        await eventually(source.ready, what="synced")
         client = await client_for(service)
-        api.fail("GET", "/api/v1/pods", mode="drop", times=1000)  # every new watch cut at once, then backed off
-        api.drop_watches()
-        await eventually(lambda: not source.pods.current, what="the watch held back")
+        await hold_watch_back(api, source.pods, "/api/v1/pods")
         api.delete_pod("default", "running")
         waiting = api.add_pod(make_pod("waiting", gpu_mem=16))
         reply = await (await client.post("/filter", filter_body(waiting, ["n1"]))).json()
@@ -520,7 +540,7 @@ async def test_a_pod_refused_while_the_watch_was_late_is_retried_by_annotating_t
 async def test_requests_to_retry_are_written_at_most_once_a_period_and_none_is_lost(
     api: ApiDouble, kube: KubeClient
 ) -> None:
-    api.add_pod({**make_pod("self", gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
+    add_extender_pod(api, "self")
     requeuer = Requeuer(kube, "gpu-extender", "self", period=0.3)
     task = asyncio.create_task(requeuer.run())
     try:
@@ -547,22 +567,6 @@ async def test_requests_to_retry_are_written_at_most_once_a_period_and_none_is_l
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def requeue_source(api: ApiDouble, kube: KubeClient) -> tuple[Service, KubeSource]:
-    api.add_pod({**make_pod("self", gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
-    settings = Settings(
-        insecure_http=True, identity="self", lease_namespace="gpu-extender", pod_name="self", leader_elect=False
-    ).check()
-    service, source = kube_service(settings, kube)
-    await source.start()
-    await eventually(source.ready, what="synced")
-    return service, source
-
-
-def requeue_requested(api: ApiDouble) -> bool:
-    annotations = (api.pod("gpu-extender", "self") or {}).get("metadata", {}).get("annotations") or {}
-    return "gpu-extender.io/requeue-requested" in annotations
-
-
 async def test_a_deletion_that_arrives_by_a_relist_after_a_long_gap_still_asks_for_a_retry(
     api: ApiDouble, kube: KubeClient, client_for: ClientFor
 ) -> None:
@@ -573,9 +577,7 @@ async def test_a_deletion_that_arrives_by_a_relist_after_a_long_gap_still_asks_f
     service, source = await requeue_source(api, kube)
     try:
         client = await client_for(service)
-        api.fail("GET", "/api/v1/pods", mode="drop", times=1000)
-        api.drop_watches()
-        await eventually(lambda: not source.pods.current, what="the watch down")
+        await hold_watch_back(api, source.pods, "/api/v1/pods")
         api.delete_pod("default", "running")
         waiting = api.add_pod(make_pod("waiting", gpu_mem=16))
         assert (await (await client.post("/filter", filter_body(waiting, ["n1"]))).json())["NodeNames"] == []
@@ -599,9 +601,7 @@ async def test_a_node_the_cache_learns_of_late_asks_for_a_retry(
     service, source = await requeue_source(api, kube)
     try:
         client = await client_for(service)
-        api.fail("GET", "/api/v1/nodes", mode="drop", times=1000)
-        api.drop_watches()
-        await eventually(lambda: not source.nodes.current, what="the nodes watch held back")
+        await hold_watch_back(api, source.nodes, "/api/v1/nodes")
         api.add_node(make_node("n2", gpus=1, mem=16))
         waiting = api.add_pod(make_pod("waiting", gpu_mem=16))
         reply = await (await client.post("/filter", filter_body(waiting, ["n1", "n2"]))).json()
@@ -614,7 +614,7 @@ async def test_a_node_the_cache_learns_of_late_asks_for_a_retry(
 
 
 async def test_a_retry_request_that_fails_in_passing_is_written_again(api: ApiDouble, kube: KubeClient) -> None:
-    api.add_pod({**make_pod("self", gpu_mem=None, namespace="gpu-extender"), "status": {"phase": "Running"}})
+    add_extender_pod(api, "self")
     requeuer = Requeuer(kube, "gpu-extender", "self", period=0.1)
     api.fail("PATCH", "/api/v1/namespaces/gpu-extender/pods/self", status=503)
     task = asyncio.create_task(requeuer.run())
