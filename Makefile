@@ -37,8 +37,8 @@ demo: $(VENV)/.runtime
 	$(BIN)/extender demo
 
 lint: $(VENV)/.test
-	$(BIN)/ruff check extender tests bench loadtest
-	$(BIN)/ruff format --check extender tests bench loadtest
+	$(BIN)/ruff check extender devtools tests bench loadtest
+	$(BIN)/ruff format --check extender devtools tests bench loadtest
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -51,8 +51,8 @@ test: lint e2e-build
 	$(BIN)/pytest -q
 
 bench: $(VENV)/.runtime
-	$(BIN)/python bench/bench.py
-	$(BIN)/python bench/cache_build.py
+	$(BIN)/python -m bench.bench
+	$(BIN)/python -m bench.cache_build
 
 loadtest: $(VENV)/.loadtest
 	$(BIN)/python -m loadtest.run --nodes $(NODES) --pods-per-second $(RATE) --duration $(DURATION) \

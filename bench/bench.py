@@ -2,7 +2,7 @@
 
 Why it exists: DESIGN §8 budgets the per-request work, and the targets (3,000 filter requests/s on one core
 at 1,000 node names, 1,000/s at 5,000, p99 under 1 ms at 1,000 names with one client) are numbers only a
-measurement can answer. For each cluster size it generates a cluster (`extender.clustergen`), starts the real
+measurement can answer. For each cluster size it generates a cluster (`devtools.clustergen`), starts the real
 command (`extender serve --cluster FILE --insecure-http`) as a subprocess, and drives it the way
 kube-scheduler does, with a realistic pod (`bench/pod.json`, captured from a real scheduler) and every node
 name in `NodeNames`.
@@ -15,7 +15,7 @@ name in `NodeNames`.
 - Bind: every bind is for a fresh pod UID, filtered first (so the server remembers the pod), then bound to
   a node that fits; only the bind is timed.
 - HTTPS: production serves HTTPS with mutual TLS, so at the `--tls-sizes` (1,000 names) a second server over
-  the same cluster file runs with `--tls-cert --tls-key --client-ca` (certificates from `extender.certs`, made
+  the same cluster file runs with `--tls-cert --tls-key --client-ca` (certificates from `extender.tools.certs`, made
   in the bench's temp dir), and `filter` (all pass) and `bind` are driven exactly as above, through TLS sockets
   that present the client certificate and verify the server against the CA. Connections stay keep-alive: one
   handshake per connection, made before the timing starts, as kube-scheduler's Go client reuses connections.
@@ -45,11 +45,11 @@ from typing import Any
 
 import orjson
 
-from extender.certs import CertificateFiles, write_certificates
-from extender.cluster import Cluster
-from extender.clustergen import generate, write
-from extender.harness import HOST, HarnessError, ServedExtender, machine, percentile
-from extender.resources import Profile
+from devtools.clustergen import generate, write
+from devtools.harness import HOST, HarnessError, ServedExtender, machine, percentile
+from extender.core.cache import Cluster
+from extender.core.resources import Profile
+from extender.tools.certs import CertificateFiles, write_certificates
 
 HERE = Path(__file__).resolve().parent
 POD_FIXTURE = HERE / "pod.json"
@@ -160,7 +160,7 @@ class Connection:
 
 
 class Server(ServedExtender):
-    """The served extender (`extender.harness`), and how this bench's raw clients reach it: plain HTTP, or
+    """The served extender (`devtools.harness`), and how this bench's raw clients reach it: plain HTTP, or
     with `certificates` HTTPS with mutual TLS (`--tls-cert --tls-key --client-ca`)."""
 
     def __init__(self, cluster_file: Path, log_file: Path, certificates: CertificateFiles | None = None) -> None:

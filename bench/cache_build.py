@@ -35,11 +35,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from devtools.clustergen import generate
+from devtools.harness import percentile
 from extender.app import kube_service
-from extender.cluster import Cluster, PodRecord
-from extender.clustergen import generate
-from extender.harness import percentile
-from extender.resources import Profile
+from extender.core.cache import Cluster, PodRecord
+from extender.core.resources import Profile
 from extender.settings import Settings
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.config import KubeConfig

@@ -15,17 +15,17 @@ import socket
 import uuid
 from collections.abc import Callable
 
-from extender.cluster import Cluster
-from extender.ledger import Ledger
-from extender.server import PROBES, Service, build_health_server, build_server, memory_freed
+from extender.core.cache import Cluster
+from extender.core.ledger import Ledger
+from extender.service.tls import ReloadingContext
+from extender.service.verbs import PROBES, Service, build_health_server, build_server, memory_freed
 from extender.settings import Settings
 from extender.sources.file import FileBinder, load_cluster_file
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.config import KubeConfig
-from extender.sources.kube.controller import KubeOptions, KubeSource
 from extender.sources.kube.informer import WatchOptions
 from extender.sources.kube.leader import LeaseTimings
-from extender.tls import ReloadingContext
+from extender.sources.kube.source import KubeOptions, KubeSource
 
 log = logging.getLogger(__name__)
 

@@ -99,7 +99,7 @@ def _serve(arguments: argparse.Namespace) -> int:
 
 
 def _scheduler_config(arguments: argparse.Namespace) -> int:
-    from extender.schedconfig import render
+    from extender.tools.schedconfig import render
 
     current = _settings(arguments, check=False)
     sys.stdout.write(render(current, arguments.k8s_version))
@@ -114,7 +114,7 @@ MAX_DAYS = 36500
 
 def _certs_request(arguments: argparse.Namespace) -> tuple[list[str], list[str], datetime.timedelta]:
     """The DNS names, IP addresses and validity asked for, checked; a ValueError names the bad flag."""
-    from extender.certs import service_dns_names
+    from extender.tools.certs import service_dns_names
 
     if not (_NAMESPACE.fullmatch(arguments.namespace) and len(arguments.namespace) <= 63):
         raise ValueError(f"--namespace {arguments.namespace!r}: not a Kubernetes namespace name")
@@ -139,7 +139,7 @@ def _certs_request(arguments: argparse.Namespace) -> tuple[list[str], list[str],
 
 
 def _certs(arguments: argparse.Namespace) -> int:
-    from extender.certs import issue_certificates, load_ca, secrets_yaml, write_certificates
+    from extender.tools.certs import issue_certificates, load_ca, secrets_yaml, write_certificates
 
     names, ips, valid_for = _certs_request(arguments)
     if bool(arguments.ca_cert) != bool(arguments.ca_key):
@@ -175,13 +175,13 @@ def _certs(arguments: argparse.Namespace) -> int:
 
 
 def _demo(arguments: argparse.Namespace) -> int:
-    from extender.demo import run_demo
+    from extender.tools.demo import run_demo
 
     return run_demo(pods=arguments.pods, seed=arguments.seed, cluster_file=arguments.cluster or None)
 
 
 def _inspect(arguments: argparse.Namespace) -> int:
-    from extender.inspection import fetch_and_render
+    from extender.tools.inspect import fetch_and_render
 
     sys.stdout.write(
         fetch_and_render(

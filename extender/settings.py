@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from extender.policy import PolicyConfig, Strategy
-from extender.resources import Profile
+from extender.core.policy import PolicyConfig, Strategy
+from extender.core.resources import Profile
 
 ENV_PREFIX = "EXTENDER_"
 _PROFILE = Profile()

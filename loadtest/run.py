@@ -4,7 +4,7 @@ Why it exists: the numbers that say the extender keeps up with kube-scheduler (r
 verb, errors, pods placed, the server's CPU and memory) must come from one command anyone can run, and the
 run must prove it left the cluster consistent. Steps:
 
-1. Generate the cluster (`extender.clustergen`: N nodes, GPUs and memory per GPU from the given choices, an
+1. Generate the cluster (`devtools.clustergen`: N nodes, GPUs and memory per GPU from the given choices, an
    initial fill) into a temporary directory, with the node names in a file for the Locust users.
 2. Start `extender serve --cluster FILE --insecure-http` on 127.0.0.1 as a subprocess (it dies with this
    process: PR_SET_PDEATHSIG) and wait for /readyz.
@@ -45,8 +45,8 @@ from typing import Any
 
 import orjson
 
-from extender.clustergen import generate, write
-from extender.harness import HOST, HarnessError, ServedExtender, die_with_parent, machine, served_extender
+from devtools.clustergen import generate, write
+from devtools.harness import HOST, HarnessError, ServedExtender, die_with_parent, machine, served_extender
 from loadtest.workload import DEFAULT_MIX, MEMORY_RESOURCE, NAMESPACE, PodMix, nodes_to_find
 
 COUNT_RESOURCE = "aliyun.com/gpu-count"

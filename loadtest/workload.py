@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from extender.harness import percentile
+from devtools.harness import percentile
 
 POD_FIXTURE = Path(__file__).resolve().parent / "pod.json"
 NAMESPACE = "loadtest"

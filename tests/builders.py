@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from extender.cluster import Allocation, Cluster, allocation_annotations, pod_record
-from extender.ledger import Ledger
-from extender.resources import Profile
+from extender.core.cache import Allocation, Cluster, allocation_annotations, pod_record
+from extender.core.ledger import Ledger
+from extender.core.resources import Profile
 
 PROFILE = Profile()
 _uids = itertools.count(1)

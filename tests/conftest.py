@@ -17,11 +17,11 @@ import orjson
 import pytest
 import trustme
 
-from extender.cluster import Cluster
-from extender.httpserver import HttpServer
-from extender.ledger import Ledger
-from extender.policy import PolicyConfig
-from extender.server import Service, build_server
+from extender.core.cache import Cluster
+from extender.core.ledger import Ledger
+from extender.core.policy import PolicyConfig
+from extender.service.transport import HttpServer
+from extender.service.verbs import Service, build_server
 from extender.sources.file import FileBinder
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.config import KubeConfig

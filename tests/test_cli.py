@@ -23,9 +23,9 @@ import pytest
 import yaml
 from cryptography import x509
 
-from extender.certs import issue_client, issue_server, make_ca
+from devtools.harness import free_port
 from extender.cli import main
-from extender.harness import free_port
+from extender.tools.certs import issue_client, issue_server, make_ca
 from tests.builders import make_node, make_pod
 from tests.conftest import SecretVolume
 

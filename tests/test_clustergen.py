@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from extender.cluster import Cluster
-from extender.clustergen import generate, main, write
-from extender.resources import Profile
+from devtools.clustergen import generate, main, write
+from extender.core.cache import Cluster
+from extender.core.resources import Profile
 from extender.sources.file import load_cluster_file
 
 PROFILE = Profile()

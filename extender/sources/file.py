@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 import yaml
 
-from extender.binding import BindError, slim_pod
-from extender.cluster import Cluster
-from extender.resources import Raw
+from extender.core.binding import BindError, slim_pod
+from extender.core.cache import Cluster
+from extender.core.resources import Raw
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ import logging
 from collections.abc import Callable
 from urllib.parse import quote
 
-from extender.binding import BindError, BindRequest
-from extender.resources import Raw
+from extender.core.binding import BindError, BindRequest
+from extender.core.resources import Raw
 from extender.sources.kube.client import ApiError, Conflict, KubeClient, KubeError, NotFound, ServerError
 
 log = logging.getLogger(__name__)

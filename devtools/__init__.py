@@ -1,0 +1,1 @@
+"""Tools only the benchmarks, the load test and the tests use: never installed, never in the image."""

@@ -1,0 +1,131 @@
+"""Reservations: device memory taken at bind, before the API shows the pod bound (DESIGN §3).
+
+The rules live here and nowhere else:
+- `reserve` re-checks free memory and records the hold in one step (no await in between), so two binds can
+  never take the same memory; callers also hold `locked(node)` across their I/O so binds to one node queue,
+  and mark the bind `in_flight` so no second bind of the same pod starts meanwhile.
+- `release` undoes a reservation after any failure and marks the pod abandoned (its annotations alone no
+  longer reserve); an observed allocation is never released from here.
+- `expire` frees reservations the API has not confirmed within the TTL, except those whose bind is running.
+- After every operation `used <= capacity` holds for every device a reservation touched.
+
+Decisions about *which* devices are the policy's; this module only refuses what does not fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+from extender.core.cache import Allocation, Cluster, Hold
+
+UNCERTAIN_WINDOW = 60.0
+"""Seconds a binding that failed uncertainly may still land: kube-apiserver's default `--request-timeout`,
+after which it abandons a request it still holds."""
+
+
+class Ledger:
+    """Mutable: the reservations' bookkeeping over the cache's holds."""
+
+    def __init__(self, cluster: Cluster, ttl: float, clock: Callable[[], float] = time.time) -> None:
+        self.cluster = cluster
+        self.ttl = ttl
+        """Seconds a reservation may wait for the API to show its pod bound."""
+        self.clock = clock
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._in_flight: dict[str, str] = {}
+
+    @asynccontextmanager
+    async def locked(self, node: str) -> AsyncIterator[None]:
+        """Hold the lock that orders binds to one node. A node's lock exists only while binds use it, so
+        names that come and go (or never existed) leave nothing behind."""
+        entry = self._locks.get(node)
+        if entry is None:
+            entry = self._locks[node] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[node]
+
+    def running_bind(self, uid: str) -> str | None:
+        """The node a bind of this pod is running to, if one is."""
+        return self._in_flight.get(uid)
+
+    @contextmanager
+    def in_flight(self, uid: str, node: str) -> Iterator[None]:
+        """Mark a pod's bind as running: its reservation is not expired meanwhile, and no second bind of the
+        same pod may start (to any node) until it ends."""
+        if uid in self._in_flight:
+            raise RuntimeError(f"a bind of pod {uid} is already running")
+        self._in_flight[uid] = node
+        try:
+            yield
+        finally:
+            del self._in_flight[uid]
+
+    def reserve(self, allocation: Allocation) -> str:
+        """Take the allocation's memory; returns "" on success, else why it does not fit now."""
+        state = self.cluster.nodes.get(allocation.node)
+        if state is None or not state.known:
+            return f"node {allocation.node} is not in the extender's cache"
+        own = state.holds.get(allocation.pod_uid)
+        for index in allocation.indexes:
+            position = state.position(index)
+            if position < 0:
+                return f"node {allocation.node} has no GPU {index}"
+            free = state.devices[position].capacity - state.used[position]
+            if own is not None and index in own.allocation.indexes:
+                free += own.allocation.per_device
+            if free < allocation.per_device:
+                return f"GPU {index} on {allocation.node} has {max(free, 0)} free, needs {allocation.per_device}"
+        self.cluster.hold(Hold(allocation, observed=False, since=self.clock()))
+        return ""
+
+    def mark_bound(self, uid: str) -> None:
+        """The API accepted the binding; the watch will confirm it."""
+        self.cluster.mark_bound(uid)
+
+    def mark_uncertain(self, uid: str) -> None:
+        """The binding failed but may have landed: keep the reservation until the watch or the TTL decides."""
+        self.cluster.mark_uncertain(uid, self.clock())
+
+    def still_uncertain(self, uid: str) -> bool:
+        """Whether a binding of this pod that failed uncertainly may still land: within UNCERTAIN_WINDOW of the
+        failure, while its reservation is held. After that the API server has given the request up."""
+        hold = self.cluster.reserved.get(uid)
+        since = hold.uncertain_since if hold is not None else None
+        return since is not None and self.clock() - since < UNCERTAIN_WINDOW
+
+    def release(self, uid: str) -> Hold | None:
+        """Undo a reservation (not an observed allocation); returns it, or None if there was none.
+
+        The pod is marked abandoned: annotations we may already have written on it no longer reserve
+        anything by themselves when the watch shows them (only a binding does).
+        """
+        if uid not in self.cluster.reserved:
+            return None
+        self.cluster.abandoned.add(uid)
+        return self.cluster.release(uid)
+
+    def expire(self, include_bound: bool = True) -> list[Hold]:
+        """Free every reservation older than the TTL whose bind is not running; returns them.
+
+        With `include_bound=False` (the watch is failing), reservations whose binding the API accepted are
+        kept: the pod is bound, only its confirmation is late, and freeing it would give its memory away.
+        """
+        deadline = self.clock() - self.ttl
+        expired = [
+            hold
+            for uid, hold in self.cluster.reserved.items()
+            if hold.since < deadline and uid not in self._in_flight and (include_bound or not hold.bound)
+        ]
+        for hold in expired:
+            self.release(hold.allocation.pod_uid)
+        return expired

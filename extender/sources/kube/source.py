@@ -1,0 +1,375 @@
+"""The live-cluster source: informers that fill the cache, the API binder, Events, and leader election, and the
+readiness and health they add up to.
+
+Ready means: the first full list of both Nodes and Pods is in the cache and, with leader election on, this
+replica leads *and* has relisted pods since it took the lease. The relist matters: the previous leader's last
+binds may still be on their way through our watch, and a new leader that binds before it sees them could give
+the same memory twice. A list is a consistent read of everything written before it.
+
+Healthy means: every loop (the two informers, the elector) is still running. They retry every API failure
+themselves, so a stopped loop is a bug, and the liveness probe should restart the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from extender.core.cache import TERMINAL_PHASES, Cluster, PodRecord
+from extender.core.recheck import TIMEOUT, Answer
+from extender.core.requeue import PERIOD, RECOVERY, REQUEUE_ANNOTATION, WATCH_LAG
+from extender.core.resources import Raw
+from extender.service.metrics import Sample
+from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
+from extender.sources.kube.client import ConnectionFailed, KubeClient, KubeError, NotFound, ServerError, Throttled
+from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
+from extender.sources.kube.leader import LeaderElector, LeaseTimings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class KubeOptions:
+    identity: str
+    """This replica's name in the Lease and in Events (hostname and a random suffix by default)."""
+    watch: WatchOptions = field(default_factory=WatchOptions)
+    leader_elect: bool = True
+    lease_namespace: str = "default"
+    lease_name: str = "gpu-extender"
+    timings: LeaseTimings = field(default_factory=LeaseTimings)
+    pod_name: str = ""
+    """This replica's pod (in `lease_namespace`), labelled `LEADER_LABEL` while it leads; "" for none."""
+
+
+LABEL_PERIOD = 0.5
+"""Seconds between checks of the leader label (a check that finds nothing to change costs no API call)."""
+
+LEADER_LABEL = "gpu-extender.io/leader"
+"""On the leader's own pod (value "true"): what the Service selects, so kube-scheduler reaches the leader."""
+
+
+class LeaderLabel:
+    """Keeps `LEADER_LABEL` on this replica's pod equal to whether it may bind (leading, and relisted since).
+
+    Why not readiness alone: if only the leader were Ready, a Deployment of two would never be fully available
+    (rollouts would stall, a PodDisruptionBudget would forbid evicting the leader). With this label every
+    replica whose cache is full is Ready (`/synced`), and the Service selects the label. Reconciled every
+    `period` seconds and at once on a change of leadership; a failed patch is retried at the next round.
+    """
+
+    def __init__(self, client: KubeClient, namespace: str, pod: str, wanted: Callable[[], bool], period: float) -> None:
+        self.client = client
+        self.path = pod_path(namespace, pod)
+        self.wanted = wanted
+        self.period = period
+        self.labelled: bool | None = None
+        """What the pod carries as far as we know; None until the first patch (a restarted container may find
+        the label of its previous life)."""
+        self.wake = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            await self.reconcile()
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.period):
+                    await self.wake.wait()
+
+    async def reconcile(self, wanted: bool | None = None) -> None:
+        wanted = self.wanted() if wanted is None else wanted
+        if wanted == self.labelled:
+            return
+        patch = {"metadata": {"labels": {LEADER_LABEL: "true" if wanted else None}}}
+        try:
+            await self.client.merge_patch(self.path, patch)
+        except KubeError as error:
+            log.warning("%s the leader label on %s: %s", "setting" if wanted else "removing", self.path, error)
+            return
+        self.labelled = wanted
+        log.info("%s label %s on this replica's pod", "set" if wanted else "removed", LEADER_LABEL)
+
+
+class Requeuer:
+    """Writes `REQUEUE_ANNOTATION` (the time, RFC 3339 with microseconds) on this replica's pod when asked,
+    at most once per `period` seconds: an update of an assigned pod, on which kube-scheduler retries every pod
+    an extender rejected (`requeue.py`). A request during the pause is carried out at its end; a failed write
+    is logged and retried at the next request."""
+
+    def __init__(self, client: KubeClient, namespace: str, pod: str, period: float = PERIOD) -> None:
+        self.client = client
+        self.path = pod_path(namespace, pod)
+        self.period = period
+        self.reason = ""
+        self.wake = asyncio.Event()
+        self.written = 0
+
+    def request(self, reason: str) -> None:
+        self.reason = reason
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: stamp}}}
+            try:
+                await self.client.merge_patch(self.path, patch)
+            except KubeError as error:
+                log.warning("asking kube-scheduler to retry rejected pods (annotating %s): %s", self.path, error)
+                if isinstance(error, ServerError | Throttled | ConnectionFailed):
+                    self.wake.set()  # passing: again after the pause (a missing pod or a refusal is for people)
+            else:
+                self.written += 1
+                log.info("asked kube-scheduler to retry the pods it could not place: %s", self.reason)
+            await asyncio.sleep(self.period)
+
+
+class KubeSource:
+    """Mutable: its loops run from `start()` to `stop()`."""
+
+    def __init__(self, client: KubeClient, cluster: Cluster, options: KubeOptions) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.options = options
+        self.recheck_timeout = TIMEOUT
+        self.nodes = Informer(client, NODES, self._apply_node, self._replace_nodes, options.watch)
+        self.pods = Informer(client, pods_kind(cluster.profile), self._apply_pod, self._replace_pods, options.watch)
+        self.on_freed: Callable[[list[str], float], None] | None = None
+        """Told when the API's news frees room on nodes (a pod deleted or finished; a node added or changed): the
+        nodes, and since when a refusal there may have been the cache's lag (Unix time; see `requeue.py`)."""
+        self.binder = KubeBinder(client, observe=cluster.apply_pod)
+        self.events = EventRecorder(client, options.identity)
+        self.elector = (
+            LeaderElector(
+                client,
+                options.lease_namespace,
+                options.lease_name,
+                options.identity,
+                options.timings,
+                on_change=self._leadership,
+            )
+            if options.leader_elect
+            else None
+        )
+        self._relisted_at = 0
+        """The pods list (by `Informer.lists_started`) a new leader waits for before it is ready."""
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.label = (
+            LeaderLabel(client, options.lease_namespace, options.pod_name, self.ready, LABEL_PERIOD)
+            if options.pod_name and self.elector is not None
+            else None
+        )
+        self.requeuer = Requeuer(client, options.lease_namespace, options.pod_name) if options.pod_name else None
+
+    # -- what the informers apply, and the room it frees (`requeue.py`)
+
+    def _late_since(self, informer: Informer[Any]) -> float:
+        """Since when what the informer applies now may have been news to kube-scheduler already: `WATCH_LAG`
+        before now, or before the start of a gap in the watch it is still catching up on."""
+        now = time.time()
+        began = informer.late_since(now, RECOVERY)
+        return min(now, began if began is not None else now) - WATCH_LAG
+
+    def _freed(self, nodes: list[str], informer: Informer[Any]) -> None:
+        if self.on_freed is not None and nodes:
+            self.on_freed(nodes, self._late_since(informer))
+
+    def _apply_pod(self, record: PodRecord, deleted: bool) -> None:
+        held = self.cluster.hold_of(record.uid) if deleted or record.finished else None
+        self.cluster.apply_record(record, deleted)
+        if held is not None:
+            self._freed([held.allocation.node], self.pods)
+
+    def _replace_pods(self, records: list[PodRecord]) -> None:
+        used = {name: state.used_total for name, state in self.cluster.nodes.items()}
+        self.cluster.replace_records(records)
+        freed = [name for name, state in self.cluster.nodes.items() if state.used_total < used.get(name, 0)]
+        self._freed(freed, self.pods)
+
+    def _apply_node(self, node: Raw, deleted: bool) -> None:
+        self.cluster.apply_node(node, deleted)
+        if not deleted:
+            self._freed([str((node.get("metadata") or {}).get("name") or "")], self.nodes)
+
+    def _replace_nodes(self, nodes: list[Raw]) -> None:
+        self.cluster.replace_nodes(nodes)
+        self._freed([str((node.get("metadata") or {}).get("name") or "") for node in nodes], self.nodes)
+
+    def requeue(self, reason: str) -> None:
+        """Ask kube-scheduler to retry the pods an extender rejected (needs `pod_name`; see `Requeuer`)."""
+        if self.requeuer is not None:
+            self.requeuer.request(reason)
+
+    def _leadership(self, leading: bool) -> None:
+        if leading:
+            self._relisted_at = self.pods.request_relist()
+        if self.label is not None:
+            self.label.wake.set()
+
+    def is_synced(self) -> bool:
+        """The first lists of nodes and pods are in the cache: this replica could take over (/synced)."""
+        return self.nodes.synced.is_set() and self.pods.synced.is_set()
+
+    def why_not_ready(self) -> str:
+        """Why this replica is not ready ("" when it is), for /readyz and refused verbs."""
+        if not self.is_synced():
+            return "extender is not ready: its cache has not been filled yet (waiting for the first lists)"
+        elector = self.elector
+        if elector is not None:
+            if not elector.leading:
+                holder = elector.holder or "no one yet"
+                return f"extender is not the leader: lease {elector.namespace}/{elector.name} is held by {holder}"
+            if self.pods.last_list_started < self._relisted_at:
+                return "extender is the new leader and is relisting pods before it binds"
+        return ""
+
+    def binding_time_left(self) -> float | None:
+        """Seconds this replica surely stays leader (None without leader election)."""
+        return self.elector.time_left() if self.elector is not None else None
+
+    def cache_current(self) -> bool:
+        """The pods informer follows the API (its last list or watch worked)."""
+        return self.pods.current
+
+    def ready(self) -> bool:
+        return not self.why_not_ready()
+
+    async def recheck(self, pods: list[PodRecord]) -> Answer:
+        """Read each pod from the API (concurrently, `recheck_timeout` seconds in all); forget in the cache those
+        the API no longer has, has under another UID (deleted and created again), or shows finished. The watch
+        brings the same news a little later; until then the cache would count memory that is free
+        (`recheck.py`)."""
+
+        async def gone(record: PodRecord) -> bool | None:
+            """True: gone; False: still there; None: no answer (logged)."""
+            try:
+                pod = await self.client.get(pod_path(record.namespace, record.name))
+            except NotFound:
+                return True
+            except KubeError as error:
+                log.info("rechecking pod %s: %s", record.key, error)
+                return None
+            except Exception:  # a bug; the filter still gets the cache's answer rather than a 500
+                log.warning("rechecking pod %s failed unexpectedly", record.key, exc_info=True)
+                return None
+            if not isinstance(pod, dict):
+                log.info("rechecking pod %s: the API answered %r, not a pod", record.key, type(pod).__name__)
+                return None
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            return bool(meta.get("uid") != record.uid or status.get("phase") in TERMINAL_PHASES)
+
+        reads = [asyncio.ensure_future(gone(record)) for record in pods]
+        try:
+            done, late = await asyncio.wait(reads, timeout=self.recheck_timeout) if reads else (set(), set())
+        finally:
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+        found, unanswered = 0, len(late)
+        for record, read in zip(pods, reads, strict=True):
+            if read not in done:
+                continue
+            answer = read.result()
+            if answer is None:
+                unanswered += 1
+            elif answer:
+                self.cluster.forget_pod(record.uid)
+                self._freed([record.node_name], self.pods)
+                found += 1
+        return Answer(found, unanswered)
+
+    def samples(self) -> Iterator[Sample]:
+        """Its counters, for /metrics."""
+        for informer in (self.nodes, self.pods):
+            kind = {"kind": informer.kind.name}
+            yield Sample(
+                "extender_watch_events_total", "Watch events applied to the cache.", "counter", informer.events, kind
+            )
+            yield Sample(
+                "extender_lists_total",
+                "Full lists applied (the first, then each relist).",
+                "counter",
+                informer.lists,
+                kind,
+            )
+            yield Sample(
+                "extender_api_failures_total",
+                "List or watch failures, each retried after a backoff.",
+                "counter",
+                informer.failures,
+                kind,
+            )
+            yield Sample(
+                "extender_cache_synced",
+                "1 once the first list is in the cache.",
+                "gauge",
+                float(informer.synced.is_set()),
+                kind,
+            )
+        if self.elector is not None:
+            yield Sample(
+                "extender_leader", "1 while this replica holds the lease.", "gauge", float(self.elector.leading)
+            )
+        if self.requeuer is not None:
+            yield Sample(
+                "extender_requeue_requests_total",
+                "Annotations written on this replica's pod for kube-scheduler to retry the pods it rejected.",
+                "counter",
+                self.requeuer.written,
+            )
+        yield Sample(
+            "extender_bind_failure_events_total",
+            "Warning Events recorded for failed binds.",
+            "counter",
+            self.events.recorded,
+        )
+
+    def problem(self) -> str:
+        """Which loop stopped and why ("" while every loop runs)."""
+        for name, task in self._tasks.items():
+            if task.done():
+                error = None if task.cancelled() else task.exception()
+                return f"the {name} loop stopped" + (f": {type(error).__name__}: {error}" if error else "")
+        return ""
+
+    async def start(self) -> None:
+        loops = {"nodes informer": self.nodes.run(), "pods informer": self.pods.run()}
+        if self.elector is not None:
+            loops["leader election"] = self.elector.run()
+        if self.label is not None:
+            loops["leader label"] = self.label.run()
+        if self.requeuer is not None:
+            loops["requeue"] = self.requeuer.run()
+        for name, loop in loops.items():
+            self._tasks[name] = asyncio.create_task(loop, name=name)
+            self._tasks[name].add_done_callback(self._stopped)
+
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the %s loop stopped", task.get_name(), exc_info=task.exception())
+
+    async def synced(self) -> None:
+        """Wait until the first lists of nodes and pods are in the cache."""
+        await asyncio.gather(self.nodes.synced.wait(), self.pods.synced.wait())
+
+    async def stop(self) -> None:
+        """Give the lease up first (a standby takes over at once), then stop the informers."""
+        order = ["leader label", "requeue", "leader election", "nodes informer", "pods informer"]
+        for name in order:
+            task = self._tasks.get(name)
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._tasks.clear()
+        if self.label is not None:  # no longer leading: the Service must stop sending kube-scheduler here
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.options.timings.retry_period * 2):
+                    await self.label.reconcile(False)
+        await self.events.close()

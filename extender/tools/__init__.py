@@ -1,0 +1,1 @@
+"""Commands for people: the demo, inspect, certificates, the scheduler's configuration."""

@@ -1,0 +1,215 @@
+"""The bind procedure: idempotent, never twice, undone on failure, and able to place pods the cache has not
+seen yet (only filtered)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from extender.core.binding import BindError, BindRequest, RecentPods, bind, slim_pod
+from extender.core.ledger import Ledger
+from extender.core.policy import PolicyConfig
+from extender.sources.file import FileBinder
+from tests.builders import FakeClock, make_cluster, make_node, make_pod
+
+
+class RecordingBinder:
+    """Stands for the API: records each write; `fail` makes the next one fail as a 409/500 would."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, str]]] = []
+        self.fail: str = ""
+
+    async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+        await asyncio.sleep(0)
+        if self.fail:
+            raise BindError(self.fail)
+        self.calls.append((pod["metadata"]["uid"], node, annotations))
+
+
+def request_for(pod: dict[str, Any], node: str = "n1") -> BindRequest:
+    meta = pod["metadata"]
+    return BindRequest(meta["name"], meta["namespace"], meta["uid"], node)
+
+
+async def run_bind(cluster: Any, binder: Any, request: BindRequest, recent: RecentPods | None = None) -> str:
+    ledger = Ledger(cluster, 60, FakeClock())
+    return await bind(request, cluster, ledger, PolicyConfig(), binder, recent or RecentPods())
+
+
+async def test_bind_writes_the_allocation_annotations_then_counts_the_pod_bound() -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=6)
+    cluster.apply_pod(pod)
+    binder = RecordingBinder()
+    assert await run_bind(cluster, binder, request_for(pod)) == ""
+    [(uid, node, annotations)] = binder.calls
+    assert (uid, node) == (pod["metadata"]["uid"], "n1")
+    assert annotations["ALIYUN_COM_GPU_MEM_IDX"] == "0"
+    assert annotations["ALIYUN_COM_GPU_MEM_POD"] == "6"
+    assert annotations["ALIYUN_COM_GPU_MEM_DEV"] == "16"
+    assert annotations["ALIYUN_COM_GPU_MEM_ASSIGNED"] == "false"
+    assert annotations["ALIYUN_COM_GPU_MEM_ASSUME_TIME"] == str(int(FakeClock().now * 1e9))
+    hold = cluster.hold_of(pod["metadata"]["uid"])
+    assert hold is not None and hold.bound and not hold.observed
+
+
+async def test_binding_the_same_pod_twice_to_the_same_node_succeeds_once() -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=6)
+    cluster.apply_pod(pod)
+    binder = RecordingBinder()
+    ledger = Ledger(cluster, 60, FakeClock())
+    recent, policy = RecentPods(), PolicyConfig()
+    first, second = await asyncio.gather(
+        bind(request_for(pod), cluster, ledger, policy, binder, recent),
+        bind(request_for(pod), cluster, ledger, policy, binder, recent),
+    )
+    assert (first, second) == ("", "")
+    assert len(binder.calls) == 1
+    assert cluster.nodes["n1"].used == [6, 0]
+
+
+async def test_binding_a_bound_pod_to_another_node_is_an_error() -> None:
+    cluster = make_cluster(make_node("n1"), make_node("n2"))
+    pod = make_pod("p", gpu_mem=6, node="n1")
+    cluster.apply_pod(pod)
+    error = await run_bind(cluster, RecordingBinder(), request_for(pod, "n2"))
+    assert error == "pod default/p is already bound to n1, not n2"
+
+
+async def test_a_failed_write_releases_the_reservation() -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=6)
+    cluster.apply_pod(pod)
+    binder = RecordingBinder()
+    binder.fail = "patching annotations: 500 etcd timeout"
+    error = await run_bind(cluster, binder, request_for(pod))
+    assert error == "binding default/p to n1 failed: patching annotations: 500 etcd timeout"
+    assert cluster.nodes["n1"].used == [0, 0]
+    assert not cluster.reserved
+
+
+async def test_a_cancelled_bind_releases_the_reservation() -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=6)
+    cluster.apply_pod(pod)
+    started = asyncio.Event()
+
+    class Hanging:
+        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+            started.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.create_task(run_bind(cluster, Hanging(), request_for(pod)))
+    await started.wait()
+    assert cluster.nodes["n1"].used == [6, 0]
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert cluster.nodes["n1"].used == [0, 0]
+
+
+async def test_a_pod_that_no_longer_fits_is_refused_with_the_reason() -> None:
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
+    first, second = make_pod("a", gpu_mem=10), make_pod("b", gpu_mem=10)
+    cluster.apply_pod(first)
+    cluster.apply_pod(second)
+    binder = FileBinder(cluster, [first, second])
+    assert await run_bind(cluster, binder, request_for(first)) == ""
+    error = await run_bind(cluster, binder, request_for(second))
+    assert error == "pod default/b no longer fits on n1: needs 10 GiB on one GPU; largest free is 6 GiB (GPU 0 of 1)"
+    assert cluster.nodes["n1"].used == [10]
+
+
+async def test_a_pod_known_only_from_its_filter_request_can_be_bound() -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("fresh", gpu_mem=5)
+    recent = RecentPods()
+    recent.remember(pod)
+    assert await run_bind(cluster, FileBinder(cluster, []), request_for(pod), recent) == ""
+    record = cluster.pods[pod["metadata"]["uid"]]
+    assert (record.node_name, record.allocation.indexes) == ("n1", (0,))  # type: ignore[union-attr]
+    assert cluster.hold_of(record.uid).observed  # type: ignore[union-attr]
+
+
+async def test_a_pod_never_seen_is_refused() -> None:
+    error = await run_bind(make_cluster(make_node("n1")), RecordingBinder(), BindRequest("p", "ns", "u-1", "n1"))
+    assert error == "pod ns/p (uid u-1) is unknown: not in the extender's cache and never filtered"
+
+
+async def test_a_pod_without_gpu_demand_is_bound_without_annotations() -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("plain", gpu_mem=None)
+    cluster.apply_pod(pod)
+    binder = RecordingBinder()
+    assert await run_bind(cluster, binder, request_for(pod)) == ""
+    assert binder.calls == [(pod["metadata"]["uid"], "n1", {})]
+    assert cluster.nodes["n1"].used == [0, 0]
+
+
+def test_recent_pods_forget_the_oldest_beyond_their_limit() -> None:
+    recent = RecentPods(limit=2)
+    pods = [make_pod(f"p{i}") for i in range(3)]
+    for pod in pods:
+        recent.remember(pod)
+    assert recent.get(pods[0]["metadata"]["uid"]) is None
+    assert len(recent) == 2
+
+
+def test_slim_pod_keeps_identity_and_resources_only() -> None:
+    pod = make_pod("p", gpu_mem=4)
+    pod["spec"]["volumes"] = [{"name": "big"}]
+    slim = slim_pod(pod)
+    assert slim["spec"] == {"containers": [{"name": "main", "resources": pod["spec"]["containers"][0]["resources"]}]}
+    assert slim["metadata"]["uid"] == pod["metadata"]["uid"]
+
+
+async def test_a_second_bind_of_a_pod_to_another_node_while_the_first_runs_is_refused() -> None:
+    """kube-scheduler gives up on a bind after its timeout and may bind the pod elsewhere while the first
+    bind is still running: the second must not undo the first's reservation, which may yet succeed."""
+    cluster = make_cluster(make_node("a", gpus=1, mem=16), make_node("b", gpus=1, mem=16))
+    pod = make_pod("p", gpu_mem=10)
+    cluster.apply_pod(pod)
+    first_started, release = asyncio.Event(), asyncio.Event()
+
+    class SlowApi(FileBinder):
+        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+            if node == "a":
+                first_started.set()
+                await release.wait()
+            await super().bind(pod, node, annotations)
+
+    ledger, recent, policy = Ledger(cluster, 60, FakeClock()), RecentPods(), PolicyConfig()
+    binder = SlowApi(cluster, [pod])
+    first = asyncio.create_task(bind(request_for(pod, "a"), cluster, ledger, policy, binder, recent))
+    await first_started.wait()
+    second = await bind(request_for(pod, "b"), cluster, ledger, policy, binder, recent)
+    assert second == "pod default/p: a bind to a is still running"
+    assert cluster.nodes["a"].used == [10]  # the first's reservation stands
+    release.set()
+    assert await first == ""
+    assert (cluster.nodes["a"].used, cluster.nodes["b"].used) == ([10], [0])
+    other = make_pod("q", gpu_mem=10)
+    cluster.apply_pod(other)
+    assert "no longer fits" in await bind(request_for(other, "a"), cluster, ledger, policy, binder, recent)
+    assert not cluster.overcommitted()
+
+
+async def test_annotations_left_by_a_failed_bind_do_not_reserve_again() -> None:
+    """The patch succeeded, the binding did not: the reservation is released, and the watch event that
+    shows the annotated (still unbound) pod must not bring it back until the TTL."""
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
+    pod = make_pod("p", gpu_mem=10)
+    cluster.apply_pod(pod)
+    written: dict[str, str] = {}
+
+    class PatchThenFail:
+        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+            written.update(annotations)
+            raise BindError("creating the binding: 500")
+
+    assert "failed" in await run_bind(cluster, PatchThenFail(), request_for(pod))
+    annotated = {**pod, "metadata": {**pod["metadata"], "annotations": written}}
+    cluster.apply_pod(annotated)  # the patch, seen by the watch
+    assert cluster.nodes["n1"].used == [0]
+    assert not cluster.reserved

@@ -1,0 +1,115 @@
+"""The cache's accounting: observed pods and reservations are holds keyed by pod UID, summaries follow."""
+
+from __future__ import annotations
+
+from extender.core.cache import Allocation, Hold, pod_record
+from tests.builders import PROFILE, bound_pod, make_cluster, make_node, make_pod
+
+
+def test_a_bound_annotated_pod_holds_memory_on_its_device() -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), pods=(bound_pod("a", "n1", (1,), 10),))
+    state = cluster.nodes["n1"]
+    assert state.used == [0, 10]
+    assert state.free == [16, 6]
+    assert (state.largest_free, state.largest_free_index) == (16, 0)
+    assert state.free_desc == (16, 6)
+    assert cluster.hold_of(next(iter(cluster.pods))).observed  # type: ignore[union-attr]
+
+
+def test_largest_free_ties_name_the_lowest_index() -> None:
+    cluster = make_cluster(make_node("n1", gpus=3, mem=16), pods=(bound_pod("a", "n1", (0,), 4),))
+    assert (cluster.nodes["n1"].largest_free, cluster.nodes["n1"].largest_free_index) == (16, 1)
+
+
+def test_deleting_a_pod_frees_its_memory() -> None:
+    pod = bound_pod("a", "n1", (0,), 10)
+    cluster = make_cluster(make_node("n1"), pods=(pod,))
+    cluster.apply_pod(pod, deleted=True)
+    assert cluster.nodes["n1"].used == [0, 0]
+    assert not cluster.pods
+
+
+def test_a_finished_pod_frees_its_memory() -> None:
+    pod = bound_pod("a", "n1", (0,), 10)
+    cluster = make_cluster(make_node("n1"), pods=(pod,))
+    cluster.apply_pod({**pod, "status": {"phase": "Succeeded"}})
+    assert cluster.nodes["n1"].used == [0, 0]
+
+
+def test_a_terminating_pod_still_holds_its_memory() -> None:
+    pod = bound_pod("a", "n1", (0,), 10)
+    pod["metadata"]["deletionTimestamp"] = "2026-11-21T00:00:00Z"
+    cluster = make_cluster(make_node("n1"), pods=(pod,))
+    assert cluster.nodes["n1"].used == [10, 0]
+
+
+def test_observing_a_reserved_pod_replaces_the_reservation_without_double_counting() -> None:
+    pod = bound_pod("a", "n1", (0,), 10)
+    cluster = make_cluster(make_node("n1"))
+    uid = pod["metadata"]["uid"]
+    cluster.hold(Hold(Allocation(uid, "default/a", "n1", (0,), 10), observed=False, since=1.0))
+    assert cluster.nodes["n1"].used == [10, 0]
+    cluster.apply_pod(pod)
+    assert cluster.nodes["n1"].used == [10, 0]
+    assert uid not in cluster.reserved
+    assert cluster.hold_of(uid).observed  # type: ignore[union-attr]
+
+
+def test_an_annotated_but_unbound_pod_is_a_reservation_from_its_assume_time() -> None:
+    pod = make_pod("a", gpu_mem=8, node="n1", indexes=(1,), bound=False, assume_time=1234.5)
+    cluster = make_cluster(make_node("n1"), pods=(pod,))
+    hold = cluster.reserved[pod["metadata"]["uid"]]
+    assert (hold.observed, hold.since, hold.allocation.indexes) == (False, 1234.5, (1,))
+    assert cluster.nodes["n1"].used == [0, 8]
+
+
+def test_a_node_deleted_under_running_pods_keeps_their_holds_until_it_returns() -> None:
+    node = make_node("n1")
+    cluster = make_cluster(node, pods=(bound_pod("a", "n1", (0,), 10),))
+    cluster.apply_node(node, deleted=True)
+    assert not cluster.nodes["n1"].known
+    assert cluster.nodes["n1"].devices == ()
+    cluster.apply_node(node)
+    assert cluster.nodes["n1"].used == [10, 0]
+
+
+def test_a_deleted_node_without_pods_is_forgotten() -> None:
+    node = make_node("n1")
+    cluster = make_cluster(node)
+    cluster.apply_node(node, deleted=True)
+    assert "n1" not in cluster.nodes
+
+
+def test_replace_drops_pods_and_nodes_absent_from_the_listing_but_keeps_reservations() -> None:
+    gone = bound_pod("gone", "n1", (0,), 4)
+    cluster = make_cluster(make_node("n1"), make_node("n2"), pods=(gone,))
+    cluster.hold(Hold(Allocation("fresh", "default/fresh", "n1", (1,), 6), observed=False, since=1.0))
+    cluster.replace([make_node("n1")], [])
+    assert "n2" not in cluster.nodes
+    assert cluster.nodes["n1"].used == [0, 6]
+    assert not cluster.pods
+
+
+def test_describe_builds_an_unknown_node_from_the_object_the_scheduler_sent() -> None:
+    cluster = make_cluster()
+    view = cluster.describe(make_node("elsewhere", gpus=4, mem=24))
+    assert [device.capacity for device in view.devices] == [24, 24, 24, 24]
+    assert "elsewhere" not in cluster.nodes
+
+
+def test_annotations_round_trip_through_a_pod_record() -> None:
+    pod = bound_pod("multi", "n1", (0, 1), 20, gpus=2)
+    record = pod_record(pod, PROFILE)
+    assert record.allocation == Allocation(record.uid, "default/multi", "n1", (0, 1), 10)
+    assert PROFILE.index_annotation not in pod["metadata"]["annotations"]  # the plugin cannot read lists
+
+
+def test_an_unreadable_pod_request_is_recorded_as_a_problem_not_raised() -> None:
+    record = pod_record(make_pod("bad", gpu_mem="-1"), PROFILE)
+    assert record.demand is None
+    assert "negative" in record.problem
+
+
+def test_memory_on_a_vanished_device_index_is_stray_not_lost() -> None:
+    cluster = make_cluster(make_node("n1", gpus=1), pods=(bound_pod("a", "n1", (3,), 4),))
+    assert (cluster.nodes["n1"].used, cluster.nodes["n1"].stray) == ([0], 4)

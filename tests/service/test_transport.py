@@ -1,0 +1,261 @@
+"""The transport, byte for byte: what an HTTP/1.1 client (Go's, kube-scheduler's) may send, and what comes back.
+
+Each test opens a raw socket to a real server on loopback, so nothing between the bytes and the server
+hides a mistake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+
+import orjson
+import pytest
+
+from extender.service.transport import HttpServer, Request, Response, Router
+
+LIMIT = 1024
+
+
+def echo(request: Request) -> Response:
+    return Response(200, orjson.dumps({"path": request.path, "size": len(request.body), "params": request.params}))
+
+
+def explode(request: Request) -> Response:
+    raise RuntimeError("kaboom")
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[HttpServer]:
+    gate = asyncio.Event()
+
+    async def slow(request: Request) -> Response:
+        await gate.wait()
+        return Response(200, b'{"slow":true}')
+
+    router = Router()
+    router.add("POST", "/echo", echo)
+    router.add("GET", "/items/{name}", echo)
+    router.add("POST", "/slow", slow)
+
+    def sometimes(request: Request) -> Response | Awaitable[Response]:
+        """Inline, unless the body asks it to wait for the gate (as a filter that must read the API does)."""
+        if request.body != b"wait":
+            return Response(200, b'{"waited":false}')
+
+        async def later() -> Response:
+            await gate.wait()
+            return Response(200, b'{"waited":true}')
+
+        return later()
+
+    router.add("POST", "/sometimes", sometimes)
+    router.add("GET", "/explode", explode)
+    server = HttpServer(router, max_body_bytes=LIMIT, idle_timeout=1.0)
+    server.gate = gate  # type: ignore[attr-defined]
+    await server.start("127.0.0.1", 0)
+    yield server
+    gate.set()
+    await server.stop(grace=1.0)
+
+
+async def connect(server: HttpServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", server.port)
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    status_line = await asyncio.wait_for(reader.readline(), 5)
+    assert status_line, "connection closed before a response"
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers["content-length"]))
+    return int(status_line.split()[1]), headers, body
+
+
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+async def test_keep_alive_serves_several_requests_on_one_connection(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    for size in (0, 10, 1000):
+        writer.write(post("/echo", b"x" * size))
+        status, headers, body = await read_response(reader)
+        assert (status, orjson.loads(body)["size"]) == (200, size)
+        assert headers["content-type"] == "application/json"
+        assert "date" in headers and "connection" not in headers
+    writer.close()
+
+
+async def test_chunked_bodies_are_reassembled(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    )
+    _, _, body = await read_response(reader)
+    assert orjson.loads(body)["size"] == 11
+    writer.close()
+
+
+async def test_a_declared_body_over_the_limit_is_refused_before_it_is_read(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(f"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {LIMIT + 1}\r\n\r\n".encode())
+    status, headers, body = await read_response(reader)
+    assert (status, headers["connection"]) == (413, "close")
+    assert orjson.loads(body) == {"Error": f"request body is over the limit of {LIMIT} bytes"}
+    assert await reader.read() == b""
+    writer.close()
+
+
+async def test_a_chunked_body_growing_over_the_limit_is_refused(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    chunk = b"x" * 600
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    writer.write(b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk, len(chunk), chunk))
+    status, _, _ = await read_response(reader)
+    assert status == 413
+    writer.close()
+
+
+async def test_huge_headers_are_refused(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"GET /items/a HTTP/1.1\r\nHost: x\r\nX-Big: " + b"y" * 70_000 + b"\r\n\r\n")
+    status, _, _ = await read_response(reader)
+    assert status == 431
+    writer.close()
+
+
+async def test_garbage_gets_a_400_and_the_connection_closes(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"this is not http\r\n\r\n")
+    status, headers, body = await read_response(reader)
+    assert (status, headers["connection"]) == (400, "close")
+    assert orjson.loads(body)["Error"].startswith("malformed HTTP request")
+    writer.close()
+
+
+async def test_expect_100_continue_is_answered_before_the_body(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+    assert await asyncio.wait_for(reader.readline(), 5) == b"HTTP/1.1 100 Continue\r\n"
+    assert await reader.readline() == b"\r\n"
+    writer.write(b"abcd")
+    status, _, body = await read_response(reader)
+    assert (status, orjson.loads(body)["size"]) == (200, 4)
+    writer.close()
+
+
+async def test_http_1_0_closes_after_the_answer(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"GET /items/gpu-1 HTTP/1.0\r\n\r\n")
+    status, headers, body = await read_response(reader)
+    assert (status, headers["connection"], orjson.loads(body)["params"]) == (200, "close", {"name": "gpu-1"})
+    assert await reader.read() == b""
+    writer.close()
+
+
+async def test_pipelined_requests_are_answered_in_order_even_behind_a_slow_one(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(post("/slow", b"") + post("/echo", b"12345"))
+    await asyncio.sleep(0.05)
+    server.gate.set()  # type: ignore[attr-defined]
+    first = await read_response(reader)
+    second = await read_response(reader)
+    assert (first[2], orjson.loads(second[2])["size"]) == (b'{"slow":true}', 5)
+    writer.close()
+
+
+async def test_a_synchronous_handler_may_answer_later_and_requests_behind_it_keep_their_order(
+    server: HttpServer,
+) -> None:
+    reader, writer = await connect(server)
+    writer.write(post("/sometimes", b"now"))
+    assert (await read_response(reader))[2] == b'{"waited":false}'
+    writer.write(post("/sometimes", b"wait") + post("/sometimes", b"now") + post("/echo", b"123"))
+    with pytest.raises(TimeoutError):  # nothing answered while the first waits, not even the ones behind it
+        await asyncio.wait_for(reader.readline(), 0.1)
+    server.gate.set()  # type: ignore[attr-defined]
+    answers = [(await read_response(reader))[2] for _ in range(3)]
+    assert answers[:2] == [b'{"waited":true}', b'{"waited":false}'] and orjson.loads(answers[2])["size"] == 3
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status", "message"),
+    [
+        (b"GET /nowhere HTTP/1.1", 404, "GET /nowhere: Not Found"),
+        (b"GET /echo HTTP/1.1", 405, "GET /echo: Method Not Allowed"),
+        (b"GET /explode HTTP/1.1", 500, "internal error in GET /explode: RuntimeError: kaboom"),
+    ],
+)
+async def test_errors_are_json_with_a_message(
+    server: HttpServer, request_line: bytes, status: int, message: str
+) -> None:
+    reader, writer = await connect(server)
+    writer.write(request_line + b"\r\nHost: x\r\n\r\n")
+    answer = await read_response(reader)
+    assert (answer[0], orjson.loads(answer[2])) == (status, {"Error": message})
+    writer.close()
+
+
+async def test_idle_connections_are_closed_after_the_timeout(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(post("/echo", b""))
+    await read_response(reader)
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # idle_timeout is 1 s; the tick runs every second
+    writer.close()
+
+
+async def test_stop_lets_a_request_in_flight_finish_then_closes() -> None:
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def bind_like(request: Request) -> Response:
+        started.set()
+        await release.wait()
+        return Response(200, b'{"Error":""}')
+
+    router = Router()
+    router.add("POST", "/bind", bind_like)
+    server = HttpServer(router, max_body_bytes=LIMIT)
+    await server.start("127.0.0.1", 0)
+    port = server.port
+    reader, writer = await connect(server)
+    writer.write(post("/bind", b"{}"))
+    await started.wait()
+    stopping = asyncio.create_task(server.stop(grace=5.0))
+    await asyncio.sleep(0.05)
+    assert not stopping.done()
+    release.set()
+    status, headers, body = await read_response(reader)
+    assert (status, body, headers["connection"]) == (200, b'{"Error":""}', "close")
+    await stopping
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
+    writer.close()
+
+
+async def test_a_refusal_pipelined_behind_a_slow_request_waits_for_the_requests_queued_before_it(
+    server: HttpServer,
+) -> None:
+    reader, writer = await connect(server)
+    too_big = f"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {LIMIT + 1}\r\n\r\n".encode()
+    writer.write(post("/slow", b"") + post("/echo", b"123") + too_big)
+    await asyncio.sleep(0.05)
+    server.gate.set()  # type: ignore[attr-defined]
+    answers = [await read_response(reader) for _ in range(3)]
+    assert [answer[0] for answer in answers] == [200, 200, 413]
+    assert orjson.loads(answers[1][2])["size"] == 3
+    assert answers[2][1]["connection"] == "close"
+    assert await reader.read() == b""
+    writer.close()
+
+
+async def test_an_endless_request_line_is_refused_without_buffering_it(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"GET /" + b"a" * 100_000)  # no end of line, no headers: refused before they come
+    status, headers, _ = await read_response(reader)
+    assert (status, headers["connection"]) == (431, "close")
+    writer.close()

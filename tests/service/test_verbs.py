@@ -1,0 +1,299 @@
+"""The HTTP surface: bad input gets a 4xx naming what was wrong, probes, metrics and inspection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from extender.core.binding import BindError
+from tests.builders import bound_pod, make_cluster, make_node, make_pod
+from tests.conftest import ClientFor, make_service
+
+
+def filter_body(pod: dict[str, Any] | None = None, names: Any = ("n1",)) -> dict[str, Any]:
+    return {"Pod": pod if pod is not None else make_pod(gpu_mem=4), "Nodes": None, "NodeNames": list(names)}
+
+
+class FailingBinder:
+    """Stands for an API server whose write fails: with BindError as a refused patch or binding would,
+    with anything else as a bug would."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+        raise self.error
+
+
+def bind_body(pod: dict[str, Any], node: str = "n1") -> dict[str, Any]:
+    meta = pod["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
+
+
+BAD_BODIES = [
+    # (id, verb, body, status, what the error must say)
+    ("not-json", "filter", b"nope", 400, "body is not JSON"),
+    ("empty", "filter", b"", 400, "empty body"),
+    ("array", "filter", b"[1, 2]", 400, "body must be a JSON object"),
+    ("missing-pod", "filter", b'{"NodeNames": ["n1"]}', 400, "Pod: Field required"),
+    ("null-pod", "filter", b'{"Pod": null, "NodeNames": []}', 400, "Pod: Input should be a valid dictionary"),
+    ("names-not-list", "prioritize", b'{"Pod": {}, "NodeNames": "n1"}', 400, "NodeNames: Input should be a valid list"),
+    (
+        "name-not-string",
+        "filter",
+        b'{"Pod": {"spec": {}}, "NodeNames": ["a", 3]}',
+        400,
+        "NodeNames.1: Input should be a valid string",
+    ),
+    (
+        "negative",
+        "filter",
+        orjson.dumps(filter_body(make_pod(gpu_mem="-4"))),
+        400,
+        "limits aliyun.com/gpu-mem '-4' is negative",
+    ),
+    ("unparsable", "filter", orjson.dumps(filter_body(make_pod(gpu_mem="4 gigs"))), 400, "'4 gigs' is not a quantity"),
+    ("pod-without-spec", "filter", b'{"Pod": {"metadata": {}}, "NodeNames": []}', 400, "Pod.spec is missing"),
+    ("bind-missing-uid", "bind", b'{"PodName": "p", "PodNamespace": "d", "Node": "n1"}', 400, "PodUID: Field required"),
+    (
+        "bind-uid-number",
+        "bind",
+        b'{"PodName": "p", "PodNamespace": "d", "PodUID": 7, "Node": "n1"}',
+        400,
+        "PodUID: Input should be a valid string",
+    ),
+    (
+        "victim-without-uid",
+        "preempt",
+        b'{"Pod": {"spec": {}}, "NodeNameToMetaVictims": {"n1": {"Pods": [{"uid": 1}]}}}',
+        400,
+        "NodeNameToMetaVictims.n1.Pods.0.UID: Field required",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("verb", "body", "status", "message"), [pytest.param(*case[1:], id=case[0]) for case in BAD_BODIES]
+)
+async def test_bad_input_gets_a_4xx_that_names_the_problem(
+    verb: str, body: bytes, status: int, message: str, client_for: ClientFor
+) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    response = await client.post(f"/{verb}", data=body)
+    assert response.status == status
+    reply = await response.json()
+    assert message in reply["Error"]
+    assert "Traceback" not in reply["Error"]
+
+
+async def test_a_body_over_the_limit_gets_413(client_for: ClientFor) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1")), max_body_bytes=1024))
+    response = await client.post("/filter", data=orjson.dumps(filter_body(names=[f"n{i}" for i in range(500)])))
+    assert response.status == 413
+    assert "over the limit of 1024 bytes" in (await response.json())["Error"]
+
+
+async def test_unknown_routes_and_methods_answer_json(client_for: ClientFor) -> None:
+    client = await client_for(make_service(make_cluster()))
+    missing = await client.get("/nowhere")
+    wrong = await client.get("/filter")
+    assert (missing.status, (await missing.json())["Error"]) == (404, "GET /nowhere: Not Found")
+    assert (wrong.status, (await wrong.json())["Error"]) == (405, "GET /filter: Method Not Allowed")
+
+
+async def test_an_unknown_node_name_is_a_reason_not_a_failure(client_for: ClientFor) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    response = await client.post("/filter", data=orjson.dumps(filter_body(names=["n1", "ghost"])))
+    reply = await response.json()
+    assert response.status == 200
+    assert reply["NodeNames"] == ["n1"]
+    assert reply["FailedNodes"] == {"ghost": "node is not in the extender's cache (yet)"}
+    assert reply["Error"] == ""
+
+
+async def test_prioritize_scores_every_node_sent(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("empty"), make_node("half"), pods=(bound_pod("a", "half", (0,), 8),))
+    client = await client_for(make_service(cluster))
+    response = await client.post("/prioritize", data=orjson.dumps(filter_body(names=["empty", "half", "ghost"])))
+    # empty: device 4*10//16=2, node 4*10//32=1 -> 1; half: device 12*10//16=7, node 12*10//32=3 -> 5.
+    assert await response.json() == [
+        {"Host": "empty", "Score": 1},
+        {"Host": "half", "Score": 5},
+        {"Host": "ghost", "Score": 0},
+    ]
+
+
+async def test_an_unexpected_failure_is_a_500_with_a_message_and_the_reservation_is_released(
+    client_for: ClientFor,
+) -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=4)
+    cluster.apply_pod(pod)
+    client = await client_for(make_service(cluster, binder=FailingBinder(RuntimeError("boom"))))
+    response = await client.post("/bind", data=orjson.dumps(bind_body(pod)))
+    assert response.status == 500
+    assert (await response.json())["Error"] == "internal error in bind: RuntimeError: boom"
+    assert cluster.nodes["n1"].used == [0, 0]
+
+
+async def test_a_failed_bind_reports_the_error_and_frees_the_memory(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=4)
+    cluster.apply_pod(pod)
+    client = await client_for(
+        make_service(cluster, binder=FailingBinder(BindError("creating the binding: 403 forbidden")))
+    )
+    response = await client.post("/bind", data=orjson.dumps(bind_body(pod)))
+    assert response.status == 200
+    assert (await response.json())["Error"] == "binding default/p to n1 failed: creating the binding: 403 forbidden"
+    assert cluster.nodes["n1"].used == [0, 0]
+    assert not cluster.reserved
+
+
+async def test_probes(client_for: ClientFor) -> None:
+    ready = {"now": False}
+    client = await client_for(make_service(make_cluster(make_node("n1")), ready=lambda: ready["now"]))
+    assert (await client.get("/healthz")).status == 200
+    assert (await client.get("/readyz")).status == 503
+    unready_filter = await (await client.post("/filter", data=orjson.dumps(filter_body()))).json()
+    assert unready_filter["Error"].startswith("extender is not ready")
+    ready["now"] = True
+    assert (await client.get("/readyz")).status == 200
+
+
+async def test_metrics_count_requests_nodes_and_allocations(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("n1", gpus=1, mem=8), make_node("n2"), pods=(bound_pod("a", "n2", (0,), 4),))
+    client = await client_for(make_service(cluster))
+    await client.post("/filter", data=orjson.dumps(filter_body(make_pod(gpu_mem=12), names=["n1", "n2", "x"])))
+    await client.post("/filter", data=b"nope")
+    text = await (await client.get("/metrics")).text()
+    assert 'extender_requests_total{outcome="ok",verb="filter"} 1.0' in text
+    assert 'extender_requests_total{outcome="bad_request",verb="filter"} 1.0' in text
+    assert 'extender_filter_nodes_total{result="accepted"} 1.0' in text
+    assert 'extender_filter_nodes_total{result="failed"} 1.0' in text
+    assert 'extender_filter_nodes_total{result="unresolvable"} 1.0' in text
+    assert 'extender_request_duration_seconds_count{outcome="ok",verb="filter"} 1.0' in text
+    assert 'extender_allocations{state="observed"} 1.0' in text
+    assert "extender_cache_nodes 2.0" in text
+
+
+async def test_inspect_shows_devices_pods_and_reservations_with_their_age(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("n1"), pods=(bound_pod("a", "n1", (1,), 6),))
+    client = await client_for(make_service(cluster))
+    pod = make_pod("b", gpu_mem=4)
+    await client.post("/filter", data=orjson.dumps(filter_body(pod)))
+    assert (await (await client.post("/bind", data=orjson.dumps(bind_body(pod)))).json()) == {"Error": ""}
+    node = await (await client.get("/inspect/n1")).json()
+    assert (node["capacity"], node["used"]) == (32, 10)
+    gpu1 = node["devices"][1]
+    assert (gpu1["capacity"], gpu1["used"], gpu1["free"]) == (16, 10, 6)
+    assert sorted((holder["pod"], holder["memory"], holder["state"]) for holder in gpu1["pods"]) == [
+        ("default/a", 6, "observed"),
+        ("default/b", 4, "observed"),
+    ]
+    everything = await (await client.get("/inspect")).json()
+    assert [entry["name"] for entry in everything["nodes"]] == ["n1"]
+    missing = await client.get("/inspect/ghost")
+    assert (missing.status, (await missing.json())["Error"]) == (404, "node ghost is not in the extender's cache")
+
+
+async def test_prioritize_answers_follow_the_cache_after_a_bind(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
+    client = await client_for(make_service(cluster))
+    body = orjson.dumps(filter_body(make_pod("q", gpu_mem=4), names=["n1", "n2"]))
+    before = await (await client.post("/prioritize", data=body)).json()
+    pod = make_pod("p", gpu_mem=8)
+    await client.post("/filter", data=orjson.dumps(filter_body(pod)))
+    assert await (await client.post("/bind", data=orjson.dumps(bind_body(pod)))).json() == {"Error": ""}
+    after = await (await client.post("/prioritize", data=body)).json()
+    # n1 now holds 8: a 4 GiB pod there fills (8+4)*10//16 = 7 on device and node; n2 stays 4*10//16 = 2.
+    assert (before, after) == (
+        [{"Host": "n1", "Score": 2}, {"Host": "n2", "Score": 2}],
+        [{"Host": "n1", "Score": 7}, {"Host": "n2", "Score": 2}],
+    )
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["n1", 3], "NodeNames.1: Input should be a valid string"),
+        ([["n1"]], "NodeNames.0: Input should be a valid string"),
+        ([{"n": 1}, "n1"], "NodeNames.0: Input should be a valid string"),
+        ("n1", "NodeNames: Input should be a valid list"),
+    ],
+)
+async def test_node_names_that_are_not_strings_are_refused_on_every_path(
+    verb: str, names: Any, message: str, client_for: ClientFor
+) -> None:
+    # Filter's fast path checks names by membership in a set of strings; every other path checks them
+    # one by one. Either way a wrong item is a 400 that names it, never a 500 or a silently odd answer.
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    response = await client.post(f"/{verb}", data=orjson.dumps({"Pod": make_pod(gpu_mem=4), "NodeNames": names}))
+    assert response.status == 400
+    assert message in (await response.json())["Error"]
+
+
+def _pod_with(**changes: Any) -> dict[str, Any]:
+    pod = make_pod("p", gpu_mem=4)
+    for path, value in changes.items():
+        target = pod
+        *parents, last = path.split("__")
+        for parent in parents:
+            target = target[parent]
+        target[last] = value
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pod", "message"),
+    [
+        (_pod_with(metadata="x"), "Pod.metadata must be an object"),
+        (_pod_with(metadata__annotations="x"), "Pod.metadata.annotations must be an object"),
+        (_pod_with(status="x"), "Pod.status must be an object"),
+        (_pod_with(spec__initContainers=5), "Pod.spec.initContainers must be a list"),
+    ],
+)
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
+async def test_a_pod_of_the_wrong_shape_is_a_400(
+    pod: dict[str, Any], message: str, verb: str, client_for: ClientFor
+) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    body = {"Pod": pod, "NodeNames": ["n1"], "NodeNameToMetaVictims": {}}
+    response = await client.post(f"/{verb}", data=orjson.dumps(body))
+    assert (response.status, (await response.json())["Error"]) == (400, message)
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"metadata": "x"},
+        {"metadata": {"name": "odd"}, "status": "x"},
+        {"metadata": {"name": "odd"}, "status": {"conditions": 5, "capacity": ["x"]}},
+        {"metadata": {"name": "odd", "annotations": "x"}},
+    ],
+)
+async def test_whole_nodes_of_the_wrong_shape_are_nodes_without_gpus_not_errors(
+    node: dict[str, Any], client_for: ClientFor
+) -> None:
+    client = await client_for(make_service(make_cluster()))
+    body = orjson.dumps({"Pod": make_pod(gpu_mem=4), "Nodes": {"items": [node]}})
+    for verb in ("filter", "prioritize"):
+        response = await client.post(f"/{verb}", data=body)
+        assert response.status == 200, await response.text()
+
+
+async def test_preempt_victims_of_the_wrong_shape_are_not_a_500(client_for: ClientFor) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    body = {"Pod": make_pod(gpu_mem=4), "NodeNameToVictims": {"n1": {"Pods": [{"metadata": "x"}]}}}
+    response = await client.post("/preempt", data=orjson.dumps(body))
+    assert response.status == 200
+
+
+async def test_a_huge_quantity_is_answered_not_crashed_on(client_for: ClientFor) -> None:
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    response = await client.post("/filter", data=orjson.dumps(filter_body(make_pod(gpu_mem="1e400", gpus=3))))
+    reply = await response.json()
+    assert (response.status, reply["NodeNames"], list(reply["FailedAndUnresolvableNodes"])) == (200, [], ["n1"])

@@ -1,0 +1,178 @@
+"""`extender inspect` against the real app served over HTTPS on loopback: the table, and every fixable error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extender import cli
+from extender.app import file_service
+from extender.core.cache import Allocation, Hold
+from extender.service.tls import server_context
+from extender.service.transport import HttpServer, Request, Response, Router
+from extender.service.verbs import build_server
+from extender.settings import Settings
+from extender.tools.inspect import InspectError, bar, fetch_and_render
+from tests.builders import bound_pod, make_node
+from tests.conftest import Pki, serve
+
+RESERVED_AGE = 600.0
+"""Seconds ago the test reservation was made: shows as "10m ago" however slow the test runs."""
+
+
+def write_cluster(folder: Path) -> str:
+    objects = [
+        make_node("gpu-node-1", gpus=2, mem=16),
+        make_node("gpu-node-2", gpus=1, mem=16, ready=False),
+        bound_pod("share-1", "gpu-node-1", (0,), 12),
+        bound_pod("share-2", "gpu-node-1", (0,), 4),
+    ]
+    path = folder / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}))
+    return str(path)
+
+
+def extender_server(tmp_path: Path) -> HttpServer:
+    service, _ = file_service(Settings(), write_cluster(tmp_path))
+    waiting = Allocation("uid-waiting", "default/waiting", "gpu-node-1", (1,), 8)
+    service.cluster.hold(Hold(waiting, observed=False, since=time.time() - RESERVED_AGE))
+    return build_server(service)
+
+
+@pytest.fixture
+async def https_url(tmp_path: Path, pki: Pki) -> AsyncIterator[str]:
+    async for url in serve(extender_server(tmp_path), server_context(pki.server_cert, pki.server_key)):
+        yield url
+
+
+@pytest.fixture
+async def mtls_url(tmp_path: Path, pki: Pki) -> AsyncIterator[str]:
+    async for url in serve(extender_server(tmp_path), server_context(pki.server_cert, pki.server_key, pki.ca)):
+        yield url
+
+
+async def inspect(
+    url: str, node: str = "", ca: str = "", cert: str = "", insecure: bool = False, as_json: bool = False
+) -> str:
+    """The sync CLI call, run in a thread while the server answers on this test's loop."""
+    return await asyncio.to_thread(fetch_and_render, url, node, ca, cert, "", insecure, as_json)
+
+
+async def test_table_names_nodes_gpus_pods_and_reservations(https_url: str, pki: Pki) -> None:
+    table = await inspect(https_url, ca=pki.ca)
+    lines = table.splitlines()
+    assert lines[0].startswith("gpu-node-1  ready  24/32 GiB used  2 GPUs")
+    gpu0 = next(line for line in lines if "GPU 0" in line)
+    assert "16/16 GiB" in gpu0 and "free 0" in gpu0 and "[" + "#" * 20 + "]" in gpu0
+    assert "default/share-1 12 GiB observed" in gpu0
+    assert any(line.strip() == "default/share-2 4 GiB observed" for line in lines)
+    gpu1 = next(line for line in lines if "GPU 1" in line)
+    assert "8/16 GiB" in gpu1 and "default/waiting 8 GiB reserved 10m ago" in gpu1
+    assert any(line.startswith("gpu-node-2  NOT READY  0/16 GiB used  1 GPU") for line in lines)
+    assert lines[-1] == "2 nodes, 3 GPUs, 2 pods in the cache, 1 reserved; extender ready"
+
+
+async def test_one_node_shows_only_that_node(https_url: str, pki: Pki) -> None:
+    table = await inspect(https_url, node="gpu-node-2", ca=pki.ca)
+    assert table.splitlines()[0].startswith("gpu-node-2  NOT READY")
+    assert "gpu-node-1" not in table
+    assert "GPU 0  0/16 GiB  free 16  [" + "." * 20 + "]  -" in table
+
+
+async def test_json_is_the_servers_report(https_url: str, pki: Pki) -> None:
+    report = json.loads(await inspect(https_url, node="gpu-node-1", ca=pki.ca, as_json=True))
+    assert report["name"] == "gpu-node-1" and report["unit"] == "GiB"
+    assert [device["used"] for device in report["devices"]] == [16, 8]
+
+
+async def test_unknown_node_is_an_error_with_the_servers_message(https_url: str, pki: Pki) -> None:
+    with pytest.raises(InspectError) as raised:
+        await inspect(https_url, node="nope", ca=pki.ca)
+    assert str(raised.value) == f"{https_url}/inspect/nope: node nope is not in the extender's cache"
+
+
+async def test_a_certificate_from_another_ca_fails_verification_clearly(https_url: str, pki: Pki) -> None:
+    with pytest.raises(InspectError) as raised:
+        await inspect(https_url, ca=pki.other_ca)
+    message = str(raised.value)
+    assert message.startswith(f"{https_url}/inspect: TLS verification failed")
+    assert "--ca" in message and "\n" not in message
+
+
+async def test_insecure_skips_verification(https_url: str) -> None:
+    assert "gpu-node-1" in await inspect(https_url, insecure=True)
+
+
+async def test_mtls_needs_a_client_certificate(mtls_url: str, pki: Pki) -> None:
+    with pytest.raises(InspectError, match="client certificate"):
+        await inspect(mtls_url, ca=pki.ca)
+    assert "gpu-node-1" in await inspect(mtls_url, ca=pki.ca, cert=pki.client_pem)
+
+
+async def test_an_answer_that_is_not_json_is_an_error() -> None:
+    def hello(request: Request) -> Response:
+        return Response(200, b"hello", "text/plain")
+
+    router = Router()
+    router.add("GET", "/inspect", hello)
+    async for url in serve(HttpServer(router, max_body_bytes=1024), None):
+        with pytest.raises(InspectError, match=r"/inspect: the answer is not JSON"):
+            await inspect(url)
+
+
+async def test_a_refused_connection_names_the_url() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(InspectError, match=rf"^https://127.0.0.1:{port}/inspect: connection refused"):
+        await inspect(f"https://127.0.0.1:{port}", insecure=True)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"url": "127.0.0.1:8443"}, "must be an http:// or https:// URL"),
+        ({"ca": "/nonexistent/ca.pem"}, "CA file not found: /nonexistent/ca.pem"),
+        ({"cert": "/nonexistent/client.pem"}, "client certificate or key not found"),
+    ],
+)
+def test_unusable_arguments_are_errors_before_connecting(arguments: dict[str, Any], message: str) -> None:
+    given: dict[str, Any] = {
+        "url": "https://127.0.0.1:1",
+        "node": "",
+        "ca": "",
+        "cert": "",
+        "key": "",
+        "insecure": False,
+        "as_json": False,
+    }
+    with pytest.raises(InspectError, match=message):
+        fetch_and_render(**(given | arguments))
+
+
+async def test_cli_prints_a_fixable_error_in_one_line(
+    https_url: str, pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["inspect", "nope", "--url", https_url, "--ca", pki.ca]
+    assert await asyncio.to_thread(cli.main, argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"extender inspect: {https_url}/inspect/nope: node nope is not in the extender's cache\n"
+
+
+@pytest.mark.parametrize(
+    ("used", "capacity", "filled"),
+    [(0, 16, 0), (1, 16, 2), (8, 16, 10), (12, 16, 15), (16, 16, 20), (20, 16, 20), (0, 0, 0)],
+    ids=["empty", "any-use-shows:ceil(20/16)=2", "half", "ceil(12*20/16)=15", "full", "over-capped", "no-capacity"],
+)
+def test_bar_fills_the_used_share_rounded_up(used: int, capacity: int, filled: int) -> None:
+    assert bar(used, capacity).count("#") == filled
+    assert len(bar(used, capacity)) == 22
