@@ -47,7 +47,7 @@ import orjson
 
 from devtools.clustergen import generate, write
 from devtools.harness import HOST, HarnessError, ServedExtender, machine, percentile
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 from extender.core.resources import Profile
 from extender.tools.certs import CertificateFiles, write_certificates
 
@@ -241,7 +241,7 @@ CHECKS: dict[str, Callable[[int, bytes], bool]] = {"filter": filter_ok, "priorit
 
 def half_failing_demand(objects: list[dict[str, Any]]) -> int:
     """The demand that about half of the nodes cannot take on any one GPU (so the reply carries reasons)."""
-    cluster = Cluster(PROFILE)
+    cluster = Cache(PROFILE)
     cluster.replace([o for o in objects if o["kind"] == "Node"], [o for o in objects if o["kind"] == "Pod"])
     largest = sorted(state.largest_free for state in cluster.nodes.values())
     candidates = sorted(set(largest))

@@ -6,7 +6,7 @@ from its watch cache) and then holds the watches open. Each pod is a full object
 (labels, owner references, managedFields, volumes, tolerations, status conditions and container statuses:
 about 3 KB of JSON), so decoding costs what it costs against a real cluster.
 
-In this process, the real informers (our client, list, slim, `Cluster.replace_*`) fill a real cache. Printed:
+In this process, the real informers (our client, list, slim, `Cache.replace_*`) fill a real cache. Printed:
 - the time from the first request to both informers synced, against the target (15 s);
 - the process's resident memory before and after, against the target (500 MB for the cache);
 - the time to apply one watch event (decoded line -> cache), mean and p99, against "well under 1 ms".
@@ -38,7 +38,7 @@ from aiohttp import web
 from devtools.clustergen import generate
 from devtools.harness import percentile
 from extender.app import kube_service
-from extender.core.cache import Cluster, PodRecord
+from extender.core.cache import Cache, PodRecord
 from extender.core.resources import Profile
 from extender.settings import Settings
 from extender.sources.kube.client import KubeClient
@@ -211,7 +211,7 @@ def rss_mb() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-async def build(port: int) -> tuple[float, Cluster, Informer[PodRecord]]:
+async def build(port: int) -> tuple[float, Cache, Informer[PodRecord]]:
     """The cache as `extender serve` builds it (`kube_service`: the source's informers and what they call)."""
     config = KubeConfig(server=f"http://127.0.0.1:{port}", source="bench API server")
     settings = Settings(insecure_http=True, leader_elect=False, identity="bench", list_page_size=PAGE).check()
@@ -222,10 +222,10 @@ async def build(port: int) -> tuple[float, Cluster, Informer[PodRecord]]:
         await source.synced()
         elapsed = time.perf_counter() - started
         await source.stop()
-    return elapsed, service.cluster, source.pods
+    return elapsed, service.cache, source.pods
 
 
-def event_costs(cluster: Cluster, informer: Informer[PodRecord], count: int) -> tuple[list[float], list[float]]:
+def event_costs(cluster: Cache, informer: Informer[PodRecord], count: int) -> tuple[list[float], list[float]]:
     """Per event, seconds to apply a decoded MODIFIED pod event, and to decode its line first."""
     rng = random.Random(9)
     _, sample = cluster_objects(20, 400)

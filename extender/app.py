@@ -15,7 +15,7 @@ import socket
 import uuid
 from collections.abc import Callable
 
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 from extender.core.ledger import Ledger
 from extender.service.tls import ReloadingContext
 from extender.service.verbs import PROBES, Service, build_health_server, build_server, memory_freed
@@ -33,13 +33,13 @@ log = logging.getLogger(__name__)
 def file_service(settings: Settings, path: str) -> tuple[Service, FileBinder]:
     """A service whose cache is the cluster file at `path` and whose binds update it in memory."""
     objects = load_cluster_file(path)
-    cluster = Cluster(settings.profile)
+    cluster = Cache(settings.profile)
     cluster.replace(objects.nodes, objects.pods)
     binder = FileBinder(cluster, objects.pods)
     del objects
     settle_heap()
     service = Service(
-        cluster=cluster,
+        cache=cluster,
         ledger=Ledger(cluster, settings.reservation_ttl),
         binder=binder,
         policy=settings.policy,
@@ -71,10 +71,10 @@ def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
 def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeSource]:
     """A service whose cache follows the API server through `client`, and the source that feeds it (not yet
     started: `await source.start()`)."""
-    cluster = Cluster(settings.profile)
+    cluster = Cache(settings.profile)
     source = KubeSource(client, cluster, kube_options(settings, client.config))
     service = Service(
-        cluster=cluster,
+        cache=cluster,
         ledger=Ledger(cluster, settings.reservation_ttl),
         binder=source.binder,
         policy=settings.policy,

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from extender.core.cache import Allocation, Cluster, allocation_annotations, pod_record
+from extender.core.cache import Allocation, Cache, allocation_annotations, pod_record
 from extender.core.ledger import Ledger
 from extender.core.resources import Profile
 
@@ -86,8 +86,8 @@ def bound_pod(name: str, node: str, indexes: tuple[int, ...], gpu_mem: int, **kw
     return make_pod(name, gpu_mem=gpu_mem, node=node, indexes=indexes, phase="Running", **kwargs)
 
 
-def make_cluster(*nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] = (), profile: Profile = PROFILE) -> Cluster:
-    cluster = Cluster(profile)
+def make_cluster(*nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] = (), profile: Profile = PROFILE) -> Cache:
+    cluster = Cache(profile)
     cluster.replace(list(nodes), list(pods))
     return cluster
 
@@ -105,11 +105,11 @@ class FakeClock:
         self.now += seconds
 
 
-def make_ledger(cluster: Cluster, ttl: float = 60.0, clock: FakeClock | None = None) -> Ledger:
+def make_ledger(cluster: Cache, ttl: float = 60.0, clock: FakeClock | None = None) -> Ledger:
     return Ledger(cluster, ttl, clock or FakeClock())
 
 
-def cache_differences(cluster: Cluster, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[str]:
+def cache_differences(cluster: Cache, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[str]:
     """How the cache differs from the API's objects (from the double or a real apiserver), plus every device
     over capacity: empty when the cache equals the API's state and the invariant holds."""
     problems = list(cluster.overcommitted())

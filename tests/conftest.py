@@ -17,7 +17,7 @@ import orjson
 import pytest
 import trustme
 
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
 from extender.service.transport import HttpServer
@@ -37,10 +37,10 @@ def captured(name: str) -> Any:
     return orjson.loads((CAPTURED / name).read_bytes())
 
 
-def make_service(cluster: Cluster, binder: Any = None, **kwargs: Any) -> Service:
+def make_service(cluster: Cache, binder: Any = None, **kwargs: Any) -> Service:
     """A Service over `cluster`; binds go to a FileBinder over it unless another binder is given."""
     return Service(
-        cluster=cluster,
+        cache=cluster,
         ledger=kwargs.pop("ledger", None) or Ledger(cluster, 300.0, FakeClock()),
         binder=binder if binder is not None else FileBinder(cluster, []),
         policy=kwargs.pop("policy", None) or PolicyConfig(),
@@ -203,7 +203,7 @@ async def eventually(check: Callable[[], Any], timeout: float = 5.0, what: str =
 
 @dataclass
 class Running:
-    cluster: Cluster
+    cluster: Cache
     nodes: Informer
     pods: Informer
     tasks: list[asyncio.Task[None]]
@@ -218,7 +218,7 @@ class Running:
 @pytest.fixture
 async def informers(api: ApiDouble, kube: KubeClient) -> AsyncIterator[Running]:
     """Both informers over a fresh cache, with short backoffs; `start()` is up to the test (objects first)."""
-    cluster = Cluster(PROFILE)
+    cluster = Cache(PROFILE)
     options = WatchOptions(page_size=2, timeout=30.0, inactivity=5.0)
     running = Running(
         cluster,

@@ -7,21 +7,21 @@ from pathlib import Path
 import pytest
 
 from devtools.clustergen import generate, main, write
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 from extender.core.resources import Profile
 from extender.sources.file import load_cluster_file
 
 PROFILE = Profile()
 
 
-def load(path: Path) -> Cluster:
+def load(path: Path) -> Cache:
     objects = load_cluster_file(path)
-    cluster = Cluster(PROFILE)
+    cluster = Cache(PROFILE)
     cluster.replace(objects.nodes, objects.pods)
     return cluster
 
 
-def fill_of(cluster: Cluster) -> float:
+def fill_of(cluster: Cache) -> float:
     capacity = sum(state.capacity_total for state in cluster.nodes.values())
     return sum(state.used_total for state in cluster.nodes.values()) / capacity
 

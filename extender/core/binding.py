@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from extender.core.cache import Allocation, Cluster, Hold, NodeState, allocation_annotations, pod_record
+from extender.core.cache import Allocation, Cache, Hold, NodeState, allocation_annotations, pod_record
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig, choose_devices, judge
 from extender.core.resources import Profile, Raw
@@ -129,7 +129,7 @@ class RecentPods:
 
 async def bind(
     request: BindRequest,
-    cluster: Cluster,
+    cluster: Cache,
     ledger: Ledger,
     policy: PolicyConfig,
     binder: Binder,
@@ -155,7 +155,7 @@ async def bind(
 
 async def _bind_locked(
     request: BindRequest,
-    cluster: Cluster,
+    cluster: Cache,
     ledger: Ledger,
     policy: PolicyConfig,
     binder: Binder,

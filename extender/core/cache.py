@@ -294,7 +294,7 @@ class NodeMemo:
             table.pop(name, None)
 
 
-class Cluster:
+class Cache:
     """Nodes, pods and holds. Mutable; single-threaded (one asyncio loop), so no operation is interleaved."""
 
     def __init__(self, profile: Profile) -> None:

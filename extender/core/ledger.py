@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
-from extender.core.cache import Allocation, Cluster, Hold
+from extender.core.cache import Allocation, Cache, Hold
 
 UNCERTAIN_WINDOW = 60.0
 """Seconds a binding that failed uncertainly may still land: kube-apiserver's default `--request-timeout`,
@@ -29,7 +29,7 @@ after which it abandons a request it still holds."""
 class Ledger:
     """Mutable: the reservations' bookkeeping over the cache's holds."""
 
-    def __init__(self, cluster: Cluster, ttl: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cluster: Cache, ttl: float, clock: Callable[[], float] = time.time) -> None:
         self.cluster = cluster
         self.ttl = ttl
         """Seconds a reservation may wait for the API to show its pod bound."""

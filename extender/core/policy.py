@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from extender.core.cache import Allocation, Cluster, NodeState
+from extender.core.cache import Allocation, Cache, NodeState
 from extender.core.resources import Demand
 
 MAX_SCORE = 10
@@ -258,7 +258,7 @@ def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allo
 
 
 def preempt_candidates(
-    demand: Demand, candidates: Mapping[str, list[str]], cluster: Cluster, priority: int = 0
+    demand: Demand, candidates: Mapping[str, list[str]], cluster: Cache, priority: int = 0
 ) -> dict[str, list[str]]:
     """The candidate nodes where evicting victims frees enough memory on the GPUs, with those victims.
 
@@ -287,7 +287,7 @@ def preempt_candidates(
     return kept
 
 
-def _fewest_victims(demand: Demand, state: NodeState, cluster: Cluster, priority: int) -> list[str] | None:
+def _fewest_victims(demand: Demand, state: NodeState, cluster: Cache, priority: int) -> list[str] | None:
     """The fewest evictable pods on the node (lower priority than `priority`) whose eviction lets the demand
     fit, preferring lower priorities; None when even all of them do not make room.
 

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from extender.core.cache import Cluster, PodRecord, pod_priority
+from extender.core.cache import Cache, PodRecord, pod_priority
 from extender.core.resources import Raw, pod_uid
 
 LIMIT = 32
@@ -95,7 +95,7 @@ class Preemptions:
         return len(self._offers)
 
 
-def suspects(pod: Raw, refused: Iterable[str], cluster: Cluster, preemptions: Preemptions) -> list[PodRecord]:
+def suspects(pod: Raw, refused: Iterable[str], cluster: Cache, preemptions: Preemptions) -> list[PodRecord]:
     """The pods to read from the API before refusing this pod the nodes in `refused`; empty when the pod is no
     preemptor, or refused nowhere it may have freed.
 

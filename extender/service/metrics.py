@@ -13,7 +13,7 @@ from typing import Any, Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` series double the exposition and nobody alerts on them
 
@@ -104,7 +104,7 @@ class Metrics:
         """Report what a source counts (watch events, lists, API failures, leadership) at every scrape."""
         self.registry.register(_SourceCollector(samples))
 
-    def render(self, cluster: Cluster) -> bytes:
+    def render(self, cluster: Cache) -> bytes:
         """The exposition text, with the state gauges read from the cache now."""
         reserved = sum(1 for hold in cluster.reserved.values() if not hold.bound)
         bound = len(cluster.reserved) - reserved

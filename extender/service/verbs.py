@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from extender.core import contract
 from extender.core.binding import Binder, BindRequest, Guard, RecentPods, bind
-from extender.core.cache import Cluster, Hold, NodeState, PodRecord, pod_priority
+from extender.core.cache import Cache, Hold, NodeState, PodRecord, pod_priority
 from extender.core.ledger import Ledger
 from extender.core.policy import (
     FilterOutcome,
@@ -57,7 +57,7 @@ Model = TypeVar("Model", bound=BaseModel)
 class Service:
     """Everything the handlers share; built once by the caller (cli, tests, demo) and passed in."""
 
-    cluster: Cluster
+    cache: Cache
     ledger: Ledger
     binder: Binder
     policy: PolicyConfig
@@ -121,12 +121,12 @@ def _parse(request: Request, model: type[Model]) -> Model:
 
 def _demand(pod: Raw, service: Service) -> Demand:
     try:
-        return pod_demand(pod, service.cluster.profile)
+        return pod_demand(pod, service.cache.profile)
     except InvalidPod as error:
         raise BadRequest(400, str(error)) from None
 
 
-def _states(args: contract.ExtenderArgs, cluster: Cluster) -> dict[str, NodeState]:
+def _states(args: contract.ExtenderArgs, cluster: Cache) -> dict[str, NodeState]:
     """Node states for the request: the cache itself for names, or views of the nodes sent whole."""
     if args.NodeNames is None and args.Nodes is not None:
         return {contract.node_name(node): cluster.describe(node) for node in args.Nodes.items or ()}
@@ -203,7 +203,7 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
     service.recent.remember(args.Pod)
     outcome = _judge(args, demand, names, service)
     if outcome.failed and service.recheck is not None:
-        stale = suspects(args.Pod, outcome.failed, service.cluster, service.preemptions)
+        stale = suspects(args.Pod, outcome.failed, service.cache, service.preemptions)
         if stale:
             return _filter_rechecked(args, demand, names, service, service.recheck, stale)
     return _filter_reply(args, demand, names, outcome, service)
@@ -215,7 +215,7 @@ def _not_ready_filter(args: contract.ExtenderArgs, service: Service) -> VerbResu
 
 
 def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service) -> FilterOutcome:
-    cluster, unit = service.cluster, service.policy.unit
+    cluster, unit = service.cache, service.policy.unit
     states = _states(args, cluster)
     own_cache = states is cluster.nodes and not demand.is_zero  # views of nodes sent whole have no indexes
     fitting = cluster.fit_index.fitting(demand.per_device, states) if own_cache and demand.devices == 1 else None
@@ -280,7 +280,7 @@ def _prioritize(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderArgs)
     demand = _demand(args.Pod, service)
     names = _checked(contract.requested_names(args, checked=False), args)
-    cluster, policy = service.cluster, service.policy
+    cluster, policy = service.cache, service.policy
     states = _states(args, cluster)
     if demand.is_zero:
         return contract.priority_reply([(name, 0) for name in names]), ""
@@ -308,7 +308,7 @@ async def _bind(request: Request, service: Service) -> VerbResult:
         return contract.binding_reply(reason), reason
     target = BindRequest(args.PodName, args.PodNamespace, args.PodUID, args.Node)
     guard = Guard(lambda: "" if service.ready() else service.why_not_ready(), service.binding_time_left)
-    error = await bind(target, service.cluster, service.ledger, service.policy, service.binder, service.recent, guard)
+    error = await bind(target, service.cache, service.ledger, service.policy, service.binder, service.recent, guard)
     if error:
         log.warning("bind %s to %s: %s", target.key, target.node, error)
         if service.on_bind_failure is not None:
@@ -324,7 +324,7 @@ def _preempt(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderPreemptionArgs)
     demand = _demand(args.Pod, service)
     candidates, violations = contract.preemption_candidates(args)
-    kept = preempt_candidates(demand, candidates, service.cluster, pod_priority(args.Pod))
+    kept = preempt_candidates(demand, candidates, service.cache, pod_priority(args.Pod))
     if not demand.is_zero:
         service.preemptions.remember(pod_uid(args.Pod), kept)
     return contract.preemption_reply(kept, violations), ""
@@ -353,7 +353,7 @@ def _synced(service: Service, request: Request) -> Response:
 
 
 def _metrics(service: Service, request: Request) -> Response:
-    return Response(200, service.metrics.render(service.cluster), "text/plain; version=0.0.4; charset=utf-8")
+    return Response(200, service.metrics.render(service.cache), "text/plain; version=0.0.4; charset=utf-8")
 
 
 def _hold_state(hold: Hold) -> str:
@@ -405,7 +405,7 @@ def describe_node(state: NodeState, now: float) -> Raw:
 
 
 def _inspect(service: Service, request: Request) -> Response:
-    cluster, now = service.cluster, time.time()
+    cluster, now = service.cache, time.time()
     nodes = [describe_node(cluster.nodes[name], now) for name in sorted(cluster.nodes)]
     return _json(
         {
@@ -420,7 +420,7 @@ def _inspect(service: Service, request: Request) -> Response:
 
 def _inspect_node(service: Service, request: Request) -> Response:
     name = request.params["node"]
-    state = service.cluster.nodes.get(name)
+    state = service.cache.nodes.get(name)
     if state is None:
         return json_error(404, f"node {name} is not in the extender's cache")
     return _json({"unit": service.policy.unit, **describe_node(state, time.time())})
@@ -458,7 +458,7 @@ def memory_freed(service: Service, nodes: Iterable[str], since: float) -> None:
         if not demands:
             return
         for node in nodes:
-            state = service.cluster.nodes.get(node)
+            state = service.cache.nodes.get(node)
             if state is not None and fits_any(demands, state):
                 service.requeue(f"room came free on {node} for a pod refused since")
                 return

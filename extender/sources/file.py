@@ -19,7 +19,7 @@ import orjson
 import yaml
 
 from extender.core.binding import BindError, slim_pod
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 from extender.core.resources import Raw
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class FileBinder:
     would after a real binding. A pod the file did not list is added, as if it had been created pending.
     It keeps only the slim form of each pod (`slim_pod`): what the cache reads, not the whole object."""
 
-    def __init__(self, cluster: Cluster, pods: list[Raw]) -> None:
+    def __init__(self, cluster: Cache, pods: list[Raw]) -> None:
         self.cluster = cluster
         self._pods: dict[str, Raw] = {str(pod["metadata"]["uid"]): slim_pod(pod) for pod in pods}
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 from extender.core.policy import (
     NOT_IN_CACHE,
     PolicyConfig,
@@ -201,7 +201,7 @@ def test_preempt_keeps_every_candidate_for_a_pod_without_gpu_demand() -> None:
 # --- the fast paths agree with the plain definitions -------------------------------------------------------
 
 
-def _random_cluster(rng: random.Random) -> Cluster:
+def _random_cluster(rng: random.Random) -> Cache:
     nodes = [
         make_node(f"n{i}", gpus=rng.choice((1, 2, 4)), mem=rng.choice((8, 16)), ready=rng.random() > 0.1)
         for i in range(12)

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from extender.core.cache import Cluster, PodRecord
+from extender.core.cache import Cache, PodRecord
 from extender.core.recheck import LIMIT, Answer, Preemptions, suspects
 from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
 from tests.conftest import ClientFor, make_service
@@ -31,7 +31,7 @@ def victim(name: str, node: str, index: int, mem: int = 16, priority: int = 0) -
     return with_priority(bound_pod(name, node, (index,), mem), priority)
 
 
-def full_cluster() -> Cluster:
+def full_cluster() -> Cache:
     """Two nodes of two 16 GiB GPUs, every GPU held by one 16 GiB pod of priority 0."""
     return make_cluster(
         make_node("n1", gpus=2, mem=16),
@@ -47,7 +47,7 @@ def keys(records: list[PodRecord]) -> list[str]:
 class FakeApi:
     """Stands for kube-apiserver answering GETs of pods: `deleted` are 404, `silent` never answer in time."""
 
-    def __init__(self, cluster: Cluster, deleted: Iterable[str] = (), silent: bool = False) -> None:
+    def __init__(self, cluster: Cache, deleted: Iterable[str] = (), silent: bool = False) -> None:
         self.cluster = cluster
         self.deleted = set(deleted)
         self.silent = silent

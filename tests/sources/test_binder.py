@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from extender.core.binding import BindRequest, RecentPods, bind
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 from extender.core.ledger import UNCERTAIN_WINDOW, Ledger
 from extender.core.policy import PolicyConfig
 from extender.service.verbs import describe_node
@@ -29,13 +29,13 @@ def request_for(pod: dict[str, object], node: str) -> BindRequest:
     return BindRequest(meta["name"], meta["namespace"], meta["uid"], node)
 
 
-async def run_bind(cluster: Cluster, ledger: Ledger, client: KubeClient, request: BindRequest) -> str:
+async def run_bind(cluster: Cache, ledger: Ledger, client: KubeClient, request: BindRequest) -> str:
     return await bind(request, cluster, ledger, PolicyConfig(), KubeBinder(client), RecentPods())
 
 
-def snapshot(api: ApiDouble) -> Cluster:
+def snapshot(api: ApiDouble) -> Cache:
     """A cache as of now that no watch updates: what a bind sees when the API has moved on meanwhile."""
-    cluster = Cluster(PROFILE)
+    cluster = Cache(PROFILE)
     cluster.replace(api.nodes(), api.pods())
     return cluster
 

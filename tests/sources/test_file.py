@@ -9,7 +9,7 @@ import orjson
 import pytest
 import yaml
 
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 from extender.sources.file import ClusterFileError, FileBinder, load_cluster_file
 from tests.builders import PROFILE, bound_pod, make_node, make_pod
 
@@ -65,7 +65,7 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
 
 
 async def test_the_file_binder_sets_node_and_annotations_as_the_api_would() -> None:
-    cluster = Cluster(PROFILE)
+    cluster = Cache(PROFILE)
     pod = make_pod("p", gpu_mem=4)
     cluster.replace([make_node("n1")], [pod])
     binder = FileBinder(cluster, [pod])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.informer import NODES, Backoff, Informer, WatchOptions, pods_kind
 from tests.apidouble import ApiDouble
@@ -100,7 +100,7 @@ async def test_list_failures_500_and_timeouts_are_retried(api: ApiDouble, kube: 
     api.fail("GET", "/api/v1/pods", status=500)
     api.fail("GET", "/api/v1/pods", mode="hang")
     api.fail("GET", "/api/v1/pods", status=429)
-    cluster = Cluster(PROFILE)
+    cluster = Cache(PROFILE)
     async with KubeClient(double_config(api), timeout=0.3) as client:
         pods = Informer(
             client,
@@ -129,7 +129,7 @@ async def test_a_410_on_a_list_starts_it_again(api: ApiDouble, informers: Runnin
 
 async def test_a_stalled_watch_is_renewed(api: ApiDouble, kube: KubeClient) -> None:
     seed(api)
-    cluster = Cluster(PROFILE)
+    cluster = Cache(PROFILE)
     nodes = Informer(kube, NODES, cluster.apply_node, cluster.replace_nodes, WatchOptions(inactivity=0.2))
     task = asyncio.create_task(nodes.run())
     try:

@@ -18,7 +18,7 @@ import yaml
 
 from devtools.harness import free_port
 from extender.app import kube_service
-from extender.core.cache import Cluster
+from extender.core.cache import Cache
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
 from extender.core.recheck import Answer
@@ -40,7 +40,7 @@ class Replica:
     """One extender process's worth: a cache, a ledger, the live source and the service over them."""
 
     def __init__(self, kube: KubeClient, name: str, leader_elect: bool, clock: Callable[[], float]) -> None:
-        self.cluster = Cluster(PROFILE)
+        self.cluster = Cache(PROFILE)
         options = KubeOptions(
             identity=name,
             watch=WatchOptions(page_size=50, inactivity=5.0),
@@ -51,7 +51,7 @@ class Replica:
         self.source = KubeSource(kube, self.cluster, options)
         self.ledger = Ledger(self.cluster, 60.0, clock)
         self.service = Service(
-            cluster=self.cluster,
+            cache=self.cluster,
             ledger=self.ledger,
             binder=self.source.binder,
             policy=PolicyConfig(),
@@ -349,7 +349,7 @@ class SlowBinder:
 
 
 async def test_a_bind_queued_behind_a_slow_one_is_refused_once_leadership_is_lost(client_for: ClientFor) -> None:
-    cluster = Cluster(PROFILE)
+    cluster = Cache(PROFILE)
     cluster.replace([make_node("n1", gpus=2, mem=16)], [])
     leading = {"now": True}
     binder = SlowBinder(0.3)
@@ -371,7 +371,7 @@ async def test_a_bind_queued_behind_a_slow_one_is_refused_once_leadership_is_los
 async def test_a_binding_still_under_way_when_leadership_runs_out_keeps_its_reservation(
     client_for: ClientFor,
 ) -> None:
-    cluster = Cluster(PROFILE)
+    cluster = Cache(PROFILE)
     cluster.replace([make_node("n1", gpus=1, mem=16)], [])
     service = make_service(cluster, SlowBinder(5.0), binding_time_left=lambda: 0.2)
     client = await client_for(service)
@@ -530,7 +530,7 @@ async def test_a_pod_refused_while_the_watch_was_late_is_retried_by_annotating_t
         await eventually(lambda: (api.pod("gpu-extender", "self") or {})["metadata"].get("annotations"), what="asked")
         annotations = (api.pod("gpu-extender", "self") or {})["metadata"]["annotations"]
         assert set(annotations) == {"gpu-extender.io/requeue-requested"}
-        assert service.cluster.nodes["n1"].used == [0]
+        assert service.cache.nodes["n1"].used == [0]
         metrics = await (await client.get("/metrics")).text()
         assert "extender_requeue_requests_total 1.0" in metrics
     finally:
@@ -587,7 +587,7 @@ async def test_a_deletion_that_arrives_by_a_relist_after_a_long_gap_still_asks_f
         api.clear_faults()
         await eventually(lambda: source.pods.lists > lists, what="the relist")
         await eventually(lambda: requeue_requested(api), what="a retry asked")
-        assert service.cluster.nodes["n1"].used == [0]
+        assert service.cache.nodes["n1"].used == [0]
     finally:
         await source.stop()
 

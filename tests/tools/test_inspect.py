@@ -43,7 +43,7 @@ def write_cluster(folder: Path) -> str:
 def extender_server(tmp_path: Path) -> HttpServer:
     service, _ = file_service(Settings(), write_cluster(tmp_path))
     waiting = Allocation("uid-waiting", "default/waiting", "gpu-node-1", (1,), 8)
-    service.cluster.hold(Hold(waiting, observed=False, since=time.time() - RESERVED_AGE))
+    service.cache.hold(Hold(waiting, observed=False, since=time.time() - RESERVED_AGE))
     return build_server(service)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from extender.core.cache import TERMINAL_PHASES, Cluster, PodRecord
+from extender.core.cache import TERMINAL_PHASES, Cache, PodRecord
 from extender.core.recheck import TIMEOUT, Answer
 from extender.core.requeue import PERIOD, RECOVERY, REQUEUE_ANNOTATION, WATCH_LAG
 from extender.core.resources import Raw
@@ -134,7 +134,7 @@ class Requeuer:
 class KubeSource:
     """Mutable: its loops run from `start()` to `stop()`."""
 
-    def __init__(self, client: KubeClient, cluster: Cluster, options: KubeOptions) -> None:
+    def __init__(self, client: KubeClient, cluster: Cache, options: KubeOptions) -> None:
         self.client = client
         self.cluster = cluster
         self.options = options
