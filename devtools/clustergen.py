@@ -23,7 +23,8 @@ import orjson
 import yaml
 
 from extender.core.cache import Allocation, allocation_annotations
-from extender.core.resources import Profile, Raw
+from extender.core.objects import Raw
+from extender.core.resources import Profile
 
 ASSUME_TIME = 1_700_000_000.0
 """Unix seconds written as every generated pod's assume time: fixed, so output depends on the seed alone."""

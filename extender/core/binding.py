@@ -19,8 +19,10 @@ from typing import Protocol
 
 from extender.core.cache import Allocation, Cache, Hold, NodeState, allocation_annotations, pod_record
 from extender.core.ledger import Ledger
+from extender.core.objects import Raw
+from extender.core.objects import uid as pod_uid
 from extender.core.policy import PolicyConfig, choose_devices, judge
-from extender.core.resources import Profile, Raw
+from extender.core.resources import Profile
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +112,7 @@ class RecentPods:
         self._pods: OrderedDict[str, Raw] = OrderedDict()
 
     def remember(self, pod: Raw) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = pod_uid(pod)
         if not uid:
             return
         if uid in self._pods:

@@ -18,18 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extender.core.resources import (
-    Demand,
-    Device,
-    InvalidPod,
-    Profile,
-    Raw,
-    as_object,
-    ceil_div,
-    node_devices,
-    node_ready,
-    pod_demand,
-)
+from extender.core import objects
+from extender.core.objects import Raw, as_object, pod_priority
+from extender.core.resources import Demand, Device, InvalidPod, Profile, ceil_div, node_devices, node_ready, pod_demand
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -91,7 +82,7 @@ class PodRecord:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return objects.key(self.namespace, self.name)
 
 
 # --- the annotation protocol ------------------------------------------------------------------------------
@@ -143,30 +134,22 @@ def _assume_time(annotations: dict[str, Any], profile: Profile) -> float:
 
 def pod_record(pod: Raw, profile: Profile) -> PodRecord:
     """Reduce a pod object to a PodRecord; an unreadable GPU request becomes `problem`, never an exception."""
-    meta = pod.get("metadata") or {}
-    uid = str(meta.get("uid") or "")
-    namespace = str(meta.get("namespace") or "default")
-    name = str(meta.get("name") or "")
-    node = str((pod.get("spec") or {}).get("nodeName") or "")
-    annotations = meta.get("annotations") or {}
+    uid, namespace, name = objects.uid(pod), objects.namespace(pod), objects.name(pod)
+    node = str(as_object(pod.get("spec")).get("nodeName") or "")
+    annotations = objects.annotations_of(pod)
     problem = ""
     demand: Demand | None
     try:
         demand = pod_demand(pod, profile)
     except InvalidPod as error:
         demand, problem = None, str(error)
-    key = f"{namespace}/{name}"
+    key = objects.key(namespace, name)
     on_node = node or str(annotations.get(profile.node_annotation) or "")
     allocation = _read_allocation(uid, key, on_node, annotations, demand, profile)
     finished = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
     assume_time = _assume_time(annotations, profile)
     priority = pod_priority(pod)
     return PodRecord(uid, namespace, name, node, demand, allocation, assume_time, problem, finished, priority)
-
-
-def pod_priority(pod: Raw) -> int:
-    priority = (pod.get("spec") or {}).get("priority")
-    return priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
 
 
 # --- nodes ------------------------------------------------------------------------------------------------
@@ -396,7 +379,7 @@ class Cache:
             self.memo.forget(state.name)
 
     def apply_node(self, node: Raw, deleted: bool = False) -> None:
-        name = str(as_object(node.get("metadata")).get("name") or "")
+        name = objects.name(node)
         if not name:
             return
         if deleted:
@@ -415,7 +398,7 @@ class Cache:
 
     def describe(self, node: Raw) -> NodeState:
         """The state of a node the scheduler sent as a whole object: the cache's if known, else built from it."""
-        name = str(as_object(node.get("metadata")).get("name") or "")
+        name = objects.name(node)
         state = self.nodes.get(name)
         if state is not None and state.known:
             return state
@@ -480,7 +463,7 @@ class Cache:
 
     def replace_nodes(self, nodes: list[Raw]) -> None:
         """Swap in a full listing of nodes: a known node absent from it was deleted meanwhile."""
-        listed = {str((node.get("metadata") or {}).get("name") or "") for node in nodes}
+        listed = {objects.name(node) for node in nodes}
         for name, state in list(self.nodes.items()):
             if state.known and name not in listed:
                 self.apply_node({"metadata": {"name": name}}, deleted=True)

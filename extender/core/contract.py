@@ -16,9 +16,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, TypeAdapter, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-MAX_EXTENDER_PRIORITY = 10
+from extender.core import objects
+from extender.core.objects import Raw
 
-Raw = dict[str, Any]
+MAX_EXTENDER_PRIORITY = 10
+"""MaxExtenderPriority in k8s.io/kube-scheduler/extender/v1: scores are 0..10."""
 
 
 class _Wire(BaseModel):
@@ -112,11 +114,6 @@ def describe_error(error: ValidationError, prefix: str = "") -> str:
     return "; ".join(parts)
 
 
-def node_name(node: Raw) -> str:
-    meta = node.get("metadata")
-    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
-
-
 _NAMES = TypeAdapter(list[str], config=ConfigDict(strict=True))
 
 
@@ -140,7 +137,7 @@ def requested_names(args: ExtenderArgs, checked: bool = True) -> list[str]:
     if args.NodeNames is not None:
         return checked_names(args.NodeNames) if checked else args.NodeNames
     if args.Nodes is not None and args.Nodes.items:
-        return [node_name(node) for node in args.Nodes.items]
+        return [objects.name(node) for node in args.Nodes.items]
     return []
 
 
@@ -161,7 +158,7 @@ def filter_reply(
     }
     if args.Nodes is not None:
         keep = set(passed)
-        items = [node for node in args.Nodes.items or () if node_name(node) in keep]
+        items = [node for node in args.Nodes.items or () if objects.name(node) in keep]
         reply["Nodes"] = {"metadata": {}, "items": items}
     if args.NodeNames is not None or args.Nodes is None:
         reply["NodeNames"] = passed
@@ -190,11 +187,6 @@ def preemption_reply(kept: dict[str, list[str]], violations: dict[str, int]) -> 
     }
 
 
-def _uid(pod: Raw) -> str:
-    meta = pod.get("metadata")
-    return str(meta.get("uid") or "") if isinstance(meta, dict) else ""
-
-
 def preemption_candidates(args: ExtenderPreemptionArgs) -> tuple[dict[str, list[str]], dict[str, int]]:
     """Victim UIDs per candidate node (from either form) and PDB violations per node."""
     candidates: dict[str, list[str]] = {}
@@ -206,6 +198,6 @@ def preemption_candidates(args: ExtenderPreemptionArgs) -> tuple[dict[str, list[
     elif args.NodeNameToVictims is not None:
         for node, victims in args.NodeNameToVictims.items():
             pods = (victims.Pods or []) if victims else []
-            candidates[node] = [_uid(pod) for pod in pods]
+            candidates[node] = [objects.uid(pod) for pod in pods]
             violations[node] = victims.NumPDBViolations if victims else 0
     return candidates, violations

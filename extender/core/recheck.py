@@ -30,8 +30,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from extender.core.cache import Cache, PodRecord, pod_priority
-from extender.core.resources import Raw, pod_uid
+from extender.core.cache import Cache, PodRecord
+from extender.core.objects import Raw, pod_priority
+from extender.core.objects import uid as pod_uid
 
 LIMIT = 32
 """Pods read per filter call, at most (concurrently: about as long as one read)."""

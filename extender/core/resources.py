@@ -13,12 +13,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any
 
 import orjson
 
-Raw = dict[str, Any]
-"""A Kubernetes object or fragment as decoded JSON."""
+from extender.core import objects
+from extender.core.objects import Raw, as_object, pod_key
 
 
 class InvalidQuantity(ValueError):
@@ -212,20 +211,6 @@ def pod_demand(pod: Raw, profile: Profile) -> Demand:
     return Demand(memory=memory, devices=devices)
 
 
-def pod_key(pod: Raw) -> str:
-    """`namespace/name` for messages and logs."""
-    meta = pod.get("metadata")
-    if not isinstance(meta, dict):
-        return "?/?"
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
-
-
-def pod_uid(pod: Raw) -> str:
-    """`metadata.uid`, or "" when absent."""
-    meta = pod.get("metadata")
-    return str(meta.get("uid") or "") if isinstance(meta, dict) else ""
-
-
 # --- a node's devices -------------------------------------------------------------------------------------
 
 
@@ -247,11 +232,6 @@ class NodeDevices:
     """Non-empty when the node advertises GPUs we could not read: shown in /inspect and in filter reasons."""
 
 
-def as_object(value: Any) -> Raw:
-    """`value` if it is an object, else an empty one: what a node carries that we cannot read is absent."""
-    return value if isinstance(value, dict) else {}
-
-
 MAX_DEVICES = 256
 """More GPUs than any machine has: a node claiming more is misreporting (and building a list of, say, 10**400
 devices would stop the service), so its devices are ignored and the reason shown."""
@@ -259,9 +239,7 @@ devices would stop the service), so its devices are ignored and the reason shown
 
 def node_devices(node: Raw, profile: Profile) -> NodeDevices:
     """Devices from the per-device annotation when present and valid, else from capacity."""
-    meta = as_object(node.get("metadata"))
-    annotations = as_object(meta.get("annotations"))
-    listed = annotations.get(profile.node_devices_annotation)
+    listed = objects.annotations_of(node).get(profile.node_devices_annotation)
     problem = ""
     if listed is not None:
         try:

@@ -28,10 +28,12 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from extender.core import contract
+from extender.core import contract, objects
 from extender.core.binding import Binder, BindRequest, Guard, RecentPods, bind
-from extender.core.cache import Cache, Hold, NodeState, PodRecord, pod_priority
+from extender.core.cache import Cache, Hold, NodeState, PodRecord
 from extender.core.ledger import Ledger
+from extender.core.objects import Raw, pod_key, pod_priority
+from extender.core.objects import uid as pod_uid
 from extender.core.policy import (
     FilterOutcome,
     PolicyConfig,
@@ -44,7 +46,7 @@ from extender.core.policy import (
 )
 from extender.core.recheck import Preemptions, Recheck, suspects
 from extender.core.requeue import Refusals, fits_any
-from extender.core.resources import Demand, InvalidPod, Raw, pod_demand, pod_key, pod_uid
+from extender.core.resources import Demand, InvalidPod, pod_demand
 from extender.service.metrics import Metrics
 from extender.service.transport import HttpServer, Request, Response, Router, json_error
 
@@ -129,7 +131,7 @@ def _demand(pod: Raw, service: Service) -> Demand:
 def _states(args: contract.ExtenderArgs, cluster: Cache) -> dict[str, NodeState]:
     """Node states for the request: the cache itself for names, or views of the nodes sent whole."""
     if args.NodeNames is None and args.Nodes is not None:
-        return {contract.node_name(node): cluster.describe(node) for node in args.Nodes.items or ()}
+        return {objects.name(node): cluster.describe(node) for node in args.Nodes.items or ()}
     return cluster.nodes
 
 

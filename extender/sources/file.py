@@ -18,9 +18,10 @@ from typing import Any
 import orjson
 import yaml
 
+from extender.core import objects
 from extender.core.binding import BindError, slim_pod
 from extender.core.cache import Cache
-from extender.core.resources import Raw
+from extender.core.objects import Raw
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +104,10 @@ class FileBinder:
 
     def __init__(self, cluster: Cache, pods: list[Raw]) -> None:
         self.cluster = cluster
-        self._pods: dict[str, Raw] = {str(pod["metadata"]["uid"]): slim_pod(pod) for pod in pods}
+        self._pods: dict[str, Raw] = {objects.uid(pod): slim_pod(pod) for pod in pods}
 
     async def bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = objects.uid(pod)
         stored = self._pods.get(uid)
         current = copy.deepcopy(stored if stored is not None else pod)
         spec = current.setdefault("spec", {})

@@ -21,13 +21,14 @@ What a failure means:
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
+import time
 from collections.abc import Callable
 from urllib.parse import quote
 
+from extender.core import objects
 from extender.core.binding import BindError, BindRequest
-from extender.core.resources import Raw
+from extender.core.objects import Raw, rfc3339
 from extender.sources.kube.client import ApiError, Conflict, KubeClient, KubeError, NotFound, ServerError
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,7 @@ class KubeBinder:
         earlier binding of ours may carry other GPUs than this attempt's)."""
 
     async def bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
-        meta = pod.get("metadata") or {}
-        namespace, name, uid = str(meta.get("namespace") or "default"), str(meta.get("name")), str(meta.get("uid"))
+        namespace, name, uid = objects.namespace(pod), objects.name(pod), objects.uid(pod)
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -96,10 +96,6 @@ class KubeBinder:
         raise BindError(failure, uncertain=ambiguous)
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class EventRecorder:
     """Posts a Warning Event on a pod whose bind failed, in the background: the bind's reply never waits for
     it, and a failure to record is logged, never raised. `close()` waits for the ones under way."""
@@ -121,7 +117,7 @@ class EventRecorder:
         task.add_done_callback(self._pending.discard)
 
     async def _post(self, request: BindRequest, message: str) -> None:
-        now = _now()
+        now = rfc3339(time.time())
         event = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -31,7 +31,8 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from extender.core.cache import PodRecord, pod_record
-from extender.core.resources import Profile, Raw
+from extender.core.objects import Raw
+from extender.core.resources import Profile
 from extender.sources.kube.client import Gone, KubeClient, KubeError, api_error
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,6 @@ never touches the cache.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import math
 import random
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from extender.core.objects import rfc3339
 from extender.sources.kube.client import Conflict, KubeClient, KubeError, NotFound
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,6 @@ class LeaseTimings:
         if self.retry_period <= 0:
             return "retry period must be positive"
         return ""
-
-
-def _micro_time(now: float) -> str:
-    return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _record(spec: dict[str, Any]) -> tuple[Any, ...]:
@@ -175,16 +171,16 @@ class LeaderElector:
         if holder and holder != self.identity and self.monotonic() < self._observed_at + duration:
             return False
         if holder == self.identity:
-            acquired = spec.get("acquireTime") or _micro_time(now)
+            acquired = spec.get("acquireTime") or rfc3339(now, micro=True)
             transitions = int(spec.get("leaseTransitions") or 0)
         else:
-            acquired, transitions = _micro_time(now), int(spec.get("leaseTransitions") or 0) + 1
+            acquired, transitions = rfc3339(now, micro=True), int(spec.get("leaseTransitions") or 0) + 1
         lease["spec"] = {
             **spec,
             "holderIdentity": self.identity,
             "leaseDurationSeconds": math.ceil(self.timings.lease_duration),
             "acquireTime": acquired,
-            "renewTime": _micro_time(now),
+            "renewTime": rfc3339(now, micro=True),
             "leaseTransitions": transitions,
         }
         try:
@@ -206,8 +202,8 @@ class LeaderElector:
             "spec": {
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": math.ceil(self.timings.lease_duration),
-                "acquireTime": _micro_time(now),
-                "renewTime": _micro_time(now),
+                "acquireTime": rfc3339(now, micro=True),
+                "renewTime": rfc3339(now, micro=True),
                 "leaseTransitions": 0,
             },
         }
@@ -234,7 +230,7 @@ class LeaderElector:
                 spec = lease.get("spec") or {}
                 if spec.get("holderIdentity") != self.identity:
                     return
-                now = _micro_time(self.clock())
+                now = rfc3339(self.clock(), micro=True)
                 lease["spec"] = {**spec, "holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": now}
                 await self.client.replace(self.path, lease)
                 log.info("released lease %s/%s", self.namespace, self.name)

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from extender.core import objects
 from extender.core.cache import TERMINAL_PHASES, Cache, PodRecord
+from extender.core.objects import Raw, as_object, rfc3339
 from extender.core.recheck import TIMEOUT, Answer
 from extender.core.requeue import PERIOD, RECOVERY, REQUEUE_ANNOTATION, WATCH_LAG
-from extender.core.resources import Raw
 from extender.service.metrics import Sample
 from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
 from extender.sources.kube.client import ConnectionFailed, KubeClient, KubeError, NotFound, ServerError, Throttled
@@ -117,7 +117,7 @@ class Requeuer:
         while True:
             await self.wake.wait()
             self.wake.clear()
-            stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            stamp = rfc3339(time.time(), micro=True)
             patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: stamp}}}
             try:
                 await self.client.merge_patch(self.path, patch)
@@ -196,11 +196,11 @@ class KubeSource:
     def _apply_node(self, node: Raw, deleted: bool) -> None:
         self.cluster.apply_node(node, deleted)
         if not deleted:
-            self._freed([str((node.get("metadata") or {}).get("name") or "")], self.nodes)
+            self._freed([objects.name(node)], self.nodes)
 
     def _replace_nodes(self, nodes: list[Raw]) -> None:
         self.cluster.replace_nodes(nodes)
-        self._freed([str((node.get("metadata") or {}).get("name") or "") for node in nodes], self.nodes)
+        self._freed([objects.name(node) for node in nodes], self.nodes)
 
     def requeue(self, reason: str) -> None:
         """Ask kube-scheduler to retry the pods an extender rejected (needs `pod_name`; see `Requeuer`)."""
@@ -262,8 +262,7 @@ class KubeSource:
             if not isinstance(pod, dict):
                 log.info("rechecking pod %s: the API answered %r, not a pod", record.key, type(pod).__name__)
                 return None
-            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-            return bool(meta.get("uid") != record.uid or status.get("phase") in TERMINAL_PHASES)
+            return objects.uid(pod) != record.uid or as_object(pod.get("status")).get("phase") in TERMINAL_PHASES
 
         reads = [asyncio.ensure_future(gone(record)) for record in pods]
         try:
