@@ -22,7 +22,8 @@ from pathlib import Path
 import orjson
 import yaml
 
-from extender.core.cache import Allocation, allocation_annotations
+from extender.core.annotations import allocation_annotations
+from extender.core.holds import Allocation
 from extender.core.objects import Raw
 from extender.core.resources import Profile
 

@@ -7,20 +7,24 @@ service through here, so they run what production runs.
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import gc
 import logging
 import signal
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from extender.core.cache import Cache
 from extender.core.ledger import Ledger
+from extender.core.requeue import Requeue
+from extender.service.context import Service, Source
+from extender.service.pages import PROBES, build_health_server
 from extender.service.tls import ReloadingContext
-from extender.service.verbs import PROBES, Service, build_health_server, build_server, memory_freed
+from extender.service.verbs import build_server
 from extender.settings import Settings
-from extender.sources.file import FileBinder, load_cluster_file
+from extender.sources.file import FileSource, load_cluster_file
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.config import KubeConfig
 from extender.sources.kube.informer import WatchOptions
@@ -30,30 +34,36 @@ from extender.sources.kube.source import KubeOptions, KubeSource
 log = logging.getLogger(__name__)
 
 
-def file_service(settings: Settings, path: str) -> tuple[Service, FileBinder]:
-    """A service whose cache is the cluster file at `path` and whose binds update it in memory."""
-    objects = load_cluster_file(path)
-    cluster = Cache(settings.profile)
-    cluster.replace(objects.nodes, objects.pods)
-    binder = FileBinder(cluster, objects.pods)
-    del objects
-    settle_heap()
-    service = Service(
-        cache=cluster,
-        ledger=Ledger(cluster, settings.reservation_ttl),
-        binder=binder,
+def build_service(settings: Settings, cache: Cache, source: Source, ask: Callable[[str], None] | None) -> Service:
+    """The service over a cache and the source that feeds it; `ask` requests kube-scheduler to retry the pods
+    it rejected (None where nothing can: `core/requeue.py`)."""
+    return Service(
+        cache=cache,
+        ledger=Ledger(cache, settings.reservation_ttl),
         policy=settings.policy,
+        source=source,
+        requeue=Requeue(cache, ask),
         expiry_interval=settings.expiry_interval,
         max_body_bytes=settings.max_body_bytes,
     )
+
+
+def file_service(settings: Settings, path: str) -> tuple[Service, FileSource]:
+    """A service whose cache is the cluster file at `path` and whose binds update it in memory."""
+    objects = load_cluster_file(path)
+    cache = Cache(settings.profile)
+    cache.replace(objects.nodes, objects.pods)
+    source = FileSource(cache, objects.pods)
+    del objects
+    settle_heap()
     log.info(
         "cluster file %s: %d nodes, %d pods, %d GPUs",
         path,
-        sum(1 for state in cluster.nodes.values() if state.known),
-        len(cluster.pods),
-        sum(len(state.devices) for state in cluster.nodes.values()),
+        sum(1 for state in cache.nodes.values() if state.known),
+        len(cache.pods),
+        sum(len(state.devices) for state in cache.nodes.values()),
     )
-    return service, binder
+    return build_service(settings, cache, source, None), source
 
 
 def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
@@ -71,27 +81,10 @@ def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
 def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeSource]:
     """A service whose cache follows the API server through `client`, and the source that feeds it (not yet
     started: `await source.start()`)."""
-    cluster = Cache(settings.profile)
-    source = KubeSource(client, cluster, kube_options(settings, client.config))
-    service = Service(
-        cache=cluster,
-        ledger=Ledger(cluster, settings.reservation_ttl),
-        binder=source.binder,
-        policy=settings.policy,
-        ready=source.ready,
-        synced=source.is_synced,
-        why_not_ready=source.why_not_ready,
-        problem=source.problem,
-        cache_current=source.cache_current,
-        binding_time_left=source.binding_time_left,
-        on_bind_failure=source.events.failed_bind,
-        recheck=source.recheck,
-        requeue=source.requeue if source.requeuer is not None else None,
-        expiry_interval=settings.expiry_interval,
-        max_body_bytes=settings.max_body_bytes,
-    )
-    service.metrics.add_source(source.samples)
-    source.on_freed = functools.partial(memory_freed, service)
+    cache = Cache(settings.profile)
+    source = KubeSource(client, cache, kube_options(settings, client.config))
+    service = build_service(settings, cache, source, source.requeue if source.requeuer is not None else None)
+    source.on_freed = service.requeue.freed
     return service, source
 
 
@@ -143,9 +136,21 @@ def server_tls(settings: Settings) -> ReloadingContext | None:
     return ReloadingContext(settings.tls_cert, settings.tls_key, settings.client_ca)
 
 
-async def serve(service: Service, settings: Settings, tls: ReloadingContext | None) -> None:
-    """Serve until SIGTERM/SIGINT, then stop accepting, finish in-flight requests and return. With TLS, the
-    files are checked for new contents every `tls_reload_interval` seconds while serving."""
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    """The ports `serving` listens on (useful when the settings asked for port 0: any free one)."""
+
+    port: int
+    """The verbs' port (HTTPS unless --insecure-http)."""
+    health_port: int
+    """The plain-HTTP probes' port; 0 when `settings.health_port` asked for no such listener."""
+
+
+@contextlib.asynccontextmanager
+async def serving(service: Service, settings: Settings, tls: ReloadingContext | None) -> AsyncIterator[Listeners]:
+    """Listen as `extender serve` does while the block runs: the health listener first (when
+    `settings.health_port`), then the verbs' listener; on exit stop accepting, finish in-flight requests and
+    close. With TLS, the files are checked for new contents every `tls_reload_interval` seconds meanwhile."""
     health = build_health_server(service) if settings.health_port else None
     if health is not None:  # first: the verbs' port never listens without it
         await health.start(settings.host, settings.health_port)
@@ -169,17 +174,25 @@ async def serve(service: Service, settings: Settings, tls: ReloadingContext | No
     )
     if tls is not None:
         log.info("serving certificate %s; files checked every %g s", tls.describe(), settings.tls_reload_interval)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     try:
-        await stop.wait()
-        log.info("signal received: shutting down gracefully")
+        yield Listeners(server.port, health.port if health is not None else 0)
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
         await server.stop(grace=10.0)
         if health is not None:
             await health.stop(grace=1.0)
         log.info("stopped")
+
+
+async def serve(service: Service, settings: Settings, tls: ReloadingContext | None) -> None:
+    """Serve (see `serving`) until SIGTERM/SIGINT, then shut down gracefully and return."""
+    async with serving(service, settings, tls):
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        try:
+            await stop.wait()
+            log.info("signal received: shutting down gracefully")
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)

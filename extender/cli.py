@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from extender import settings as settings_module
+from extender.core.errors import UserError
 from extender.settings import LogFormat, Settings, SettingsError
 
 log = logging.getLogger("extender")
@@ -117,24 +118,24 @@ def _certs_request(arguments: argparse.Namespace) -> tuple[list[str], list[str],
     from extender.tools.certs import service_dns_names
 
     if not (_NAMESPACE.fullmatch(arguments.namespace) and len(arguments.namespace) <= 63):
-        raise ValueError(f"--namespace {arguments.namespace!r}: not a Kubernetes namespace name")
+        raise UserError(f"--namespace {arguments.namespace!r}: not a Kubernetes namespace name")
     names = list(dict.fromkeys([*service_dns_names(arguments.namespace), *arguments.dns_name]))
     for name in names:
         if not (_DNS_NAME.fullmatch(name) and len(name) <= 253):
-            raise ValueError(f"--dns-name {name!r}: not a DNS name")
+            raise UserError(f"--dns-name {name!r}: not a DNS name")
     for ip in arguments.ip:
         try:
             ipaddress.ip_address(ip)
         except ValueError:
-            raise ValueError(f"--ip {ip!r}: not an IPv4 or IPv6 address") from None
+            raise UserError(f"--ip {ip!r}: not an IPv4 or IPv6 address") from None
     try:
         days = int(arguments.days)
     except ValueError:
-        raise ValueError(f"--days {arguments.days!r}: not a whole number") from None
+        raise UserError(f"--days {arguments.days!r}: not a whole number") from None
     if not 0 < days <= MAX_DAYS:
-        raise ValueError(f"--days {days}: must be between 1 and {MAX_DAYS}")
+        raise UserError(f"--days {days}: must be between 1 and {MAX_DAYS}")
     if not 0 < len(arguments.client_name.strip()) <= 64:
-        raise ValueError(f"--client-name {arguments.client_name!r}: must be 1 to 64 characters (an X.509 CN)")
+        raise UserError(f"--client-name {arguments.client_name!r}: must be 1 to 64 characters (an X.509 CN)")
     return names, arguments.ip, datetime.timedelta(days=days)
 
 
@@ -143,9 +144,9 @@ def _certs(arguments: argparse.Namespace) -> int:
 
     names, ips, valid_for = _certs_request(arguments)
     if bool(arguments.ca_cert) != bool(arguments.ca_key):
-        raise ValueError("--ca-cert and --ca-key go together")
+        raise UserError("--ca-cert and --ca-key go together")
     if arguments.secrets and (arguments.out is not None or arguments.keep_ca_key or arguments.force):
-        raise ValueError("--secrets prints to stdout: drop --out, --keep-ca-key and --force")
+        raise UserError("--secrets prints to stdout: drop --out, --keep-ca-key and --force")
     ca = load_ca(arguments.ca_cert, arguments.ca_key) if arguments.ca_cert else None
     if arguments.secrets:
         issued = issue_certificates(names, ips, arguments.client_name, valid_for, ca)
@@ -153,15 +154,15 @@ def _certs(arguments: argparse.Namespace) -> int:
         return 0
     out = Path(arguments.out or DEFAULT_CERTS_DIR)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: not a directory")
+        raise UserError(f"--out {out}: not a directory")
     try:
         files = write_certificates(
             out, names, ips, arguments.client_name, valid_for, arguments.keep_ca_key, ca, replace=arguments.force
         )
     except FileExistsError as error:
-        raise ValueError(f"{error.filename} already exists: --force replaces it, or choose another --out") from None
+        raise UserError(f"{error.filename} already exists: --force replaces it, or choose another --out") from None
     except OSError as error:
-        raise ValueError(f"cannot write certificates to {out}: {error.strerror}") from None
+        raise UserError(f"cannot write certificates to {out}: {error.strerror}") from None
     server = ", ".join([*names, *ips])
     print(f"wrote to {out}, valid for {valid_for.days} days:")
     print(f"  {files.ca_certificate.name:<10}  the CA: the extender's --client-ca, the scheduler's tlsConfig.caFile")
@@ -272,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(arguments.run(arguments))
     except KeyboardInterrupt:
         return 130
-    except (SettingsError, OSError, ValueError) as error:
+    except (UserError, OSError) as error:
         print(f"extender {arguments.command}: {error}", file=sys.stderr)
         return 2
 

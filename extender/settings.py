@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from extender.core.errors import UserError
 from extender.core.policy import PolicyConfig, Strategy
 from extender.core.resources import Profile
 
@@ -27,7 +28,7 @@ ENV_PREFIX = "EXTENDER_"
 _PROFILE = Profile()
 
 
-class SettingsError(ValueError):
+class SettingsError(UserError):
     """A setting that is missing, malformed or inconsistent; the message names it and its source."""
 
 

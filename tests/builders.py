@@ -10,8 +10,12 @@ from typing import Any
 
 import orjson
 
-from extender.core.cache import Allocation, Cache, allocation_annotations, pod_record
+from extender.core.annotations import allocation_annotations
+from extender.core.binding import BindContext, BindRequest, RecentPods, bind
+from extender.core.cache import Cache, pod_record
+from extender.core.holds import Allocation
 from extender.core.ledger import Ledger
+from extender.core.policy import PolicyConfig
 from extender.core.resources import Profile
 
 PROFILE = Profile()
@@ -130,3 +134,10 @@ def cache_differences(cluster: Cache, nodes: list[dict[str, Any]], pods: list[di
         elif hold is not None and hold.observed:
             problems.append(f"pod {record.key}: cache holds {hold}, API shows no bound allocation")
     return problems
+
+
+async def bind_error(
+    request: BindRequest, cluster: Cache, ledger: Ledger, policy: PolicyConfig, binder: Any, recent: RecentPods
+) -> str:
+    """`binding.bind`, answered as the reply's `Error` says it ("" on success)."""
+    return (await bind(request, BindContext(cluster, ledger, policy, binder, recent))).error

@@ -17,12 +17,16 @@ import orjson
 import pytest
 import trustme
 
+from extender.core.binding import BindRequest
 from extender.core.cache import Cache
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
+from extender.core.recheck import Recheck
+from extender.core.requeue import Requeue
+from extender.service.context import Service
 from extender.service.transport import HttpServer
-from extender.service.verbs import Service, build_server
-from extender.sources.file import FileBinder
+from extender.service.verbs import build_server
+from extender.sources.file import FileSource
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.config import KubeConfig
 from extender.sources.kube.informer import NODES, Backoff, Informer, WatchOptions, pods_kind
@@ -37,14 +41,61 @@ def captured(name: str) -> Any:
     return orjson.loads((CAPTURED / name).read_bytes())
 
 
-def make_service(cluster: Cache, binder: Any = None, **kwargs: Any) -> Service:
-    """A Service over `cluster`; binds go to a FileBinder over it unless another binder is given."""
+class ScriptedSource(FileSource):
+    """The file source with the answers a live source gives scripted by the test: readiness (not synced, not the
+    leader), the lease's time left, the recheck reads, and a binder of the test's choosing. Each stands for what
+    `KubeSource` answers (tested against the API double and the real kube-apiserver in tests/sources, e2e)."""
+
+    def __init__(
+        self,
+        cluster: Cache,
+        binder: Any = None,
+        ready: Callable[[], bool] = lambda: True,
+        why_not_ready: Callable[[], str] = lambda: NOT_READY,
+        binding_time_left: Callable[[], float | None] = lambda: None,
+        recheck: Recheck | None = None,
+    ) -> None:
+        super().__init__(cluster, [])
+        if binder is not None:
+            self.binder = binder
+        self.recheck = recheck
+        self._ready, self._why_not_ready, self._time_left = ready, why_not_ready, binding_time_left
+        self.failed_binds: list[tuple[BindRequest, str]] = []
+
+    def why_not_ready(self) -> str | None:
+        return None if self._ready() else self._why_not_ready()
+
+    def binding_time_left(self) -> float | None:
+        return self._time_left()
+
+    def bind_failed(self, request: BindRequest, error: str) -> None:
+        self.failed_binds.append((request, error))
+
+
+NOT_READY = "extender is not ready: its cache has not been filled yet"
+
+
+def make_service(
+    cluster: Cache,
+    binder: Any = None,
+    ledger: Ledger | None = None,
+    policy: PolicyConfig | None = None,
+    requeue: Callable[[str], None] | None = None,
+    expiry_interval: float = 5.0,
+    max_body_bytes: int = 32 * 1024 * 1024,
+    **source: Any,
+) -> Service:
+    """A Service over `cluster`; binds go to a FileBinder over it unless another binder is given; `source`
+    scripts what a live source would answer (`ScriptedSource`); `requeue` is told when kube-scheduler would be
+    asked to retry."""
     return Service(
         cache=cluster,
-        ledger=kwargs.pop("ledger", None) or Ledger(cluster, 300.0, FakeClock()),
-        binder=binder if binder is not None else FileBinder(cluster, []),
-        policy=kwargs.pop("policy", None) or PolicyConfig(),
-        **kwargs,
+        ledger=ledger or Ledger(cluster, 300.0, FakeClock()),
+        policy=policy or PolicyConfig(),
+        source=ScriptedSource(cluster, binder, **source),
+        requeue=Requeue(cluster, requeue),
+        expiry_interval=expiry_interval,
+        max_body_bytes=max_body_bytes,
     )
 
 

@@ -24,6 +24,7 @@ import yaml
 from cryptography import x509
 
 from devtools.harness import free_port
+from extender import cli
 from extender.cli import main
 from extender.tools.certs import issue_client, issue_server, make_ca
 from tests.builders import make_node, make_pod
@@ -274,3 +275,16 @@ def test_certs_user_errors_are_one_line_and_exit_2(
     assert error.count("\n") == 1
     assert error.startswith("extender certs: ")
     assert placed(message) in error
+
+
+def test_a_programming_error_keeps_its_traceback_instead_of_passing_for_a_user_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only `UserError` (and OSError) is printed as one line with exit 2: a ValueError from a bug propagates."""
+
+    def buggy(arguments: object) -> int:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(cli, "_scheduler_config", buggy)
+    with pytest.raises(ValueError, match="a bug"):
+        cli.main(["scheduler-config", "--k8s-version", "1.31"])

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from extender import settings
-from extender.service.verbs import Service, build_server
+from extender.service.context import Service
+from extender.service.verbs import build_server
 from tests.builders import make_cluster
 from tests.conftest import make_service
 

@@ -29,9 +29,9 @@ from kubernetes_validate import utils as kubernetes_validate_utils
 
 from extender import cli
 from extender import settings as settings_module
-from extender.service.verbs import build_health_server
+from extender.service.pages import build_health_server
 from extender.settings import Settings
-from extender.sources.kube.source import LEADER_LABEL
+from extender.sources.kube.writes import LEADER_LABEL
 from extender.tools.schedconfig import go_duration, render
 from tests.builders import make_cluster
 from tests.conftest import make_service

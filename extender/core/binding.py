@@ -1,9 +1,18 @@
 """The bind verb's procedure: choose devices, reserve, write the allocation, bind; undo on any failure.
 
-This is where the ledger's rules meet I/O (DESIGN §3). Under the node's lock: a pod already bound to this node
-is success (bind is idempotent); otherwise the policy chooses devices, the ledger reserves them (check and
-record in one step), and the `Binder` (the file source's, or the API's) writes the annotations and the
-binding. Any failure releases the reservation before the reply, and the reply says what failed.
+This is where the ledger's rules meet I/O (DESIGN §3). Under the node's lock, in this order:
+1. **Known?** The pod must be one the cache or a recent filter has seen, under the UID, namespace and name the
+   bind names, and the node one the cache knows (for every pod, whatever it asks).
+2. **Already settled?** A pod the API shows bound, or whose binding the API accepted, is success when it is
+   bound to this node (bind is idempotent) and an error otherwise.
+3. **An earlier decision?** A reservation from before a restart, or from a binding that failed uncertainly:
+   to the same node, the same allocation is written again, so whichever binding lands carries the devices the
+   cache counts; to another node, it is released and the pod decided afresh, unless that binding may still
+   land.
+4. **A new allocation:** the policy chooses devices, the ledger reserves them (check and record in one step),
+   and the `Binder` (the file source's, or the API's) writes the annotations and the binding.
+Any failure releases the reservation before the reply, except one after which the binding may have landed.
+The outcome is a value (`BindOutcome`) that the verb answers and counts.
 
 The Binder does I/O; this module only awaits it.
 """
@@ -11,18 +20,21 @@ The Binder does I/O; this module only awaits it.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from extender.core.cache import Allocation, Cache, Hold, NodeState, allocation_annotations, pod_record
+from extender.core.annotations import allocation_annotations
+from extender.core.cache import Cache, NodeState, PodRecord, pod_record
+from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.ledger import Ledger
+from extender.core.memo import Lru
 from extender.core.objects import Raw
 from extender.core.objects import uid as pod_uid
 from extender.core.policy import PolicyConfig, choose_devices, judge
-from extender.core.resources import Profile
+from extender.core.resources import Demand, Profile
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +64,8 @@ class Guard:
     is it sure to stay allowed (its lease's renew deadline). Checked again once the node's lock is held: a
     bind that queued behind a slow one may find the lease lost meanwhile."""
 
-    refusal: Callable[[], str] = lambda: ""
-    """Why this replica may not bind now; empty when it may."""
+    refusal: Callable[[], str | None] = lambda: None
+    """Why this replica may not bind now (not synced, not the leader); None when it may."""
     time_left: Callable[[], float | None] = lambda: None
     """Seconds it surely may still bind (None: no limit). A binding still under way then is cut off, and its
     reservation kept as uncertain: another replica may take over, and the binding may still land."""
@@ -108,19 +120,12 @@ class RecentPods:
     """
 
     def __init__(self, limit: int = 20_000) -> None:
-        self.limit = limit
-        self._pods: OrderedDict[str, Raw] = OrderedDict()
+        self._pods: Lru[str, Raw] = Lru(limit)
 
     def remember(self, pod: Raw) -> None:
         uid = pod_uid(pod)
-        if not uid:
-            return
-        if uid in self._pods:
-            self._pods.move_to_end(uid)
-            return
-        self._pods[uid] = slim_pod(pod)
-        if len(self._pods) > self.limit:
-            self._pods.popitem(last=False)
+        if uid and self._pods.touch(uid) is None:
+            self._pods.put(uid, slim_pod(pod))
 
     def get(self, uid: str) -> Raw | None:
         return self._pods.get(uid)
@@ -129,121 +134,188 @@ class RecentPods:
         return len(self._pods)
 
 
-async def bind(
-    request: BindRequest,
-    cluster: Cache,
-    ledger: Ledger,
-    policy: PolicyConfig,
-    binder: Binder,
-    recent: RecentPods,
-    guard: Guard = UNGUARDED,
-) -> str:
-    """Bind the pod; returns "" on success, else the error for the reply's `Error` field.
+class Outcome(enum.Enum):
+    BOUND = "bound"
+    """Devices chosen (or an earlier decision written again) and the binding accepted."""
+    ALREADY_BOUND = "already_bound"
+    """The pod was bound to this node already: success, nothing written."""
+    REFUSED = "refused"
+    """Nothing was written: this replica may not bind now, the pod or node is unknown, or it does not fit."""
+    FAILED = "failed"
+    """Writing the allocation or the binding failed; the reservation is released."""
+    UNCERTAIN = "uncertain"
+    """Writing failed in a way that may have landed; the reservation is kept until the watch or the TTL."""
+
+
+@dataclass(frozen=True, slots=True)
+class BindOutcome:
+    outcome: Outcome
+    error: str = ""
+    """What the reply's `Error` says: "" on success, else what failed, naming the pod and the node."""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in (Outcome.BOUND, Outcome.ALREADY_BOUND)
+
+
+BOUND = BindOutcome(Outcome.BOUND)
+ALREADY_BOUND = BindOutcome(Outcome.ALREADY_BOUND)
+
+
+def _refused(error: str) -> BindOutcome:
+    return BindOutcome(Outcome.REFUSED, error)
+
+
+@dataclass(frozen=True, slots=True)
+class BindContext:
+    """What a bind works with: the cache and the ledger, how to choose, how to write, and what it may."""
+
+    cache: Cache
+    ledger: Ledger
+    policy: PolicyConfig
+    binder: Binder
+    recent: RecentPods
+    guard: Guard = UNGUARDED
+
+
+async def bind(request: BindRequest, context: BindContext) -> BindOutcome:
+    """Bind the pod (the steps in the module's docstring).
 
     Binds to one node queue on its lock. A bind of a pod while another bind of the same pod runs (to
     another node: the scheduler gave up on the first after its timeout) is refused, so the second can
     never undo the first's reservation while the first may still succeed.
     """
+    ledger = context.ledger
     async with ledger.locked(request.node):
-        refusal = guard.refusal()
-        if refusal:
-            return refusal
+        refusal = context.guard.refusal()
+        if refusal is not None:
+            return _refused(refusal)
         running = ledger.running_bind(request.uid)
         if running is not None:
-            return f"pod {request.key}: a bind to {running} is still running"
+            return _refused(f"pod {request.key}: a bind to {running} is still running")
         with ledger.in_flight(request.uid, request.node):
-            return await _bind_locked(request, cluster, ledger, policy, binder, recent, guard)
+            return await _bind_locked(request, context)
 
 
-async def _bind_locked(
-    request: BindRequest,
-    cluster: Cache,
-    ledger: Ledger,
-    policy: PolicyConfig,
-    binder: Binder,
-    recent: RecentPods,
-    guard: Guard,
-) -> str:
-    uid, node, key = request.uid, request.node, request.key
-    record = cluster.pods.get(uid)
-    if record is not None and record.node_name:
-        if record.node_name == node:
-            return ""
-        return f"pod {key} is already bound to {record.node_name}, not {node}"
-    hold = cluster.hold_of(uid)
-    if hold is not None and hold.bound:
-        if hold.allocation.node == node:
-            return ""
-        return f"pod {key} is already bound to {hold.allocation.node}, not {node}"
-    pod = recent.get(uid)
+async def _bind_locked(request: BindRequest, context: BindContext) -> BindOutcome:
+    known = _known(request, context)
+    if isinstance(known, BindOutcome):
+        return known
+    pod, record, state = known
+    settled = _settled(request, record, context.cache)
+    if settled is not None:
+        return settled
+    if record.demand is None:
+        return _refused(f"pod {request.key}: {record.problem}")
+    if record.demand.is_zero:
+        return await _write(request, context, pod, None, state)
+    hold = context.cache.hold_of(request.uid)
+    if hold is not None and not hold.observed:
+        earlier = await _earlier_decision(request, context, pod, hold, state)
+        if earlier is not None:
+            return earlier
+    return await _new_allocation(request, context, pod, record.demand, state)
+
+
+def _known(request: BindRequest, context: BindContext) -> tuple[Raw, PodRecord, NodeState] | BindOutcome:
+    """The pod as the cache or a recent filter knows it, its record, and the node's state; or the refusal when
+    the pod is unknown, known under another name, or the node is not in the cache."""
+    uid, key = request.uid, request.key
+    record = context.cache.pods.get(uid)
+    pod = context.recent.get(uid)
     if record is None and pod is None:
-        return f"pod {key} (uid {uid}) is unknown: not in the extender's cache and never filtered"
+        return _refused(f"pod {key} (uid {uid}) is unknown: not in the extender's cache and never filtered")
     if pod is None:
         pod = {"metadata": {"name": request.name, "namespace": request.namespace, "uid": uid}}
     if record is None:
-        record = pod_record(pod, cluster.profile)
-    if record.demand is None:
-        return f"pod {key}: {record.problem}"
-    demand = record.demand
-    if demand.is_zero:
-        return await _write(binder, guard, pod, node, {}, ledger, uid, key)
-    state = cluster.nodes.get(node)
+        record = pod_record(pod, context.cache.profile)
+    if (record.namespace, record.name) != (request.namespace, request.name):
+        return _refused(f"pod uid {uid} is {record.key}, not {key}")
+    state = context.cache.nodes.get(request.node)
     if state is None or not state.known:
-        return f"node {node} is not in the extender's cache"
-    if hold is not None and not hold.observed:
-        # An earlier decision for this pod: from before a restart (its annotations), or a bind that failed
-        # uncertainly. To the same node, write the same allocation again, so that whichever binding lands
-        # carries the devices the cache counts. To another node, decide afresh, unless the earlier binding
-        # may still land.
-        if hold.allocation.node == node:
-            return await _write(binder, guard, pod, node, _annotations(hold, state, cluster.profile), ledger, uid, key)
-        if ledger.still_uncertain(uid):
-            return (
-                f"pod {key}: an earlier binding to {hold.allocation.node} may have landed; waiting for the API to "
-                "show it (or for the reservation to expire)"
-            )
-        ledger.release(uid)
-    indexes = choose_devices(demand, state, policy.device_strategy)
+        return _refused(f"node {request.node} is not in the extender's cache")
+    return pod, record, state
+
+
+def _settled(request: BindRequest, record: PodRecord, cache: Cache) -> BindOutcome | None:
+    """Success when the API shows the pod bound to this node, or accepted its binding there; an error when
+    to another node; None when the pod is not bound yet."""
+    bound_to = record.node_name
+    if not bound_to:
+        hold = cache.hold_of(request.uid)
+        bound_to = hold.allocation.node if hold is not None and hold.state is HoldState.BOUND else ""
+    if not bound_to:
+        return None
+    if bound_to == request.node:
+        return ALREADY_BOUND
+    return _refused(f"pod {request.key} is already bound to {bound_to}, not {request.node}")
+
+
+async def _earlier_decision(
+    request: BindRequest, context: BindContext, pod: Raw, hold: Hold, state: NodeState
+) -> BindOutcome | None:
+    """A reservation made before this bind (before a restart, or by a binding that failed uncertainly): to the
+    same node, write it again; to another node, release it (None: decide afresh), unless it may still land."""
+    if hold.allocation.node == request.node:
+        return await _write(request, context, pod, hold, state)
+    if context.ledger.still_uncertain(request.uid):
+        return _refused(
+            f"pod {request.key}: an earlier binding to {hold.allocation.node} may have landed; waiting for the API "
+            "to show it (or for the reservation to expire)"
+        )
+    context.ledger.release(request.uid)
+    return None
+
+
+async def _new_allocation(
+    request: BindRequest, context: BindContext, pod: Raw, demand: Demand, state: NodeState
+) -> BindOutcome:
+    """Choose devices by policy, reserve them (check and record in one step), write them."""
+    key, node = request.key, request.node
+    indexes = choose_devices(demand, state, context.policy.device_strategy)
     if indexes is None:
-        return f"pod {key} no longer fits on {node}: {judge(demand, state, policy.unit)[1]}"
-    allocation = Allocation(uid, key, node, indexes, demand.per_device)
-    refusal = ledger.reserve(allocation)
-    if refusal:
-        return f"pod {key}: {refusal}"
+        return _refused(f"pod {key} no longer fits on {node}: {judge(demand, state, context.policy.unit)[1]}")
+    refusal = context.ledger.reserve(Allocation(request.uid, key, node, indexes, demand.per_device))
+    if refusal is not None:
+        return _refused(f"pod {key}: {refusal}")
     log.info("reserved %s on %s GPU %s (%s each)", key, node, ",".join(map(str, indexes)), demand.per_device)
-    reserved = cluster.hold_of(uid)
-    assert reserved is not None
-    return await _write(binder, guard, pod, node, _annotations(reserved, state, cluster.profile), ledger, uid, key)
+    return await _write(request, context, pod, context.cache.hold_of(request.uid), state)
 
 
-def _annotations(hold: Hold, state: NodeState, profile: Profile) -> dict[str, str]:
-    """What records the hold on the pod; the same hold always writes the same annotations."""
+def _annotations(hold: Hold | None, state: NodeState, profile: Profile) -> dict[str, str]:
+    """What records the hold on the pod ({} for a pod that holds nothing); the same hold always writes the
+    same annotations."""
+    if hold is None:
+        return {}
     position = state.position(hold.allocation.indexes[0])
     capacity = state.devices[position].capacity if position >= 0 else 0
     return allocation_annotations(hold.allocation, capacity, hold.since, profile)
 
 
 async def _write(
-    binder: Binder, guard: Guard, pod: Raw, node: str, annotations: dict[str, str], ledger: Ledger, uid: str, key: str
-) -> str:
+    request: BindRequest, context: BindContext, pod: Raw, hold: Hold | None, state: NodeState
+) -> BindOutcome:
+    """Write the annotations and the binding (within the guard's time); settle the reservation by the result."""
+    key, node, ledger = request.key, request.node, context.ledger
+    annotations = _annotations(hold, state, context.cache.profile)
     try:
         try:
-            async with asyncio.timeout(guard.time_left()):
-                await binder.bind(pod, node, annotations)
+            async with asyncio.timeout(context.guard.time_left()):
+                await context.binder.bind(pod, node, annotations)
         except TimeoutError:
             raise BindError(
                 "this replica's leadership ran out while the binding was under way", uncertain=True
             ) from None
     except BindError as error:
         if error.uncertain:
-            ledger.mark_uncertain(uid)
+            ledger.mark_uncertain(request.uid)
             log.warning("bind of %s to %s failed: %s; reservation kept until the API shows the pod", key, node, error)
-            return f"binding {key} to {node} failed: {error}"
-        released = ledger.release(uid)
+            return BindOutcome(Outcome.UNCERTAIN, f"binding {key} to {node} failed: {error}")
+        released = ledger.release(request.uid)
         log.warning("bind of %s to %s failed: %s%s", key, node, error, "; reservation released" if released else "")
-        return f"binding {key} to {node} failed: {error}"
+        return BindOutcome(Outcome.FAILED, f"binding {key} to {node} failed: {error}")
     except BaseException:
-        ledger.release(uid)
+        ledger.release(request.uid)
         raise
-    ledger.mark_bound(uid)
-    return ""
+    ledger.mark_bound(request.uid)
+    return BOUND

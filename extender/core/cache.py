@@ -12,53 +12,18 @@ never decides placement: that is `policy.py`, and reservations' rules are `ledge
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 from extender.core import objects
+from extender.core.annotations import assume_time, read_allocation
+from extender.core.holds import Allocation, Hold, HoldState
+from extender.core.memo import FitIndex, NodeMemo
 from extender.core.objects import Raw, as_object, pod_priority
-from extender.core.resources import Demand, Device, InvalidPod, Profile, ceil_div, node_devices, node_ready, pod_demand
+from extender.core.resources import Demand, Device, InvalidPod, Profile, node_devices, node_ready, pod_demand
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """Device memory given to one pod on one node: `per_device` on each of `indexes`."""
-
-    pod_uid: str
-    pod: str
-    """`namespace/name`, for people."""
-    node: str
-    indexes: tuple[int, ...]
-    per_device: int
-
-    @property
-    def memory(self) -> int:
-        return self.per_device * len(self.indexes)
-
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """An allocation as the cache counts it."""
-
-    allocation: Allocation
-    observed: bool
-    """True once the API shows the pod bound with our annotations; False while only reserved."""
-    since: float
-    """Unix seconds: the assume time (when the decision was made)."""
-    bound: bool = False
-    """A reservation whose binding the API accepted; waiting for the watch to show it."""
-    uncertain_since: float | None = None
-    """When the binding of this reservation failed in a way that may have landed all the same (a timeout), by
-    the ledger's clock; None otherwise. Kept until the watch shows the pod or the TTL frees it."""
-
-    @property
-    def uncertain(self) -> bool:
-        return self.uncertain_since is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,53 +50,6 @@ class PodRecord:
         return objects.key(self.namespace, self.name)
 
 
-# --- the annotation protocol ------------------------------------------------------------------------------
-
-
-def allocation_annotations(
-    allocation: Allocation, device_capacity: int, now: float, profile: Profile
-) -> dict[str, str]:
-    """The pod annotations that record an allocation durably (DESIGN §4)."""
-    annotations = {
-        profile.pod_memory_annotation: str(allocation.memory),
-        profile.device_memory_annotation: str(device_capacity),
-        profile.assigned_annotation: "false",
-        profile.assume_time_annotation: str(int(now * 1e9)),
-        profile.indexes_annotation: ",".join(str(index) for index in allocation.indexes),
-        profile.node_annotation: allocation.node,
-    }
-    if len(allocation.indexes) == 1:
-        annotations[profile.index_annotation] = str(allocation.indexes[0])
-    return annotations
-
-
-def _read_allocation(
-    uid: str, key: str, node: str, annotations: dict[str, Any], demand: Demand | None, profile: Profile
-) -> Allocation | None:
-    listed = annotations.get(profile.indexes_annotation) or annotations.get(profile.index_annotation)
-    if not listed or not node:
-        return None
-    try:
-        indexes = tuple(int(part) for part in str(listed).split(","))
-        memory = (
-            int(annotations[profile.pod_memory_annotation]) if profile.pod_memory_annotation in annotations else None
-        )
-    except ValueError:
-        return None
-    if memory is None:
-        memory = demand.memory if demand else 0
-    if any(index < 0 for index in indexes) or memory < 0:
-        return None
-    return Allocation(uid, key, node, indexes, ceil_div(memory, len(indexes)))
-
-
-def _assume_time(annotations: dict[str, Any], profile: Profile) -> float:
-    try:
-        return int(annotations.get(profile.assume_time_annotation, 0)) / 1e9
-    except (TypeError, ValueError):
-        return 0.0
-
-
 def pod_record(pod: Raw, profile: Profile) -> PodRecord:
     """Reduce a pod object to a PodRecord; an unreadable GPU request becomes `problem`, never an exception."""
     uid, namespace, name = objects.uid(pod), objects.namespace(pod), objects.name(pod)
@@ -145,11 +63,10 @@ def pod_record(pod: Raw, profile: Profile) -> PodRecord:
         demand, problem = None, str(error)
     key = objects.key(namespace, name)
     on_node = node or str(annotations.get(profile.node_annotation) or "")
-    allocation = _read_allocation(uid, key, on_node, annotations, demand, profile)
+    allocation = read_allocation(uid, key, on_node, annotations, demand, profile)
     finished = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
-    assume_time = _assume_time(annotations, profile)
-    priority = pod_priority(pod)
-    return PodRecord(uid, namespace, name, node, demand, allocation, assume_time, problem, finished, priority)
+    assumed = assume_time(annotations, profile)
+    return PodRecord(uid, namespace, name, node, demand, allocation, assumed, problem, finished, pod_priority(pod))
 
 
 # --- nodes ------------------------------------------------------------------------------------------------
@@ -214,69 +131,6 @@ class NodeState:
         self.fit_free = self.largest_free if self.known and self.ready else -1
 
 
-class FitIndex:
-    """For the one-GPU demands asked recently, the set of nodes that can take each now.
-
-    A filter then costs one set membership per node name (C speed: `fitting.issuperset(names)` when all fit)
-    instead of a Python loop. Kept current by the cache on every node change; bounded to the `limit` demand
-    sizes used most recently (a cluster's pods come in a handful of sizes).
-    """
-
-    def __init__(self, limit: int = 32) -> None:
-        self.limit = limit
-        self._sets: OrderedDict[int, set[str]] = OrderedDict()
-
-    def fitting(self, need: int, nodes: Mapping[str, NodeState]) -> set[str]:
-        """The names of the nodes whose largest free GPU holds `need` (known and Ready ones only)."""
-        names = self._sets.get(need)
-        if names is None:
-            names = self._sets[need] = {name for name, state in nodes.items() if state.fit_free >= need}
-            if len(self._sets) > self.limit:
-                self._sets.popitem(last=False)
-        elif need != next(reversed(self._sets)):
-            self._sets.move_to_end(need)
-        return names
-
-    def update(self, state: NodeState) -> None:
-        for need, names in self._sets.items():
-            if state.fit_free >= need:
-                names.add(state.name)
-            else:
-                names.discard(state.name)
-
-    def forget(self, name: str) -> None:
-        for names in self._sets.values():
-            names.discard(name)
-
-
-class NodeMemo:
-    """Answers derived from node states (a verdict, a score), one table per question, by node name.
-
-    A question is a string naming the demand and whatever else the answer depends on (the policy's
-    `judge_key`, the server's reply keys). A node's answers are dropped from every table when the node
-    changes, so a table never holds a stale answer. One dict per question, not one per node: at 5,000
-    nodes, per-node dicts cost a cache miss each. Bounded to the `limit` questions asked most recently.
-    """
-
-    def __init__(self, limit: int = 64) -> None:
-        self.limit = limit
-        self._tables: OrderedDict[str, dict[str, Any]] = OrderedDict()
-
-    def table(self, question: str) -> dict[str, Any]:
-        table = self._tables.get(question)
-        if table is None:
-            table = self._tables[question] = {}
-            if len(self._tables) > self.limit:
-                self._tables.popitem(last=False)
-        else:
-            self._tables.move_to_end(question)
-        return table
-
-    def forget(self, name: str) -> None:
-        for table in self._tables.values():
-            table.pop(name, None)
-
-
 class Cache:
     """Nodes, pods and holds. Mutable; single-threaded (one asyncio loop), so no operation is interleaved."""
 
@@ -338,21 +192,24 @@ class Cache:
                 self.reserved[uid] = hold
             self._changed(state)
 
-    def mark_bound(self, uid: str) -> None:
-        self._mark(uid, bound=True, uncertain_since=None)
+    def restate(self, hold: Hold) -> None:
+        """Swap in the same allocation in another state (the ledger's transitions): the memory counted does
+        not change, so neither does any summary."""
+        uid = hold.allocation.pod_uid
+        current = self.hold_of(uid)
+        if current is None or current.allocation != hold.allocation:
+            raise ValueError(f"restate of pod {uid}: it holds {current}, not {hold.allocation}")
+        self.nodes[hold.allocation.node].holds[uid] = hold
+        if hold.observed:
+            self.reserved.pop(uid, None)
+        else:
+            self.reserved[uid] = hold
 
-    def mark_uncertain(self, uid: str, since: float) -> None:
-        self._mark(uid, bound=False, uncertain_since=since)
-
-    def _mark(self, uid: str, bound: bool, uncertain_since: float | None) -> None:
-        hold = self.reserved.get(uid)
-        if hold is not None and (hold.bound, hold.uncertain_since) != (bound, uncertain_since):
-            marked = replace(hold, bound=bound, uncertain_since=uncertain_since)
-            self.reserved[uid] = marked
-            self.nodes[hold.allocation.node].holds[uid] = marked
-
-    def release(self, uid: str) -> Hold | None:
-        """Free a pod's memory; returns what it held."""
+    def release(self, uid: str, abandon: bool = False) -> Hold | None:
+        """Free a pod's memory; returns what it held. With `abandon`, annotations already written on the pod no
+        longer reserve anything by themselves when the API shows them (only a binding does)."""
+        if abandon:
+            self.abandoned.add(uid)
         node = self._hold_node.pop(uid, None)
         if node is None:
             return None
@@ -432,13 +289,13 @@ class Cache:
         if allocation is not None and record.node_name:
             self.abandoned.discard(uid)
             if current is None or not current.observed or current.allocation != allocation:
-                self.hold(Hold(allocation, observed=True, since=record.assume_time))
+                self.hold(Hold(allocation, HoldState.OBSERVED, since=record.assume_time))
         elif allocation is not None:
             if current is None and uid not in self.abandoned:
                 # Annotated but never bound (a crash between patch and binding, in tools that write the two
                 # apart): a reservation again, counted from its assume time, so the ledger's TTL frees it if
                 # the binding never comes.
-                self.hold(Hold(allocation, observed=False, since=record.assume_time))
+                self.hold(Hold(allocation, HoldState.RESERVED, since=record.assume_time))
         elif current is not None and current.observed:
             self.release(uid)
 

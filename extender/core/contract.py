@@ -11,7 +11,7 @@ This module knows nothing of GPUs, caches or HTTP.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, TypeAdapter, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
@@ -117,7 +117,7 @@ def describe_error(error: ValidationError, prefix: str = "") -> str:
 _NAMES = TypeAdapter(list[str], config=ConfigDict(strict=True))
 
 
-class InvalidArgs(ValueError):
+class InvalidArgs(Exception):
     """A request that passed the first checks but holds a wrong item; the message names it."""
 
 
@@ -165,13 +165,16 @@ def filter_reply(
     return reply
 
 
-def host_priority(host: str, score: int) -> Raw:
-    """One entry of a HostPriorityList. The server keeps these per node between requests: never mutate one."""
+class HostPriorityEntry(TypedDict):
+    """One entry of a HostPriorityList as sent: the policy keeps these per node between requests (never
+    mutate one)."""
+
+    Host: str
+    Score: int
+
+
+def host_priority(host: str, score: int) -> HostPriorityEntry:
     return {"Host": host, "Score": score}
-
-
-def priority_reply(scores: list[tuple[str, int]]) -> list[Raw]:
-    return [host_priority(host, score) for host, score in scores]
 
 
 def binding_reply(error: str = "") -> Raw:

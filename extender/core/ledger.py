@@ -19,7 +19,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
-from extender.core.cache import Allocation, Cache, Hold
+from extender.core.cache import Cache
+from extender.core.holds import Allocation, Hold, HoldState
 
 UNCERTAIN_WINDOW = 60.0
 """Seconds a binding that failed uncertainly may still land: kube-apiserver's default `--request-timeout`,
@@ -70,8 +71,8 @@ class Ledger:
         finally:
             del self._in_flight[uid]
 
-    def reserve(self, allocation: Allocation) -> str:
-        """Take the allocation's memory; returns "" on success, else why it does not fit now."""
+    def reserve(self, allocation: Allocation) -> str | None:
+        """Take the allocation's memory; returns None on success, else why it does not fit now."""
         state = self.cluster.nodes.get(allocation.node)
         if state is None or not state.known:
             return f"node {allocation.node} is not in the extender's cache"
@@ -85,23 +86,29 @@ class Ledger:
                 free += own.allocation.per_device
             if free < allocation.per_device:
                 return f"GPU {index} on {allocation.node} has {max(free, 0)} free, needs {allocation.per_device}"
-        self.cluster.hold(Hold(allocation, observed=False, since=self.clock()))
-        return ""
+        self.cluster.hold(Hold(allocation, HoldState.RESERVED, since=self.clock()))
+        return None
 
     def mark_bound(self, uid: str) -> None:
         """The API accepted the binding; the watch will confirm it."""
-        self.cluster.mark_bound(uid)
+        self._enter(uid, HoldState.BOUND)
 
     def mark_uncertain(self, uid: str) -> None:
         """The binding failed but may have landed: keep the reservation until the watch or the TTL decides."""
-        self.cluster.mark_uncertain(uid, self.clock())
+        self._enter(uid, HoldState.UNCERTAIN, self.clock())
+
+    def _enter(self, uid: str, state: HoldState, at: float | None = None) -> None:
+        hold = self.cluster.reserved.get(uid)  # the watch may have shown the pod already: then nothing to do
+        if hold is not None and hold.state is not state:
+            self.cluster.restate(hold.entering(state, at))
 
     def still_uncertain(self, uid: str) -> bool:
         """Whether a binding of this pod that failed uncertainly may still land: within UNCERTAIN_WINDOW of the
         failure, while its reservation is held. After that the API server has given the request up."""
         hold = self.cluster.reserved.get(uid)
-        since = hold.uncertain_since if hold is not None else None
-        return since is not None and self.clock() - since < UNCERTAIN_WINDOW
+        if hold is None or hold.state is not HoldState.UNCERTAIN or hold.state_since is None:
+            return False
+        return self.clock() - hold.state_since < UNCERTAIN_WINDOW
 
     def release(self, uid: str) -> Hold | None:
         """Undo a reservation (not an observed allocation); returns it, or None if there was none.
@@ -111,8 +118,7 @@ class Ledger:
         """
         if uid not in self.cluster.reserved:
             return None
-        self.cluster.abandoned.add(uid)
-        return self.cluster.release(uid)
+        return self.cluster.release(uid, abandon=True)
 
     def expire(self, include_bound: bool = True) -> list[Hold]:
         """Free every reservation older than the TTL whose bind is not running; returns them.
@@ -124,7 +130,9 @@ class Ledger:
         expired = [
             hold
             for uid, hold in self.cluster.reserved.items()
-            if hold.since < deadline and uid not in self._in_flight and (include_bound or not hold.bound)
+            if hold.since < deadline
+            and uid not in self._in_flight
+            and (include_bound or hold.state is not HoldState.BOUND)
         ]
         for hold in expired:
             self.release(hold.allocation.pod_uid)

@@ -1,7 +1,9 @@
 """Placement decisions: filter, score, device choice and the preemption check, as pure functions.
 
 Each function reads the cache's per-node summaries (never the pods) and returns values: a reason per rejected
-node, a score per node, a tuple of device indexes. Nothing here mutates the cache; the ledger records what the
+node, a score per node, a tuple of device indexes. The filter and prioritize verbs' fast paths are here too
+(`filter_pod`, `prioritize`): they read the answers the cache keeps current (`memo.py`) instead of judging
+every node again. Nothing here mutates the cache; the ledger records what the
 bind path decides. Scores follow kube-scheduler's `noderesources` arithmetic on a 0..10 scale (the extender
 API's MaxExtenderPriority); ties in device choice break by device index, so one state gives one answer.
 """
@@ -13,11 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from extender.core.cache import Allocation, Cache, NodeState
+from extender.core.cache import Cache, NodeState
+from extender.core.contract import MAX_EXTENDER_PRIORITY, HostPriorityEntry, checked_names, host_priority
+from extender.core.holds import Allocation
+from extender.core.memo import Question
 from extender.core.resources import Demand
-
-MAX_SCORE = 10
-"""MaxExtenderPriority in k8s.io/kube-scheduler/extender/v1."""
 
 
 class Strategy(enum.StrEnum):
@@ -115,9 +117,28 @@ def all_fit(demand: Demand, names: list[Any], fitting: set[str] | frozenset[str]
         return False
 
 
-def judge_key(demand: Demand, unit: str) -> str:
-    """Names the question `judge` answers, for the cache's `NodeMemo` table of its answers."""
-    return f"judge:{demand.per_device}:{demand.devices}:{unit}"
+def judged(demand: Demand, unit: str) -> Question[tuple[Verdict, str]]:
+    """The question `judge` answers for this demand, for the cache's `NodeMemo` table of its answers."""
+    return Question(f"judge:{demand.per_device}:{demand.devices}:{unit}")
+
+
+def filter_pod(
+    demand: Demand, names: list[Any], states: Mapping[str, NodeState], cache: Cache, unit: str
+) -> FilterOutcome:
+    """The filter verb's decision: which of `names` take the demand, and why each other one does not.
+
+    `names` come unchecked from the request (`contract.requested_names(args, checked=False)`): in the
+    common case, every name in the cache's `FitIndex` set for this demand, membership proves each a string that
+    fits, at C speed. Otherwise they are checked (`contract.InvalidArgs` names the first that is no string) and
+    judged with the cache's memo of verdicts. `states` is `cache.nodes`, or views of whole nodes the scheduler
+    sent (which have no indexes).
+    """
+    own_cache = states is cache.nodes and not demand.is_zero
+    fitting = cache.fit_index.fitting(demand.per_device, states) if own_cache and demand.devices == 1 else None
+    if fitting is not None and all_fit(demand, names, fitting):
+        return FilterOutcome(passed=names)
+    memo = cache.memo.table(judged(demand, unit)) if own_cache else None
+    return filter_nodes(demand, checked_names(names), states, unit, fitting, memo)
 
 
 def filter_nodes(
@@ -173,12 +194,12 @@ def most_allocated(used: int, capacity: int) -> int:
     `used` is capped at `capacity`: memory the API shows over a device's capacity (a GPU turned unhealthy
     under running pods) must not push a score out of 0..10.
     """
-    return min(used, capacity) * MAX_SCORE // capacity if capacity > 0 else 0
+    return min(used, capacity) * MAX_EXTENDER_PRIORITY // capacity if capacity > 0 else 0
 
 
 def least_allocated(used: int, capacity: int) -> int:
     """Spread: the emptier after placement, the higher (kube-scheduler's LeastAllocated); `used` capped."""
-    return (capacity - min(used, capacity)) * MAX_SCORE // capacity if capacity > 0 else 0
+    return (capacity - min(used, capacity)) * MAX_EXTENDER_PRIORITY // capacity if capacity > 0 else 0
 
 
 _SCORERS = {Strategy.BINPACK: most_allocated, Strategy.SPREAD: least_allocated}
@@ -230,9 +251,32 @@ def score_node(demand: Demand, state: NodeState | None, config: PolicyConfig) ->
     return (config.device_weight * device_score + config.node_weight * node_score) // weights if weights else 0
 
 
-def score_key(demand: Demand, config: PolicyConfig) -> str:
-    """Names the question `score_node` answers, for the cache's `NodeMemo` tables built on its answers."""
-    return f"score:{demand.per_device}:{demand.devices}:{config.memo_key}"
+def scored(demand: Demand, config: PolicyConfig) -> Question[HostPriorityEntry]:
+    """The question `prioritize` answers per node, for the cache's `NodeMemo` table of its reply entries."""
+    return Question(f"score:{demand.per_device}:{demand.devices}:{config.memo_key}")
+
+
+def prioritize(
+    demand: Demand, names: list[str], states: Mapping[str, NodeState], cache: Cache, config: PolicyConfig
+) -> list[HostPriorityEntry]:
+    """The prioritize verb's reply: a score per node name, 0 where the pod does not fit.
+
+    The reply entries themselves are remembered per node until it changes: building a thousand small dicts per
+    request cost more than scoring (measured), and kube-scheduler asks the same sizes over and over.
+    """
+    if demand.is_zero:
+        return [host_priority(name, 0) for name in names]
+    entries = cache.memo.table(scored(demand, config)) if states is cache.nodes else {}
+    reply = []
+    for name in names:
+        entry = entries.get(name)
+        if entry is None:
+            state = states.get(name)
+            entry = host_priority(name, score_node(demand, state, config))
+            if state is not None:
+                entries[name] = entry
+        reply.append(entry)
+    return reply
 
 
 # --- preemption -------------------------------------------------------------------------------------------

@@ -25,12 +25,13 @@ NominatedNodeNameForExpectation, costs a few reads at worst, never a wrong answe
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from extender.core.cache import Cache, PodRecord
+from extender.core.memo import Lru
 from extender.core.objects import Raw, pod_priority
 from extender.core.objects import uid as pod_uid
 
@@ -59,23 +60,51 @@ Offer = dict[str, tuple[str, ...]]
 """Victim UIDs per node, as /preempt answered them."""
 
 
+MAX_REMEMBERED = 100_000
+"""Victim UIDs remembered in all, across preemptors (about 10 MB): what /preempt keeps is bounded by size, not
+only by count, so a few calls naming 100,000 victims each cannot grow the process."""
+
+
 class Preemptions:
-    """The victims /preempt named per node, per preemptor UID. Bounded, oldest forgotten first."""
+    """The victims /preempt named per node, per preemptor UID. Bounded: at most `LIMIT` victims per node (no
+    filter reads more), `limit` preemptors and `MAX_REMEMBERED` victims in all, the oldest forgotten first;
+    entries older than `memory` are dropped at every `remember`, not only when read."""
 
     def __init__(self, memory: float = MEMORY, limit: int = 10_000, clock: Callable[[], float] = time.monotonic):
         self.memory = memory
-        self.limit = limit
         self.clock = clock
-        self._offers: OrderedDict[str, tuple[float, Offer]] = OrderedDict()
+        self._offers: Lru[str, tuple[float, Offer]] = Lru(limit)
+        self._size = 0
+        """Victim UIDs held in `_offers`."""
 
     def remember(self, uid: str, victims: Mapping[str, Iterable[str]]) -> None:
-        offer = {node: tuple(uids) for node, uids in victims.items()}
+        offer = {node: tuple(itertools.islice(uids, LIMIT)) for node, uids in victims.items()}
         if not uid or not offer:
             return
-        self._offers.pop(uid, None)
-        self._offers[uid] = (self.clock(), offer)
-        if len(self._offers) > self.limit:
-            self._offers.popitem(last=False)
+        self.forget(uid)
+        now = self.clock()
+        size = sum(map(len, offer.values()))
+        while self._offers and (
+            self._size + size > MAX_REMEMBERED or len(self._offers) >= self._offers.limit or self._expired(now)
+        ):
+            self._drop(next(iter(self._offers)))
+        if size <= MAX_REMEMBERED:
+            self._offers.put(uid, (now, offer))
+            self._size += size
+
+    def _expired(self, now: float) -> bool:
+        """Whether the oldest offer is older than `memory`."""
+        when, _ = next(iter(self._offers.values()))
+        return now - when > self.memory
+
+    def _drop(self, uid: str) -> None:
+        _, offer = self._offers.pop(uid)
+        self._size -= sum(map(len, offer.values()))
+
+    @property
+    def size(self) -> int:
+        """Victim UIDs remembered in all."""
+        return self._size
 
     def offer(self, uid: str) -> Offer:
         """What /preempt last named for this preemptor ({} when nothing, or longer ago than `memory`)."""
@@ -84,13 +113,14 @@ class Preemptions:
             return {}
         when, offer = entry
         if self.clock() - when > self.memory:
-            del self._offers[uid]
+            self._drop(uid)
             return {}
         return offer
 
     def forget(self, uid: str) -> None:
         """The preemptor is bound: nothing to recheck for it any more."""
-        self._offers.pop(uid, None)
+        if uid in self._offers:
+            self._drop(uid)
 
     def __len__(self) -> int:
         return len(self._offers)

@@ -20,17 +20,22 @@ retry from that event already), or before the start of a gap in the watch the ca
 is kept for when it is due.
 
 Refusals are remembered by pod UID (the latest), `MEMORY` seconds at most, and forgotten when the pod binds.
+
+This module decides (`Requeue`); the write is the API source's (`sources/kube/writes.py`, `Requeuer`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from extender.core.cache import NodeState
+from extender.core.cache import Cache, NodeState
+from extender.core.memo import Lru
 from extender.core.policy import Verdict, judge
 from extender.core.resources import Demand
+
+log = logging.getLogger(__name__)
 
 REQUEUE_ANNOTATION = "gpu-extender.io/requeue-requested"
 """On the extender's own pod: when it last asked kube-scheduler to retry the pods it rejected."""
@@ -51,17 +56,12 @@ class Refusals:
 
     def __init__(self, memory: float = MEMORY, limit: int = 4096, clock: Callable[[], float] = time.time) -> None:
         self.memory = memory
-        self.limit = limit
         self.clock = clock
-        self._refused: OrderedDict[str, tuple[float, Demand]] = OrderedDict()
+        self._refused: Lru[str, tuple[float, Demand]] = Lru(limit)
 
     def refused(self, uid: str, demand: Demand) -> None:
-        if not uid:
-            return
-        self._refused.pop(uid, None)
-        self._refused[uid] = (self.clock(), demand)
-        if len(self._refused) > self.limit:
-            self._refused.popitem(last=False)
+        if uid:
+            self._refused.put(uid, (self.clock(), demand))
 
     def forget(self, uid: str) -> None:
         """The pod is bound."""
@@ -89,3 +89,42 @@ class Refusals:
 def fits_any(demands: Iterable[Demand], state: NodeState) -> bool:
     """Whether one of the demands would fit on the node now."""
     return any(judge(demand, state, "")[0] is Verdict.FITS for demand in demands)
+
+
+class Requeue:
+    """The decision to ask kube-scheduler to retry: told of refusals, binds and room freed, it calls `ask` with
+    a reason when a pod refused since the room came free would fit now. Without `ask` (the file source, or no
+    `--pod-name`) it remembers nothing. Mutable."""
+
+    def __init__(self, cache: Cache, ask: Callable[[str], None] | None, refusals: Refusals | None = None) -> None:
+        self.cache = cache
+        self.ask = ask
+        self.refusals = refusals if refusals is not None else Refusals()
+
+    def refused(self, uid: str, demand: Demand) -> None:
+        """The filter refused this pod on every node it was asked about, for want of room now."""
+        if self.ask is not None:
+            self.refusals.refused(uid, demand)
+
+    def bound(self, uid: str) -> None:
+        self.refusals.forget(uid)
+
+    def freed(self, nodes: Iterable[str], since: float) -> None:
+        """Room came free on these nodes in the cache, maybe with no cluster event for kube-scheduler after it
+        (a late watch event, a relist, an expired reservation): if a pod refused since `since` (Unix seconds)
+        fits on one of them now, ask kube-scheduler to retry. One request retries every waiting pod, so the
+        first node that takes one is enough; a relist of thousands of nodes costs one pass over the few
+        distinct demands refused."""
+        if self.ask is None:
+            return
+        try:
+            demands = self.refusals.demands_since(since)
+            if not demands:
+                return
+            for node in nodes:
+                state = self.cache.nodes.get(node)
+                if state is not None and fits_any(demands, state):
+                    self.ask(f"room came free on {node} for a pod refused since")
+                    return
+        except Exception:  # a bug here must not stop the informer or the expiry sweep that called it
+            log.exception("deciding whether to ask kube-scheduler to retry")

@@ -20,11 +20,11 @@ from extender.core import objects
 from extender.core.objects import Raw, as_object, pod_key
 
 
-class InvalidQuantity(ValueError):
+class InvalidQuantity(Exception):
     """A resource quantity that is not a whole, non-negative Kubernetes quantity."""
 
 
-class InvalidPod(ValueError):
+class InvalidPod(Exception):
     """A pod whose GPU request cannot be understood; the message names the container and the value."""
 
 

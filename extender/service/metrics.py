@@ -7,13 +7,14 @@ state) are read from the cache when /metrics is scraped, so nothing on the hot p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from extender.core.binding import Outcome
 from extender.core.cache import Cache
+from extender.core.holds import HoldState
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` series double the exposition and nobody alerts on them
 
@@ -22,29 +23,42 @@ OUTCOMES = ("ok", "error", "bad_request")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One value a source reports when /metrics is scraped (its own counters, read, not copied)."""
+SOURCE_FAMILIES: dict[str, tuple[str, str, Literal["counter", "gauge"]]] = {
+    "watch_events": ("extender_watch_events_total", "Watch events applied to the cache.", "counter"),
+    "lists": ("extender_lists_total", "Full lists applied (the first, then each relist).", "counter"),
+    "api_failures": ("extender_api_failures_total", "List or watch failures, each retried after a backoff.", "counter"),
+    "cache_synced": ("extender_cache_synced", "1 once the first list is in the cache.", "gauge"),
+    "leader": ("extender_leader", "1 while this replica holds the lease.", "gauge"),
+    "requeue_requests": (
+        "extender_requeue_requests_total",
+        "Annotations written on this replica's pod for kube-scheduler to retry the pods it rejected.",
+        "counter",
+    ),
+    "bind_failure_events": (
+        "extender_bind_failure_events_total",
+        "Warning Events recorded for failed binds.",
+        "counter",
+    ),
+}
+"""The figures a source reports (`Source.counts`): its key, then the metric's name, help and type. Defined here,
+with every other metric, so /metrics has one home; the source only counts."""
 
-    name: str
-    help: str
-    kind: Literal["counter", "gauge"]
-    value: float
-    labels: dict[str, str] = field(default_factory=dict)
+Count = tuple[str, dict[str, str], float]
 
 
 class _SourceCollector:
-    def __init__(self, samples: Callable[[], Iterable[Sample]]) -> None:
-        self.samples = samples
+    def __init__(self, counts: Callable[[], Iterable[Count]]) -> None:
+        self.counts = counts
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
-        for sample in self.samples():
-            family = families.get(sample.name)
+        for key, labels, value in self.counts():
+            family = families.get(key)
             if family is None:
-                kind = CounterMetricFamily if sample.kind == "counter" else GaugeMetricFamily
-                family = families[sample.name] = kind(sample.name, sample.help, labels=sorted(sample.labels))
-            family.add_metric([sample.labels[key] for key in sorted(sample.labels)], sample.value)
+                name, help_text, kind = SOURCE_FAMILIES[key]
+                build = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                family = families[key] = build(name, help_text, labels=sorted(labels))
+            family.add_metric([labels[label] for label in sorted(labels)], value)
         yield from families.values()
 
 
@@ -84,10 +98,21 @@ class Metrics:
         )
         self.allocations = Gauge(
             "extender_allocations",
-            "Pods holding GPU memory, by state: reserved, bound (awaiting watch), observed.",
+            "Pods holding GPU memory, by state (core/holds.py): reserved, bound (awaiting the watch), uncertain "
+            "(a binding that failed but may have landed), observed.",
             ["state"],
             registry=self.registry,
         )
+        self.binds = Counter(
+            "extender_binds",
+            "Binds by outcome (core/binding.py): bound, already_bound, refused (nothing written: not the leader, "
+            "unknown pod or node, no longer fits), failed (the write failed; released), uncertain (it may have "
+            "landed; kept until the watch or the TTL decides).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in Outcome:
+            self.binds.labels(outcome.value)
         self.cache_nodes = Gauge("extender_cache_nodes", "Nodes in the cache.", registry=self.registry)
         self.cache_pods = Gauge("extender_cache_pods", "Pods in the cache.", registry=self.registry)
         # The labelled children, bound once: `labels()` on every request costs more than the increment.
@@ -100,18 +125,18 @@ class Metrics:
         self.nodes_failed = self.nodes.labels("failed")
         self.nodes_unresolvable = self.nodes.labels("unresolvable")
 
-    def add_source(self, samples: Callable[[], Iterable[Sample]]) -> None:
+    def add_source(self, counts: Callable[[], Iterable[Count]]) -> None:
         """Report what a source counts (watch events, lists, API failures, leadership) at every scrape."""
-        self.registry.register(_SourceCollector(samples))
+        self.registry.register(_SourceCollector(counts))
 
     def render(self, cluster: Cache) -> bytes:
         """The exposition text, with the state gauges read from the cache now."""
-        reserved = sum(1 for hold in cluster.reserved.values() if not hold.bound)
-        bound = len(cluster.reserved) - reserved
-        observed = sum(len(state.holds) for state in cluster.nodes.values()) - len(cluster.reserved)
-        self.allocations.labels("reserved").set(reserved)
-        self.allocations.labels("bound").set(bound)
-        self.allocations.labels("observed").set(observed)
+        counts = dict.fromkeys(HoldState, 0)
+        for hold in cluster.reserved.values():
+            counts[hold.state] += 1
+        counts[HoldState.OBSERVED] = sum(len(state.holds) for state in cluster.nodes.values()) - len(cluster.reserved)
+        for state, count in counts.items():
+            self.allocations.labels(state.value).set(count)
         self.cache_nodes.set(sum(1 for state in cluster.nodes.values() if state.known))
         self.cache_pods.set(len(cluster.pods))
         return generate_latest(self.registry)

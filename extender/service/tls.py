@@ -28,10 +28,12 @@ from pathlib import Path
 
 from cryptography import x509
 
+from extender.core.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
-class TLSConfigError(ValueError):
+class TLSConfigError(UserError):
     """A certificate, key or CA file that cannot be used; the message names the file."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,16 @@ import orjson
 import yaml
 
 from extender.core import objects
-from extender.core.binding import BindError, slim_pod
+from extender.core.binding import BindError, BindRequest, slim_pod
 from extender.core.cache import Cache
+from extender.core.errors import UserError
 from extender.core.objects import Raw
+from extender.core.recheck import Recheck
 
 log = logging.getLogger(__name__)
 
 
-class ClusterFileError(ValueError):
+class ClusterFileError(UserError):
     """The cluster file cannot be read; the message names the file and what was wrong."""
 
 
@@ -124,3 +127,34 @@ class FileBinder:
         pod = self._pods.pop(uid, None)
         if pod is not None:
             self.cluster.apply_pod(pod, deleted=True)
+
+
+class FileSource:
+    """The `Source` of a service whose cache is a file (`service/context.py`): always synced and ready (there
+    is no leader to elect), no loop that could stop, nothing to read again and nothing to count; binds update
+    the in-memory objects (`FileBinder`)."""
+
+    def __init__(self, cache: Cache, pods: list[Raw]) -> None:
+        self.binder = FileBinder(cache, pods)
+        self.recheck: Recheck | None = None
+
+    def is_synced(self) -> bool:
+        return True
+
+    def why_not_ready(self) -> str | None:
+        return None
+
+    def stopped_loop(self) -> str | None:
+        return None
+
+    def cache_current(self) -> bool:
+        return True
+
+    def binding_time_left(self) -> float | None:
+        return None
+
+    def bind_failed(self, request: BindRequest, error: str) -> None:
+        """Logged by the verb already; no Event to record without an API."""
+
+    def counts(self) -> Iterator[tuple[str, dict[str, str], float]]:
+        return iter(())

@@ -30,6 +30,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from extender.core.errors import UserError
+
 DEFAULT_VALIDITY = datetime.timedelta(days=365)
 CLOCK_SKEW = datetime.timedelta(minutes=5)
 """Certificates start this long before now, so a peer whose clock is a little behind accepts them."""
@@ -48,6 +50,10 @@ SCHEDULER_SECRET = "gpu-extender-scheduler-client"
 
 SigningKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 """What a CA may sign with: ours are ECDSA P-256; a CA brought along may be RSA."""
+
+
+class CertificateError(UserError):
+    """A CA file that cannot be used, or a certificate that cannot be issued as asked; the message says why."""
 
 
 def service_dns_names(namespace: str, service: str = SERVICE) -> list[str]:
@@ -146,7 +152,7 @@ def _read(path: str | Path, role: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as error:
-        raise ValueError(f"{role} {path}: {error.strerror}") from None
+        raise CertificateError(f"{role} {path}: {error.strerror}") from None
 
 
 def load_ca(certificate_path: str | Path, key_path: str | Path) -> Issued:
@@ -156,23 +162,25 @@ def load_ca(certificate_path: str | Path, key_path: str | Path) -> Issued:
     try:
         certificate = x509.load_pem_x509_certificate(certificate_pem)
     except ValueError:
-        raise ValueError(f"CA certificate {certificate_path}: not a PEM certificate") from None
+        raise CertificateError(f"CA certificate {certificate_path}: not a PEM certificate") from None
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError) as error:
-        raise ValueError(f"CA key {key_path}: not an unencrypted PEM private key ({error})") from None
+        raise CertificateError(f"CA key {key_path}: not an unencrypted PEM private key ({error})") from None
     if not isinstance(key, SigningKey):
-        raise ValueError(f"CA key {key_path}: {type(key).__name__} keys are not supported (ECDSA or RSA)")
+        raise CertificateError(f"CA key {key_path}: {type(key).__name__} keys are not supported (ECDSA or RSA)")
     if _public_der(key.public_key()) != _public_der(certificate.public_key()):
-        raise ValueError(f"CA key {key_path} does not belong to the certificate {certificate_path}")
+        raise CertificateError(f"CA key {key_path} does not belong to the certificate {certificate_path}")
     try:
         is_ca = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     except x509.ExtensionNotFound:
         is_ca = False
     if not is_ca:
-        raise ValueError(f"CA certificate {certificate_path} is not a CA certificate (basicConstraints CA:TRUE)")
+        raise CertificateError(f"CA certificate {certificate_path} is not a CA certificate (basicConstraints CA:TRUE)")
     if certificate.not_valid_after_utc <= datetime.datetime.now(datetime.UTC):
-        raise ValueError(f"CA certificate {certificate_path} expired on {certificate.not_valid_after_utc:%Y-%m-%d}")
+        raise CertificateError(
+            f"CA certificate {certificate_path} expired on {certificate.not_valid_after_utc:%Y-%m-%d}"
+        )
     return Issued(certificate, key)
 
 
@@ -199,7 +207,7 @@ def _issue(
     ca_expires = ca.certificate.not_valid_after_utc
     expires = datetime.datetime.now(datetime.UTC) + valid_for
     if expires - ca_expires > datetime.timedelta(days=1):
-        raise ValueError(
+        raise CertificateError(
             f"the CA is valid until {ca_expires:%Y-%m-%d}, before a certificate valid for {valid_for.days} days "
             "would expire: ask for fewer days or make a new CA"
         )
@@ -225,7 +233,7 @@ def issue_server(
     dns = list(dns_names)
     addresses = [ipaddress.ip_address(ip) for ip in ips]
     if not dns and not addresses:
-        raise ValueError("a serving certificate needs at least one DNS name or IP address")
+        raise CertificateError("a serving certificate needs at least one DNS name or IP address")
     names = x509.SubjectAlternativeName(
         [x509.DNSName(name) for name in dns] + [x509.IPAddress(address) for address in addresses]
     )

@@ -5,7 +5,8 @@ store, an optional client certificate for an extender that requires mTLS, or no 
 with `--insecure`. The URL is reached directly (proxy variables are ignored: an extender is reached in-cluster
 or through a port-forward). Every failure a user can fix (refused connection, failed TLS verification, an
 unknown node, an answer that is not a report) is an `InspectError`: one line naming the URL, never a stack
-trace. This module only reads: it never changes the extender's state and never imports the server.
+trace. This module only reads: it never changes the extender's state and never imports the server. Its
+drawing of a GPU's fill (`bar`) is the one `extender demo` draws too.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from extender.core.errors import UserError
+
 TIMEOUT = 5.0
 """Seconds to connect and to wait for the answer."""
 BAR_WIDTH = 20
+"""Characters inside a fill bar's brackets: 5% of a GPU each."""
 
 
-class InspectError(ValueError):
+class InspectError(UserError):
     """The report could not be fetched or read; the message names the URL and what to do."""
 
 
@@ -142,6 +146,11 @@ def bar(used: int, capacity: int, width: int = BAR_WIDTH) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def count(number: int, noun: str) -> str:
+    """`1 GPU`, `2 GPUs`: the number and the noun, plural unless the number is 1."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def _age(seconds: Any) -> str:
     if not isinstance(seconds, (int, float)):
         return "age unknown"
@@ -181,7 +190,7 @@ def _node(node: dict[str, Any], unit: str) -> tuple[list[str], list[_Row]]:
     devices: list[dict[str, Any]] = [device for device in node.get("devices") or [] if isinstance(device, dict)]
     header = [
         f"{node.get('name', '?')}  {status}  {_whole(node.get('used'))}/{_whole(node.get('capacity'))} {unit} used  "
-        f"{len(devices)} GPU{'' if len(devices) == 1 else 's'}"
+        + count(len(devices), "GPU")
     ]
     if node.get("problem"):
         header.append(f"  problem: {node['problem']}")
@@ -224,7 +233,7 @@ def render_table(report: dict[str, Any]) -> str:
     gpus = sum(len(node.get("devices") or []) for node in nodes)
     readiness = "ready" if report.get("ready", True) else "NOT READY (cache not filled yet)"
     summary = (
-        f"{len(nodes)} node{'' if len(nodes) == 1 else 's'}, {gpus} GPU{'' if gpus == 1 else 's'}, "
+        f"{count(len(nodes), 'node')}, {count(gpus, 'GPU')}, "
         f"{_whole(report.get('pods'))} pods in the cache, {_whole(report.get('reservations'))} reserved; "
         f"extender {readiness}"
     )

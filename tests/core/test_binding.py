@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from extender.core.binding import BindError, BindRequest, RecentPods, bind, slim_pod
+from extender.core.binding import BindContext, BindError, BindRequest, Outcome, RecentPods, bind, slim_pod
+from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
 from extender.sources.file import FileBinder
-from tests.builders import FakeClock, make_cluster, make_node, make_pod
+from tests.builders import FakeClock, bind_error, make_cluster, make_node, make_pod
 
 
 class RecordingBinder:
@@ -34,7 +35,7 @@ def request_for(pod: dict[str, Any], node: str = "n1") -> BindRequest:
 
 async def run_bind(cluster: Any, binder: Any, request: BindRequest, recent: RecentPods | None = None) -> str:
     ledger = Ledger(cluster, 60, FakeClock())
-    return await bind(request, cluster, ledger, PolicyConfig(), binder, recent or RecentPods())
+    return await bind_error(request, cluster, ledger, PolicyConfig(), binder, recent or RecentPods())
 
 
 async def test_bind_writes_the_allocation_annotations_then_counts_the_pod_bound() -> None:
@@ -51,7 +52,7 @@ async def test_bind_writes_the_allocation_annotations_then_counts_the_pod_bound(
     assert annotations["ALIYUN_COM_GPU_MEM_ASSIGNED"] == "false"
     assert annotations["ALIYUN_COM_GPU_MEM_ASSUME_TIME"] == str(int(FakeClock().now * 1e9))
     hold = cluster.hold_of(pod["metadata"]["uid"])
-    assert hold is not None and hold.bound and not hold.observed
+    assert hold is not None and hold.state is HoldState.BOUND
 
 
 async def test_binding_the_same_pod_twice_to_the_same_node_succeeds_once() -> None:
@@ -62,8 +63,8 @@ async def test_binding_the_same_pod_twice_to_the_same_node_succeeds_once() -> No
     ledger = Ledger(cluster, 60, FakeClock())
     recent, policy = RecentPods(), PolicyConfig()
     first, second = await asyncio.gather(
-        bind(request_for(pod), cluster, ledger, policy, binder, recent),
-        bind(request_for(pod), cluster, ledger, policy, binder, recent),
+        bind_error(request_for(pod), cluster, ledger, policy, binder, recent),
+        bind_error(request_for(pod), cluster, ledger, policy, binder, recent),
     )
     assert (first, second) == ("", "")
     assert len(binder.calls) == 1
@@ -137,6 +138,49 @@ async def test_a_pod_never_seen_is_refused() -> None:
     assert error == "pod ns/p (uid u-1) is unknown: not in the extender's cache and never filtered"
 
 
+async def test_a_node_the_cache_does_not_know_is_refused_even_for_a_pod_without_gpu_demand() -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("plain", gpu_mem=None)
+    cluster.apply_pod(pod)
+    binder = RecordingBinder()
+    assert await run_bind(cluster, binder, request_for(pod, "ghost")) == "node ghost is not in the extender's cache"
+    assert binder.calls == []
+
+
+async def test_a_known_uid_under_another_name_is_refused_not_answered_as_bound() -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=6)
+    cluster.apply_pod(pod)
+    binder = RecordingBinder()
+    assert await run_bind(cluster, binder, request_for(pod)) == ""
+    uid = pod["metadata"]["uid"]
+    impostor = BindRequest("other", "default", uid, "n1")
+    assert await run_bind(cluster, binder, impostor) == f"pod uid {uid} is default/p, not default/other"
+    elsewhere = BindRequest("p", "team-b", uid, "n1")
+    assert await run_bind(cluster, binder, elsewhere) == f"pod uid {uid} is default/p, not team-b/p"
+    assert len(binder.calls) == 1
+
+
+async def test_the_outcome_tells_success_refusal_and_failure_apart() -> None:
+    cluster = make_cluster(make_node("n1", gpus=1, mem=8))
+    pod, big = make_pod("p", gpu_mem=6), make_pod("big", gpu_mem=6)
+    cluster.apply_pod(pod)
+    cluster.apply_pod(big)
+    binder = RecordingBinder()
+    context = BindContext(cluster, Ledger(cluster, 60, FakeClock()), PolicyConfig(), binder, RecentPods())
+    assert (await bind(request_for(pod), context)).outcome is Outcome.BOUND
+    cluster.apply_pod({**pod, "spec": {**pod["spec"], "nodeName": "n1"}})
+    assert (await bind(request_for(pod), context)).outcome is Outcome.ALREADY_BOUND
+    assert (await bind(request_for(big), context)).outcome is Outcome.REFUSED
+    binder.fail = "the API said no"
+    cluster.apply_pod(big, deleted=True)
+    cluster.apply_pod(make_pod("small", gpu_mem=1))
+    small = next(record for record in cluster.pods.values() if record.name == "small")
+    failed = await bind(BindRequest("small", "default", small.uid, "n1"), context)
+    assert (failed.outcome, failed.ok) == (Outcome.FAILED, False)
+    assert cluster.nodes["n1"].used == [6], "the failed write released its reservation"
+
+
 async def test_a_pod_without_gpu_demand_is_bound_without_annotations() -> None:
     cluster = make_cluster(make_node("n1"))
     pod = make_pod("plain", gpu_mem=None)
@@ -181,9 +225,9 @@ async def test_a_second_bind_of_a_pod_to_another_node_while_the_first_runs_is_re
 
     ledger, recent, policy = Ledger(cluster, 60, FakeClock()), RecentPods(), PolicyConfig()
     binder = SlowApi(cluster, [pod])
-    first = asyncio.create_task(bind(request_for(pod, "a"), cluster, ledger, policy, binder, recent))
+    first = asyncio.create_task(bind_error(request_for(pod, "a"), cluster, ledger, policy, binder, recent))
     await first_started.wait()
-    second = await bind(request_for(pod, "b"), cluster, ledger, policy, binder, recent)
+    second = await bind_error(request_for(pod, "b"), cluster, ledger, policy, binder, recent)
     assert second == "pod default/p: a bind to a is still running"
     assert cluster.nodes["a"].used == [10]  # the first's reservation stands
     release.set()
@@ -191,7 +235,7 @@ async def test_a_second_bind_of_a_pod_to_another_node_while_the_first_runs_is_re
     assert (cluster.nodes["a"].used, cluster.nodes["b"].used) == ([10], [0])
     other = make_pod("q", gpu_mem=10)
     cluster.apply_pod(other)
-    assert "no longer fits" in await bind(request_for(other, "a"), cluster, ledger, policy, binder, recent)
+    assert "no longer fits" in await bind_error(request_for(other, "a"), cluster, ledger, policy, binder, recent)
     assert not cluster.overcommitted()
 
 

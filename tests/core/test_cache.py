@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from extender.core.cache import Allocation, Hold, pod_record
+from extender.core.cache import pod_record
+from extender.core.holds import Allocation, Hold, HoldState
 from tests.builders import PROFILE, bound_pod, make_cluster, make_node, make_pod
 
 
@@ -47,7 +48,7 @@ def test_observing_a_reserved_pod_replaces_the_reservation_without_double_counti
     pod = bound_pod("a", "n1", (0,), 10)
     cluster = make_cluster(make_node("n1"))
     uid = pod["metadata"]["uid"]
-    cluster.hold(Hold(Allocation(uid, "default/a", "n1", (0,), 10), observed=False, since=1.0))
+    cluster.hold(Hold(Allocation(uid, "default/a", "n1", (0,), 10), HoldState.RESERVED, since=1.0))
     assert cluster.nodes["n1"].used == [10, 0]
     cluster.apply_pod(pod)
     assert cluster.nodes["n1"].used == [10, 0]
@@ -83,7 +84,7 @@ def test_a_deleted_node_without_pods_is_forgotten() -> None:
 def test_replace_drops_pods_and_nodes_absent_from_the_listing_but_keeps_reservations() -> None:
     gone = bound_pod("gone", "n1", (0,), 4)
     cluster = make_cluster(make_node("n1"), make_node("n2"), pods=(gone,))
-    cluster.hold(Hold(Allocation("fresh", "default/fresh", "n1", (1,), 6), observed=False, since=1.0))
+    cluster.hold(Hold(Allocation("fresh", "default/fresh", "n1", (1,), 6), HoldState.RESERVED, since=1.0))
     cluster.replace([make_node("n1")], [])
     assert "n2" not in cluster.nodes
     assert cluster.nodes["n1"].used == [0, 6]

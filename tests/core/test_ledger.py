@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from extender.core.cache import Allocation
+from extender.core.holds import Allocation
 from tests.builders import FakeClock, bound_pod, make_cluster, make_ledger, make_node
 
 
@@ -13,7 +13,7 @@ def allocation(uid: str, node: str = "n1", indexes: tuple[int, ...] = (0,), each
 def test_a_reservation_takes_memory_at_once() -> None:
     cluster = make_cluster(make_node("n1"))
     ledger = make_ledger(cluster)
-    assert ledger.reserve(allocation("a")) == ""
+    assert ledger.reserve(allocation("a")) is None
     assert cluster.nodes["n1"].used == [10, 0]
     assert not cluster.overcommitted()
 
@@ -21,7 +21,7 @@ def test_a_reservation_takes_memory_at_once() -> None:
 def test_a_second_reservation_that_would_overcommit_is_refused() -> None:
     cluster = make_cluster(make_node("n1", gpus=2, mem=16))
     ledger = make_ledger(cluster)
-    assert ledger.reserve(allocation("a")) == ""
+    assert ledger.reserve(allocation("a")) is None
     assert ledger.reserve(allocation("b")) == "GPU 0 on n1 has 6 free, needs 10"  # 16 - 10
     assert cluster.nodes["n1"].used == [10, 0]
     assert not cluster.overcommitted()
@@ -30,8 +30,8 @@ def test_a_second_reservation_that_would_overcommit_is_refused() -> None:
 def test_reserving_again_for_the_same_pod_does_not_count_it_twice() -> None:
     cluster = make_cluster(make_node("n1", gpus=1, mem=16))
     ledger = make_ledger(cluster)
-    assert ledger.reserve(allocation("a", each=10)) == ""
-    assert ledger.reserve(allocation("a", each=12)) == ""  # 16 - 10 + 10 own >= 12
+    assert ledger.reserve(allocation("a", each=10)) is None
+    assert ledger.reserve(allocation("a", each=12)) is None  # 16 - 10 + 10 own >= 12
     assert cluster.nodes["n1"].used == [12]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from extender.core.cache import Cache
+from extender.core.memo import Question
 from extender.core.policy import (
     NOT_IN_CACHE,
     PolicyConfig,
@@ -16,7 +17,7 @@ from extender.core.policy import (
     choose_devices,
     filter_nodes,
     judge,
-    judge_key,
+    judged,
     least_allocated,
     most_allocated,
     preempt_candidates,
@@ -268,7 +269,7 @@ def test_the_fit_index_follows_every_change_of_a_node() -> None:
 def test_remembered_answers_are_forgotten_when_their_node_changes() -> None:
     cluster = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
     names = ["n1", "n2"]
-    memo = cluster.memo.table(judge_key(Demand(12), "GiB"))
+    memo = cluster.memo.table(judged(Demand(12), "GiB"))
     occupied = bound_pod("a", "n1", (0,), 8)
     cluster.apply_pod(occupied)
     fitting = cluster.fit_index.fitting(12, cluster.nodes)
@@ -282,10 +283,10 @@ def test_remembered_answers_are_forgotten_when_their_node_changes() -> None:
 def test_the_memo_keeps_only_the_most_recent_questions() -> None:
     cluster = make_cluster()
     cluster.memo.limit = 2
-    first = cluster.memo.table("a")
-    cluster.memo.table("b")
-    cluster.memo.table("c")
-    assert cluster.memo.table("a") is not first
+    first = cluster.memo.table(Question("a"))
+    cluster.memo.table(Question("b"))
+    cluster.memo.table(Question("c"))
+    assert cluster.memo.table(Question("a")) is not first
 
 
 def test_the_fit_index_keeps_only_the_most_recent_demand_sizes() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from extender.core.cache import Cache, PodRecord
-from extender.core.recheck import LIMIT, Answer, Preemptions, suspects
+from extender.core.recheck import LIMIT, MAX_REMEMBERED, Answer, Preemptions, suspects
 from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
 from tests.conftest import ClientFor, make_service
 
@@ -149,6 +149,31 @@ def test_what_preempt_named_is_forgotten_after_its_memory_or_the_bind() -> None:
     for uid in ("x", "y", "z"):
         offered.remember(uid, {"n1": ["v"]})
     assert (len(offered), offered.offer("x")) == (2, {}), "bounded: the oldest goes first"
+
+
+def test_what_preempt_names_is_bounded_in_size_not_only_in_count() -> None:
+    """An mTLS client sending /preempt with 100,000 victim UIDs per call grew the process by ~9 MB a call:
+    only `LIMIT` victims per node are ever read, so only those are kept, and all offers share a budget."""
+    offered = Preemptions()
+    for call in range(60):
+        offered.remember(f"preemptor-{call}", {"n1": (f"victim-{n}" for n in range(100_000))})
+    assert offered.size == 60 * LIMIT
+    assert len(offered.offer("preemptor-0")["n1"]) == LIMIT
+    many_nodes = {f"n{node}": [f"v-{node}-{n}" for n in range(LIMIT)] for node in range(MAX_REMEMBERED // LIMIT)}
+    offered.remember("wide", many_nodes)
+    assert offered.size <= MAX_REMEMBERED and offered.offer("wide") == {
+        node: tuple(uids) for node, uids in many_nodes.items()
+    }
+    assert offered.offer("preemptor-59") == {}, "the oldest offers made room"
+
+
+def test_expired_offers_are_dropped_when_others_come_not_only_when_read() -> None:
+    clock = FakeClock()
+    offered = Preemptions(memory=300.0, clock=clock)
+    offered.remember("old", {"n1": ["v"] * 10})
+    clock.advance(301)
+    offered.remember("new", {"n1": ["w"]})
+    assert (len(offered), offered.size) == (1, 1)
 
 
 # --- through the service --------------------------------------------------------------------------------------

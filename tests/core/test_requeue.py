@@ -16,7 +16,6 @@ import orjson
 from extender.core.ledger import Ledger
 from extender.core.requeue import Refusals, fits_any
 from extender.core.resources import Demand
-from extender.service.verbs import memory_freed
 from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
 from tests.conftest import ClientFor, eventually, make_service
 
@@ -68,27 +67,27 @@ async def test_a_pod_refused_just_before_a_late_deletion_is_retried(client_for: 
     reply = await (await client.post("/filter", data=filter_body(waiting, ["n1", "n2"]))).json()
     assert reply["NodeNames"] == []
 
-    memory_freed(service, ["n1"], since=service.refusals.clock() - 1)  # nothing freed yet: nothing fits
+    service.requeue.freed(["n1"], since=service.requeue.refusals.clock() - 1)  # nothing freed yet: nothing fits
     assert asked == []
     (uid_a,) = [uid for uid, record in cluster.pods.items() if record.name == "a"]
     cluster.forget_pod(uid_a)  # the watch, late, shows "a" deleted
-    memory_freed(service, ["n1"], since=service.refusals.clock() - 1)
+    service.requeue.freed(["n1"], since=service.requeue.refusals.clock() - 1)
     assert asked == ["room came free on n1 for a pod refused since"]
 
     meta = waiting["metadata"]
     await client.post("/filter", data=filter_body(waiting, ["n1"]))
     bind = {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": "n1"}
     assert (await (await client.post("/bind", data=orjson.dumps(bind))).json()) == {"Error": ""}
-    assert len(service.refusals) == 0
+    assert len(service.requeue.refusals) == 0
 
 
 async def test_a_pod_that_fits_somewhere_or_never_fits_is_not_remembered(client_for: ClientFor) -> None:
     cluster = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
-    service = make_service(cluster, requeue=[].append)
+    service = make_service(cluster, requeue=lambda reason: None)
     client = await client_for(service)
     await client.post("/filter", data=filter_body(make_pod("fits", gpu_mem=16), ["n1", "n2"]))
     await client.post("/filter", data=filter_body(make_pod("never", gpu_mem=40), ["n1", "n2"]))
-    assert len(service.refusals) == 0
+    assert len(service.requeue.refusals) == 0
 
 
 async def test_an_expired_reservation_retries_the_pods_it_kept_out(client_for: ClientFor) -> None:
@@ -101,7 +100,7 @@ async def test_an_expired_reservation_retries_the_pods_it_kept_out(client_for: C
     assert [hold.observed for hold in cluster.nodes["n1"].holds.values()] == [False]
     asked: list[str] = []
     service = make_service(cluster, ledger=Ledger(cluster, 60.0, clock), requeue=asked.append, expiry_interval=0.01)
-    service.refusals.clock = clock
+    service.requeue.refusals.clock = clock
     client = await client_for(service)
     clock.advance(1)
     reply = await (await client.post("/filter", data=filter_body(make_pod("waiting", gpu_mem=16), ["n1"]))).json()
@@ -118,8 +117,8 @@ async def test_without_a_way_to_ask_nothing_is_remembered(client_for: ClientFor)
     client = await client_for(service)
     reply = await (await client.post("/filter", data=filter_body(make_pod("waiting", gpu_mem=16), ["n1"]))).json()
     assert reply["NodeNames"] == []
-    memory_freed(service, ["n1"], since=0)
-    assert service.requeue is None and len(service.refusals) == 0
+    service.requeue.freed(["n1"], since=0)
+    assert service.requeue.ask is None and len(service.requeue.refusals) == 0
 
 
 def test_room_on_many_nodes_for_many_waiting_pods_asks_once() -> None:
@@ -128,6 +127,6 @@ def test_room_on_many_nodes_for_many_waiting_pods_asks_once() -> None:
     asked: list[str] = []
     service = make_service(cluster, requeue=asked.append)
     for number in range(1000):  # a thousand waiting pods of two sizes
-        service.refusals.refused(f"waiting-{number}", Demand(memory=8 if number % 2 else 16))
-    memory_freed(service, [f"n{number}" for number in range(50)], since=0)
+        service.requeue.refusals.refused(f"waiting-{number}", Demand(memory=8 if number % 2 else 16))
+    service.requeue.freed([f"n{number}" for number in range(50)], since=0)
     assert asked == ["room came free on n0 for a pod refused since"]

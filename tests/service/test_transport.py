@@ -259,3 +259,132 @@ async def test_an_endless_request_line_is_refused_without_buffering_it(server: H
     status, headers, _ = await read_response(reader)
     assert (status, headers["connection"]) == (431, "close")
     writer.close()
+
+
+async def test_the_header_limit_counts_the_whole_head_not_only_names_and_values(server: HttpServer) -> None:
+    """D6: 16,000 `X: v` lines are 96 KB of head, though their names and values are only 32 KB."""
+    reader, writer = await connect(server)
+    writer.write(b"GET /items/a HTTP/1.1\r\nHost: x\r\n" + b"X: v\r\n" * 16_000 + b"\r\n")
+    status, headers, _ = await read_response(reader)
+    assert (status, headers["connection"]) == (431, "close")
+    writer.close()
+
+
+async def test_a_head_just_under_the_limit_is_served(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"GET /items/a HTTP/1.1\r\nHost: x\r\n" + b"X: v\r\n" * 10_000 + b"\r\n")  # 60 KB of 64 KiB
+    assert (await read_response(reader))[0] == 200
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /items/a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        b"GET /items/a HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n",
+        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+    ],
+    ids=["upgrade", "upgrade-header-alone", "connect"],
+)
+async def test_an_upgrade_or_connect_gets_exactly_one_400_then_the_connection_closes(
+    server: HttpServer, head: bytes
+) -> None:
+    """D7: before, the route answered 200 (or 404), and then came a 400 for the same request."""
+    reader, writer = await connect(server)
+    writer.write(head)
+    status, headers, _ = await read_response(reader)
+    assert (status, headers["connection"]) == (400, "close")
+    assert await reader.read() == b""
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "host_lines", [b"", b"Host: x\r\nHost: y\r\n"], ids=["without-host", "with-two-hosts"]
+)
+async def test_an_http_1_1_request_needs_exactly_one_host(server: HttpServer, host_lines: bytes) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"GET /items/a HTTP/1.1\r\n" + host_lines + b"\r\n")
+    status, headers, body = await read_response(reader)
+    assert (status, headers["connection"]) == (400, "close")
+    assert "exactly one Host" in orjson.loads(body)["Error"]
+    writer.close()
+
+
+async def test_a_405_lists_the_methods_of_the_path_in_allow() -> None:
+    router = Router()
+    router.add("POST", "/echo", echo)
+    router.add("PUT", "/echo", echo)
+    server = HttpServer(router, max_body_bytes=LIMIT)
+    await server.start("127.0.0.1", 0)
+    reader, writer = await connect(server)
+    writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, _ = await read_response(reader)
+    assert (status, headers["allow"]) == (405, "POST, PUT")
+    writer.close()
+    await server.stop(grace=1.0)
+
+
+async def test_a_head_request_is_answered_without_a_body(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"HEAD /items/a HTTP/1.1\r\nHost: x\r\n\r\n" + post("/echo", b"abc"))
+    assert await asyncio.wait_for(reader.readline(), 5) == b"HTTP/1.1 405 Method Not Allowed\r\n"
+    while await reader.readline() != b"\r\n":
+        pass
+    status, _, body = await read_response(reader)  # the next reply starts right after the head
+    assert (status, orjson.loads(body)["size"]) == (200, 3)
+    writer.close()
+
+
+async def test_no_100_continue_is_sent_to_an_http_1_0_client(server: HttpServer) -> None:
+    """D8: an HTTP/1.0 client does not know interim responses (RFC 9110 §10.1.1: the server must ignore Expect)."""
+    reader, writer = await connect(server)
+    writer.write(b"POST /echo HTTP/1.0\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.readline(), 0.1)
+    writer.write(b"abcd")
+    status, _, body = await read_response(reader)
+    assert (status, orjson.loads(body)["size"]) == (200, 4)
+    writer.close()
+
+
+async def test_http_1_0_keep_alive_is_echoed_and_kept(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    for name in ("a", "b"):
+        writer.write(f"GET /items/{name} HTTP/1.0\r\nConnection: keep-alive\r\n\r\n".encode())
+        status, headers, body = await read_response(reader)
+        assert (status, headers["connection"], orjson.loads(body)["params"]) == (200, "keep-alive", {"name": name})
+    writer.close()
+
+
+@pytest.mark.parametrize(("version", "status"), [(b"HTTP/2.0", 505), (b"HTTP/0.9", 505), (b"HTTP/1.2", 400)])
+async def test_a_version_other_than_1_0_and_1_1_is_refused_and_closed(
+    server: HttpServer, version: bytes, status: int
+) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"GET /items/a " + version + b"\r\nHost: x\r\n\r\n")
+    answer = await read_response(reader)
+    assert (answer[0], answer[1]["connection"]) == (status, "close")
+    assert await reader.read() == b""
+    writer.close()
+
+
+async def test_many_pipelined_requests_are_all_answered_in_order(server: HttpServer) -> None:
+    """A few per turn of the loop, but every one, in order (the turn limit must not drop any)."""
+    reader, writer = await connect(server)
+    writer.write(b"".join(f"GET /items/{number} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for number in range(500)))
+    for number in range(500):
+        _, _, body = await read_response(reader)
+        assert orjson.loads(body)["params"] == {"name": str(number)}
+    writer.close()
+
+
+async def test_a_large_body_split_over_many_writes_is_reassembled(server: HttpServer) -> None:
+    reader, writer = await connect(server)
+    body = bytes(range(256)) * 4  # LIMIT bytes
+    writer.write(f"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+    for start in range(0, len(body), 100):
+        writer.write(body[start : start + 100])
+        await writer.drain()
+    status, _, answer = await read_response(reader)
+    assert (status, orjson.loads(answer)["size"]) == (200, LIMIT)
+    writer.close()

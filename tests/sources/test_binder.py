@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 
-from extender.core.binding import BindRequest, RecentPods, bind
+from extender.core.binding import BindRequest, RecentPods
 from extender.core.cache import Cache
+from extender.core.holds import HoldState
 from extender.core.ledger import UNCERTAIN_WINDOW, Ledger
 from extender.core.policy import PolicyConfig
-from extender.service.verbs import describe_node
+from extender.service.pages import inspect_node
 from extender.sources.kube.binder import EventRecorder, KubeBinder
 from extender.sources.kube.client import KubeClient
 from tests.apidouble import ApiDouble
-from tests.builders import PROFILE, FakeClock, bound_pod, cache_differences, make_node, make_pod
+from tests.builders import PROFILE, FakeClock, bind_error, bound_pod, cache_differences, make_node, make_pod
 from tests.conftest import Running, double_config, eventually, start
 
 
@@ -30,7 +31,7 @@ def request_for(pod: dict[str, object], node: str) -> BindRequest:
 
 
 async def run_bind(cluster: Cache, ledger: Ledger, client: KubeClient, request: BindRequest) -> str:
-    return await bind(request, cluster, ledger, PolicyConfig(), KubeBinder(client), RecentPods())
+    return await bind_error(request, cluster, ledger, PolicyConfig(), KubeBinder(client), RecentPods())
 
 
 def snapshot(api: ApiDouble) -> Cache:
@@ -77,7 +78,7 @@ async def test_a_409_because_our_earlier_binding_landed_on_the_same_node_is_succ
     api.update_pod(bound_pod("p", "n1", (0,), 10, uid=pod["metadata"]["uid"]))  # type: ignore[index]
     ledger = Ledger(cluster, 300.0)
     assert await run_bind(cluster, ledger, kube, request_for(pod, "n1")) == ""
-    assert cluster.hold_of(pod["metadata"]["uid"]).bound  # type: ignore[index,union-attr]
+    assert cluster.hold_of(pod["metadata"]["uid"]).state is HoldState.BOUND  # type: ignore[index,union-attr]
 
 
 async def test_a_pod_bound_elsewhere_meanwhile_fails_and_frees_its_reservation(
@@ -116,7 +117,7 @@ async def test_a_500_on_the_binding_keeps_the_reservation_while_the_binding_may_
     error = await run_bind(cluster, ledger, kube, request_for(pod, "n1"))
     assert "binding default/p to n1 failed: the API failed" in error
     hold = cluster.hold_of(pod["metadata"]["uid"])  # type: ignore[index]
-    assert hold is not None and hold.uncertain and cluster.nodes["n1"].used == [10]
+    assert hold is not None and hold.state is HoldState.UNCERTAIN and cluster.nodes["n1"].used == [10]
     assert "may have landed" in await run_bind(cluster, ledger, kube, request_for(pod, "n2"))
     clock.advance(UNCERTAIN_WINDOW + 1)  # the API server has given that request up: decide afresh
     assert await run_bind(cluster, ledger, kube, request_for(pod, "n2")) == ""
@@ -130,7 +131,9 @@ async def test_a_409_for_an_earlier_binding_of_ours_takes_the_gpus_it_carries(ap
     cluster = snapshot(api)
     api.update_pod(bound_pod("p", "n1", (1,), 10, uid=uid))  # it landed on GPU 1; this attempt picks GPU 0
     binder = KubeBinder(kube, observe=cluster.apply_pod)
-    error = await bind(request_for(pod, "n1"), cluster, Ledger(cluster, 300.0), PolicyConfig(), binder, RecentPods())
+    error = await bind_error(
+        request_for(pod, "n1"), cluster, Ledger(cluster, 300.0), PolicyConfig(), binder, RecentPods()
+    )
     assert error == ""
     assert cluster.nodes["n1"].used == [0, 10] and cluster.reserved == {}
 
@@ -146,8 +149,8 @@ async def test_a_binding_that_may_have_landed_keeps_its_reservation_until_the_ap
         error = await run_bind(cluster, ledger, client, request_for(pod, "n1"))
         assert "timed out" in error and "reading the pod back failed too" in error
         hold = cluster.hold_of(uid)  # type: ignore[arg-type]
-        assert hold is not None and hold.uncertain and cluster.nodes["n1"].used == [10]
-        assert describe_node(cluster.nodes["n1"], 0.0)["devices"][0]["pods"][0]["state"] == "uncertain"
+        assert hold is not None and hold.state is HoldState.UNCERTAIN and cluster.nodes["n1"].used == [10]
+        assert inspect_node(cluster.nodes["n1"], 0.0)["devices"][0]["pods"][0]["state"] == "uncertain"
         refused = await run_bind(cluster, ledger, client, request_for(pod, "n2"))
         assert "may have landed" in refused and cluster.nodes["n2"].used == [0]
         # The scheduler retries on the same node: the same allocation is written again, and lands.

@@ -19,16 +19,18 @@ import yaml
 from devtools.harness import free_port
 from extender.app import kube_service
 from extender.core.cache import Cache
+from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
 from extender.core.recheck import Answer
-from extender.core.requeue import WATCH_LAG
-from extender.service.verbs import Service
+from extender.core.requeue import WATCH_LAG, Requeue
+from extender.service.context import Service
 from extender.settings import Settings
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.informer import Informer, WatchOptions
 from extender.sources.kube.leader import LeaseTimings
-from extender.sources.kube.source import LEADER_LABEL, KubeOptions, KubeSource, Requeuer
+from extender.sources.kube.source import KubeOptions, KubeSource
+from extender.sources.kube.writes import LEADER_LABEL, Requeuer
 from tests.apidouble import ApiDouble
 from tests.builders import PROFILE, FakeClock, bound_pod, cache_differences, make_node, make_pod
 from tests.conftest import ClientFor, eventually, make_service
@@ -53,13 +55,9 @@ class Replica:
         self.service = Service(
             cache=self.cluster,
             ledger=self.ledger,
-            binder=self.source.binder,
             policy=PolicyConfig(),
-            ready=self.source.ready,
-            why_not_ready=self.source.why_not_ready,
-            problem=self.source.problem,
-            on_bind_failure=self.source.events.failed_bind,
-            recheck=self.source.recheck,
+            source=self.source,
+            requeue=Requeue(self.cluster, None),
         )
 
 
@@ -131,7 +129,7 @@ async def test_healthz_fails_when_a_loop_stops(api: ApiDouble, replicas: Replica
 
     replica.source.pods.replace = broken
     client = await client_for(replica.service)
-    await eventually(lambda: replica.source.problem())
+    await eventually(lambda: replica.source.stopped_loop())
     response = await client.get("/healthz")
     assert response.status == 500
     assert "pods informer loop stopped: RuntimeError: a bug in the cache" in (await response.json())["Error"]
@@ -380,7 +378,7 @@ async def test_a_binding_still_under_way_when_leadership_runs_out_keeps_its_rese
     reply = await (await client.post("/bind", bind_body(pod, "n1"))).json()
     assert "leadership ran out" in reply["Error"]
     hold = cluster.hold_of(pod["metadata"]["uid"])
-    assert hold is not None and hold.uncertain and cluster.nodes["n1"].used == [4]
+    assert hold is not None and hold.state is HoldState.UNCERTAIN and cluster.nodes["n1"].used == [4]
 
 
 async def test_the_leader_labels_its_pod_and_the_standby_takes_the_label_over(

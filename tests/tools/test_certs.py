@@ -19,7 +19,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from extender.cli import main
 from extender.service.tls import server_context
-from extender.tools.certs import CertificateFiles, issue_server, load_ca, make_ca, write_certificates
+from extender.tools.certs import CertificateError, CertificateFiles, issue_server, load_ca, make_ca, write_certificates
 
 SERVICE_NAME = "gpu-extender.gpu-extender.svc"
 
@@ -141,7 +141,7 @@ def test_validity_is_configurable() -> None:
 
 
 def test_a_serving_certificate_needs_a_name() -> None:
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(CertificateError, match="at least one"):
         issue_server(make_ca(), dns_names=[], ips=[])
 
 
@@ -243,7 +243,7 @@ def test_a_leaf_never_outlives_its_ca(tmp_path: Path) -> None:
     ca = make_ca(valid_for=datetime.timedelta(days=10))
     leaf = issue_server(ca, valid_for=datetime.timedelta(days=10, hours=12))
     assert leaf.certificate.not_valid_after_utc == ca.certificate.not_valid_after_utc
-    with pytest.raises(ValueError, match="the CA is valid until"):
+    with pytest.raises(CertificateError, match="the CA is valid until"):
         issue_server(ca, valid_for=datetime.timedelta(days=12))
 
 

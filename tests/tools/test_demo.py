@@ -13,36 +13,13 @@ import yaml
 from extender.app import file_service
 from extender.core.resources import Demand, pod_demand
 from extender.settings import load
-from extender.tools.demo import NEVER_FITS, make_burst, pod_object, run_demo
+from extender.tools.demo import run_demo
+from extender.tools.demo_burst import NEVER_FITS, make_burst, pod_object
+from extender.tools.demo_report import fill_table
+from tests.builders import bound_pod, make_node
 
 BUNDLED = resources.files("extender.tools") / "demo_cluster.yaml"
 SETTINGS = load(flags={"insecure_http": True}, env={})
-
-
-def make_node(name: str, gpus: int, memory: int) -> dict[str, Any]:
-    capacity = {"aliyun.com/gpu-count": str(gpus), "aliyun.com/gpu-mem": str(gpus * memory)}
-    return {
-        "kind": "Node",
-        "metadata": {"name": name},
-        "status": {"capacity": capacity, "conditions": [{"type": "Ready", "status": "True"}]},
-    }
-
-
-def make_bound_pod(name: str, node: str, index: int, memory: int) -> dict[str, Any]:
-    return {
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "uid": f"uid-{name}",
-            "annotations": {"ALIYUN_COM_GPU_MEM_IDX": str(index), "ALIYUN_COM_GPU_MEM_POD": str(memory)},
-        },
-        "spec": {
-            "nodeName": node,
-            "containers": [{"name": "main", "resources": {"limits": {"aliyun.com/gpu-mem": str(memory)}}}],
-        },
-        "status": {"phase": "Running"},
-    }
 
 
 def write_cluster(path: Path, *items: dict[str, Any]) -> str:
@@ -103,6 +80,21 @@ def test_a_burst_pod_object_asks_what_the_pod_says() -> None:
         assert pod_demand(pod_object(pod), SETTINGS.profile) == Demand(memory=pod.memory, devices=pod.gpus)
 
 
+# --- the report -------------------------------------------------------------------------------------------
+
+
+def one_gpu_report(used: int, capacity: int) -> dict[str, Any]:
+    """What GET /inspect answers for a cluster of one node with one GPU holding `used` GiB."""
+    device = {"index": 0, "healthy": True, "capacity": capacity, "used": used, "free": capacity - used, "pods": []}
+    node = {"name": "n1", "known": True, "problem": "", "devices": [device]}
+    return {"unit": "GiB", "nodes": [node]}
+
+
+def test_the_fill_table_draws_any_use_as_inspect_does() -> None:
+    row = fill_table(one_gpu_report(used=1, capacity=16))[1]
+    assert "[##" + "." * 18 + "]" in row  # ceil(1 * 20 / 16) = 2, the rounding of `extender inspect`
+
+
 # --- a whole run ------------------------------------------------------------------------------------------
 
 
@@ -132,7 +124,7 @@ def test_demo_output_fits_in_100_columns(capsys: pytest.CaptureFixture[str]) -> 
 def test_demo_reports_pods_that_find_no_room_once_the_cluster_is_full(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cluster = write_cluster(tmp_path / "small.yaml", make_node("small", gpus=1, memory=16))
+    cluster = write_cluster(tmp_path / "small.yaml", make_node("small", gpus=1, mem=16))
     assert run_demo(pods=20, seed=7, cluster_file=cluster) == 0
     output = capsys.readouterr().out
     assert "NOT PLACED: no room now on 1 node," in output
@@ -144,9 +136,9 @@ def test_demo_exits_non_zero_when_a_gpu_holds_more_than_it_has(
 ) -> None:
     cluster = write_cluster(
         tmp_path / "over.yaml",
-        make_node("over", gpus=1, memory=16),
-        make_bound_pod("a", "over", 0, 12),
-        make_bound_pod("b", "over", 0, 12),
+        make_node("over", gpus=1, mem=16),
+        bound_pod("a", "over", (0,), 12),
+        bound_pod("b", "over", (0,), 12),
     )
     assert run_demo(pods=4, seed=7, cluster_file=cluster) == 1
     assert "over GPU 0: used 24 > 16" in capsys.readouterr().out

@@ -27,11 +27,13 @@ from typing import Any
 
 import yaml
 
+from extender.core.errors import UserError
+
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 EXEC_API_VERSION = "client.authentication.k8s.io/v1"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """No usable connection; the message says what was tried / what is wrong (file, context, field)."""
 
 

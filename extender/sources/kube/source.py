@@ -21,17 +21,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.core import objects
+from extender.core.binding import BindRequest
 from extender.core.cache import TERMINAL_PHASES, Cache, PodRecord
-from extender.core.objects import Raw, as_object, rfc3339
+from extender.core.objects import Raw, as_object
 from extender.core.recheck import TIMEOUT, Answer
-from extender.core.requeue import PERIOD, RECOVERY, REQUEUE_ANNOTATION, WATCH_LAG
-from extender.service.metrics import Sample
+from extender.core.requeue import RECOVERY, WATCH_LAG
 from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
-from extender.sources.kube.client import ConnectionFailed, KubeClient, KubeError, NotFound, ServerError, Throttled
+from extender.sources.kube.client import KubeClient, KubeError, NotFound
 from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
 from extender.sources.kube.leader import LeaderElector, LeaseTimings
+from extender.sources.kube.writes import LABEL_PERIOD, LeaderLabel, Requeuer
 
 log = logging.getLogger(__name__)
+
+Count = tuple[str, dict[str, str], float]
+"""One figure for /metrics: which (a key of `service.metrics.SOURCE_FAMILIES`), its labels, its value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,90 +49,6 @@ class KubeOptions:
     timings: LeaseTimings = field(default_factory=LeaseTimings)
     pod_name: str = ""
     """This replica's pod (in `lease_namespace`), labelled `LEADER_LABEL` while it leads; "" for none."""
-
-
-LABEL_PERIOD = 0.5
-"""Seconds between checks of the leader label (a check that finds nothing to change costs no API call)."""
-
-LEADER_LABEL = "gpu-extender.io/leader"
-"""On the leader's own pod (value "true"): what the Service selects, so kube-scheduler reaches the leader."""
-
-
-class LeaderLabel:
-    """Keeps `LEADER_LABEL` on this replica's pod equal to whether it may bind (leading, and relisted since).
-
-    Why not readiness alone: if only the leader were Ready, a Deployment of two would never be fully available
-    (rollouts would stall, a PodDisruptionBudget would forbid evicting the leader). With this label every
-    replica whose cache is full is Ready (`/synced`), and the Service selects the label. Reconciled every
-    `period` seconds and at once on a change of leadership; a failed patch is retried at the next round.
-    """
-
-    def __init__(self, client: KubeClient, namespace: str, pod: str, wanted: Callable[[], bool], period: float) -> None:
-        self.client = client
-        self.path = pod_path(namespace, pod)
-        self.wanted = wanted
-        self.period = period
-        self.labelled: bool | None = None
-        """What the pod carries as far as we know; None until the first patch (a restarted container may find
-        the label of its previous life)."""
-        self.wake = asyncio.Event()
-
-    async def run(self) -> None:
-        while True:
-            await self.reconcile()
-            self.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.period):
-                    await self.wake.wait()
-
-    async def reconcile(self, wanted: bool | None = None) -> None:
-        wanted = self.wanted() if wanted is None else wanted
-        if wanted == self.labelled:
-            return
-        patch = {"metadata": {"labels": {LEADER_LABEL: "true" if wanted else None}}}
-        try:
-            await self.client.merge_patch(self.path, patch)
-        except KubeError as error:
-            log.warning("%s the leader label on %s: %s", "setting" if wanted else "removing", self.path, error)
-            return
-        self.labelled = wanted
-        log.info("%s label %s on this replica's pod", "set" if wanted else "removed", LEADER_LABEL)
-
-
-class Requeuer:
-    """Writes `REQUEUE_ANNOTATION` (the time, RFC 3339 with microseconds) on this replica's pod when asked,
-    at most once per `period` seconds: an update of an assigned pod, on which kube-scheduler retries every pod
-    an extender rejected (`requeue.py`). A request during the pause is carried out at its end; a failed write
-    is logged and retried at the next request."""
-
-    def __init__(self, client: KubeClient, namespace: str, pod: str, period: float = PERIOD) -> None:
-        self.client = client
-        self.path = pod_path(namespace, pod)
-        self.period = period
-        self.reason = ""
-        self.wake = asyncio.Event()
-        self.written = 0
-
-    def request(self, reason: str) -> None:
-        self.reason = reason
-        self.wake.set()
-
-    async def run(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            stamp = rfc3339(time.time(), micro=True)
-            patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: stamp}}}
-            try:
-                await self.client.merge_patch(self.path, patch)
-            except KubeError as error:
-                log.warning("asking kube-scheduler to retry rejected pods (annotating %s): %s", self.path, error)
-                if isinstance(error, ServerError | Throttled | ConnectionFailed):
-                    self.wake.set()  # passing: again after the pause (a missing pod or a refusal is for people)
-            else:
-                self.written += 1
-                log.info("asked kube-scheduler to retry the pods it could not place: %s", self.reason)
-            await asyncio.sleep(self.period)
 
 
 class KubeSource:
@@ -217,8 +137,8 @@ class KubeSource:
         """The first lists of nodes and pods are in the cache: this replica could take over (/synced)."""
         return self.nodes.synced.is_set() and self.pods.synced.is_set()
 
-    def why_not_ready(self) -> str:
-        """Why this replica is not ready ("" when it is), for /readyz and refused verbs."""
+    def why_not_ready(self) -> str | None:
+        """Why this replica is not ready (None when it is), for /readyz and refused verbs."""
         if not self.is_synced():
             return "extender is not ready: its cache has not been filled yet (waiting for the first lists)"
         elector = self.elector
@@ -228,7 +148,7 @@ class KubeSource:
                 return f"extender is not the leader: lease {elector.namespace}/{elector.name} is held by {holder}"
             if self.pods.last_list_started < self._relisted_at:
                 return "extender is the new leader and is relisting pods before it binds"
-        return ""
+        return None
 
     def binding_time_left(self) -> float | None:
         """Seconds this replica surely stays leader (None without leader election)."""
@@ -240,6 +160,10 @@ class KubeSource:
 
     def ready(self) -> bool:
         return not self.why_not_ready()
+
+    def bind_failed(self, request: BindRequest, error: str) -> None:
+        """A bind failed: a Warning Event on the pod says why."""
+        self.events.failed_bind(request, error)
 
     async def recheck(self, pods: list[PodRecord]) -> Answer:
         """Read each pod from the API (concurrently, `recheck_timeout` seconds in all); forget in the cache those
@@ -284,59 +208,27 @@ class KubeSource:
                 found += 1
         return Answer(found, unanswered)
 
-    def samples(self) -> Iterator[Sample]:
-        """Its counters, for /metrics."""
+    def counts(self) -> Iterator[Count]:
+        """Its counters and state, for /metrics (`service/metrics.py` names and describes each)."""
         for informer in (self.nodes, self.pods):
             kind = {"kind": informer.kind.name}
-            yield Sample(
-                "extender_watch_events_total", "Watch events applied to the cache.", "counter", informer.events, kind
-            )
-            yield Sample(
-                "extender_lists_total",
-                "Full lists applied (the first, then each relist).",
-                "counter",
-                informer.lists,
-                kind,
-            )
-            yield Sample(
-                "extender_api_failures_total",
-                "List or watch failures, each retried after a backoff.",
-                "counter",
-                informer.failures,
-                kind,
-            )
-            yield Sample(
-                "extender_cache_synced",
-                "1 once the first list is in the cache.",
-                "gauge",
-                float(informer.synced.is_set()),
-                kind,
-            )
+            yield "watch_events", kind, informer.events
+            yield "lists", kind, informer.lists
+            yield "api_failures", kind, informer.failures
+            yield "cache_synced", kind, float(informer.synced.is_set())
         if self.elector is not None:
-            yield Sample(
-                "extender_leader", "1 while this replica holds the lease.", "gauge", float(self.elector.leading)
-            )
+            yield "leader", {}, float(self.elector.leading)
         if self.requeuer is not None:
-            yield Sample(
-                "extender_requeue_requests_total",
-                "Annotations written on this replica's pod for kube-scheduler to retry the pods it rejected.",
-                "counter",
-                self.requeuer.written,
-            )
-        yield Sample(
-            "extender_bind_failure_events_total",
-            "Warning Events recorded for failed binds.",
-            "counter",
-            self.events.recorded,
-        )
+            yield "requeue_requests", {}, self.requeuer.written
+        yield "bind_failure_events", {}, self.events.recorded
 
-    def problem(self) -> str:
-        """Which loop stopped and why ("" while every loop runs)."""
+    def stopped_loop(self) -> str | None:
+        """Which loop stopped and why (None while every loop runs)."""
         for name, task in self._tasks.items():
             if task.done():
                 error = None if task.cancelled() else task.exception()
                 return f"the {name} loop stopped" + (f": {type(error).__name__}: {error}" if error else "")
-        return ""
+        return None
 
     async def start(self) -> None:
         loops = {"nodes informer": self.nodes.run(), "pods informer": self.pods.run()}

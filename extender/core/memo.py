@@ -1,0 +1,132 @@
+"""Bounded memory of recent things, and the answers derived from node states that the cache keeps current.
+
+`Lru` is the one bounded map of the code base: every memory of "the most recent N" (pods filtered, demands
+asked, refusals, preemption offers) is one, so none can grow with the traffic. `FitIndex` and `NodeMemo` are
+kept current by the cache (`cache.py`) on every node change, so a filter reads answers instead of computing
+them; they never hold a stale answer.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Generic, Protocol, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+T = TypeVar("T")
+
+
+class Lru(OrderedDict[K, V]):
+    """A map of at most `limit` entries: `put` and `touch` make an entry the newest, and the oldest goes first
+    when the map is full. Mutable."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key: K, value: V) -> None:
+        """Add or replace `key` as the newest entry, forgetting the oldest beyond `limit`."""
+        self.pop(key, None)
+        self[key] = value
+        if len(self) > self.limit:
+            self.popitem(last=False)
+
+    def touch(self, key: K) -> V | None:
+        """The value of `key`, made the newest entry; None when absent."""
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+    def setdefault_newest(self, key: K, make: Callable[[], V]) -> V:
+        """The value of `key` made the newest, or `make()` put there first."""
+        value = self.touch(key)
+        if value is None:
+            value = make()
+            self.put(key, value)
+        return value
+
+
+class Summary(Protocol):
+    """What FitIndex reads of a node (`cache.NodeState`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def fit_free(self) -> int: ...
+
+
+class FitIndex:
+    """For the one-GPU demands asked recently, the set of nodes that can take each now.
+
+    A filter then costs one set membership per node name (C speed: `fitting.issuperset(names)` when all fit)
+    instead of a Python loop. Kept current by the cache on every node change; bounded to the `limit` demand
+    sizes used most recently (a cluster's pods come in a handful of sizes).
+    """
+
+    def __init__(self, limit: int = 32) -> None:
+        self._sets: Lru[int, set[str]] = Lru(limit)
+
+    @property
+    def limit(self) -> int:
+        return self._sets.limit
+
+    @limit.setter
+    def limit(self, limit: int) -> None:
+        self._sets.limit = limit
+
+    def fitting(self, need: int, nodes: Mapping[str, Summary]) -> set[str]:
+        """The names of the nodes whose largest free GPU holds `need` (known and Ready ones only)."""
+        return self._sets.setdefault_newest(
+            need, lambda: {name for name, state in nodes.items() if state.fit_free >= need}
+        )
+
+    def update(self, state: Summary) -> None:
+        for need, names in self._sets.items():
+            if state.fit_free >= need:
+                names.add(state.name)
+            else:
+                names.discard(state.name)
+
+    def forget(self, name: str) -> None:
+        for names in self._sets.values():
+            names.discard(name)
+
+
+class Question(Generic[T]):
+    """Names a question asked of every node (a verdict for a demand, a score for a demand and a policy), and
+    the type of its answers: the key of one `NodeMemo` table. Equal names are the same question."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class NodeMemo:
+    """Answers derived from node states, one table per question, by node name.
+
+    A node's answers are dropped from every table when the node changes, so a table never holds a stale
+    answer. One dict per question, not one per node: at 5,000 nodes, per-node dicts cost a cache miss each.
+    Bounded to the `limit` questions asked most recently.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self._tables: Lru[str, dict[str, object]] = Lru(limit)
+
+    @property
+    def limit(self) -> int:
+        return self._tables.limit
+
+    @limit.setter
+    def limit(self, limit: int) -> None:
+        self._tables.limit = limit
+
+    def table(self, question: Question[T]) -> dict[str, T]:
+        table = self._tables.setdefault_newest(question.name, dict)
+        return table  # type: ignore[return-value]  # every table of one question name holds that question's T
+
+    def forget(self, name: str) -> None:
+        for table in self._tables.values():
+            table.pop(name, None)

@@ -1,0 +1,135 @@
+"""The GET pages, for people and probes: `/healthz /readyz /synced /metrics /inspect /inspect/{node}`.
+
+`PROBES` are what the plain-HTTP health listener serves (`build_health_server`): state, never a pod's name
+and never a verb, so it can go without TLS. `/inspect` names pods and is served only on the verbs' listener
+(behind mTLS when it is on).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+
+import orjson
+
+from extender.core.cache import NodeState
+from extender.core.objects import Raw
+from extender.service.context import Service
+from extender.service.transport import HttpServer, Request, Response, Router, json_error
+
+NOT_SYNCED = "extender is not ready: its cache has not been filled yet"
+
+Page = Callable[[Service, Request], Response]
+
+
+def _json(body: Raw, status: int = 200) -> Response:
+    return Response(status, orjson.dumps(body))
+
+
+def _healthz(service: Service, request: Request) -> Response:
+    stopped = service.source.stopped_loop()
+    if stopped:
+        return _json({"status": "unhealthy", "Error": stopped}, 500)
+    return _json({"status": "ok"})
+
+
+def _readyz(service: Service, request: Request) -> Response:
+    reason = service.source.why_not_ready()
+    if not reason:
+        return _json({"status": "ready"})
+    return _json({"status": "not ready", "Error": reason}, 503)
+
+
+def _synced(service: Service, request: Request) -> Response:
+    if service.source.is_synced():
+        return _json({"status": "synced", "leader": service.ready()})
+    return _json({"status": "not synced", "Error": NOT_SYNCED}, 503)
+
+
+def _metrics(service: Service, request: Request) -> Response:
+    return Response(200, service.metrics.render(service.cache), "text/plain; version=0.0.4; charset=utf-8")
+
+
+def inspect_node(state: NodeState, now: float) -> Raw:
+    """A node as /inspect shows it: per device, capacity, used, and every pod and reservation with its state
+    (`core/holds.py`) and age."""
+    devices = []
+    for position, device in enumerate(state.devices):
+        holders = []
+        for hold in state.holds.values():
+            allocation = hold.allocation
+            if device.index in allocation.indexes:
+                holders.append(
+                    {
+                        "pod": allocation.pod,
+                        "uid": allocation.pod_uid,
+                        "memory": allocation.per_device,
+                        "state": hold.state.value,
+                        "age_seconds": round(max(0.0, now - hold.since), 3) if hold.since else None,
+                    }
+                )
+        holders.sort(key=lambda holder: (str(holder["pod"]), str(holder["uid"])))
+        devices.append(
+            {
+                "index": device.index,
+                "healthy": device.healthy,
+                "capacity": device.capacity,
+                "used": state.used[position],
+                "free": state.free[position],
+                "pods": holders,
+            }
+        )
+    return {
+        "name": state.name,
+        "known": state.known,
+        "ready": state.ready,
+        "problem": state.problem,
+        "capacity": state.capacity_total,
+        "used": state.used_total,
+        "stray": state.stray,
+        "devices": devices,
+    }
+
+
+def _inspect(service: Service, request: Request) -> Response:
+    cache, now = service.cache, time.time()
+    nodes = [inspect_node(cache.nodes[name], now) for name in sorted(cache.nodes)]
+    return _json(
+        {
+            "unit": service.policy.unit,
+            "nodes": nodes,
+            "pods": len(cache.pods),
+            "reservations": len(cache.reserved),
+            "ready": service.ready(),
+        }
+    )
+
+
+def _inspect_one(service: Service, request: Request) -> Response:
+    name = request.params["node"]
+    state = service.cache.nodes.get(name)
+    if state is None:
+        return json_error(404, f"node {name} is not in the extender's cache")
+    return _json({"unit": service.policy.unit, **inspect_node(state, time.time())})
+
+
+PROBES: tuple[tuple[str, Page], ...] = (
+    ("/healthz", _healthz),
+    ("/readyz", _readyz),
+    ("/synced", _synced),
+    ("/metrics", _metrics),
+)
+"""What the health listener serves (`build_health_server`): state, never pods' names or any verb."""
+
+ALL: tuple[tuple[str, Page], ...] = (*PROBES, ("/inspect", _inspect), ("/inspect/{node}", _inspect_one))
+"""What the verbs' listener serves besides the verbs."""
+
+
+def build_health_server(service: Service) -> HttpServer:
+    """The plain-HTTP listener for kubelet probes and Prometheus (`--health-port`): the `PROBES` pages only.
+    Requests to it carry no body worth reading."""
+    router = Router()
+    for path, page in PROBES:
+        router.add("GET", path, functools.partial(page, service))
+    return HttpServer(router, max_body_bytes=64 * 1024)
