@@ -28,7 +28,6 @@ from extender.sources.file import FileSource, load_cluster_file
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.config import KubeConfig
 from extender.sources.kube.informer import WatchOptions
-from extender.sources.kube.leader import LeaseTimings
 from extender.sources.kube.source import KubeOptions, KubeSource
 
 log = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
         leader_elect=settings.leader_elect,
         lease_namespace=settings.lease_namespace or config.namespace,
         lease_name=settings.lease_name,
-        timings=LeaseTimings(settings.lease_duration, settings.renew_deadline, settings.retry_period),
+        timings=settings.lease_timings,
         pod_name=settings.pod_name,
     )
 

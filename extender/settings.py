@@ -25,6 +25,9 @@ from extender.core.policy import PolicyConfig, Strategy
 from extender.core.resources import Profile
 
 ENV_PREFIX = "EXTENDER_"
+
+JITTER = 1.2
+"""client-go's JitterFactor: a wait of `retry_period` becomes one in [retry_period, 2.2 x retry_period)."""
 _PROFILE = Profile()
 
 
@@ -39,6 +42,26 @@ class LogFormat(enum.StrEnum):
 
 def _doc(help_text: str, **extra: Any) -> Any:
     return dataclasses.field(default=extra.pop("default"), metadata={"help": help_text, **extra})
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTimings:
+    """How a replica holds its Lease (client-go's LeaderElectionConfig); the rules are client-go's."""
+
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def check(self) -> str | None:
+        """Why these timings cannot work (client-go's own checks), or None."""
+        if self.lease_duration <= self.renew_deadline:
+            return f"lease_duration ({self.lease_duration}) must be greater than renew_deadline ({self.renew_deadline})"
+        if self.renew_deadline <= JITTER * self.retry_period:
+            deadline, period = self.renew_deadline, self.retry_period
+            return f"renew_deadline ({deadline}) must be greater than {JITTER} x retry_period ({period})"
+        if self.retry_period <= 0:
+            return f"retry_period must be positive, not {self.retry_period}"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +222,10 @@ class Settings:
         )
 
     @property
+    def lease_timings(self) -> LeaseTimings:
+        return LeaseTimings(self.lease_duration, self.renew_deadline, self.retry_period)
+
+    @property
     def scheme(self) -> str:
         return "http" if self.insecure_http else "https"
 
@@ -228,14 +255,9 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
-        if self.lease_duration <= self.renew_deadline:
-            raise SettingsError(
-                f"lease_duration ({self.lease_duration}) must be greater than renew_deadline ({self.renew_deadline})"
-            )
-        if self.renew_deadline <= 1.2 * self.retry_period:
-            raise SettingsError(
-                f"renew_deadline ({self.renew_deadline}) must be greater than 1.2 x retry_period ({self.retry_period})"
-            )
+        refusal = self.lease_timings.check()
+        if refusal is not None:
+            raise SettingsError(refusal)
         if self.weight <= 0:
             raise SettingsError(f"weight must be > 0, not {self.weight}")
         if self.node_weight < 0 or self.device_weight < 0 or self.node_weight + self.device_weight == 0:

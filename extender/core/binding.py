@@ -206,7 +206,7 @@ async def _bind_locked(request: BindRequest, context: BindContext) -> BindOutcom
     if settled is not None:
         return settled
     if record.demand is None:
-        return _refused(f"pod {request.key}: {record.problem}")
+        return _refused(f"pod {request.key}: {record.unreadable}")
     if record.demand.is_zero:
         return await _write(request, context, pod, None, state)
     hold = context.cache.hold_of(request.uid)

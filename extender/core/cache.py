@@ -35,11 +35,11 @@ class PodRecord:
     name: str
     node_name: str
     demand: Demand | None
-    """None when the pod's GPU request is unreadable (`problem` says why)."""
+    """None when the pod's GPU request is unreadable (`unreadable` says why)."""
     allocation: Allocation | None
     """What its annotations say it was given, if anything."""
     assume_time: float
-    problem: str = ""
+    unreadable: str = ""
     finished: bool = False
     """Succeeded or Failed: it holds nothing any more."""
     priority: int = 0
@@ -51,22 +51,22 @@ class PodRecord:
 
 
 def pod_record(pod: Raw, profile: Profile) -> PodRecord:
-    """Reduce a pod object to a PodRecord; an unreadable GPU request becomes `problem`, never an exception."""
+    """Reduce a pod object to a PodRecord; an unreadable GPU request becomes `unreadable`, never an exception."""
     uid, namespace, name = objects.uid(pod), objects.namespace(pod), objects.name(pod)
     node = str(as_object(pod.get("spec")).get("nodeName") or "")
     annotations = objects.annotations_of(pod)
-    problem = ""
+    unreadable = ""
     demand: Demand | None
     try:
         demand = pod_demand(pod, profile)
     except InvalidPod as error:
-        demand, problem = None, str(error)
+        demand, unreadable = None, str(error)
     key = objects.key(namespace, name)
     on_node = node or str(annotations.get(profile.node_annotation) or "")
     allocation = read_allocation(uid, key, on_node, annotations, demand, profile)
     finished = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
     assumed = assume_time(annotations, profile)
-    return PodRecord(uid, namespace, name, node, demand, allocation, assumed, problem, finished, pod_priority(pod))
+    return PodRecord(uid, namespace, name, node, demand, allocation, assumed, unreadable, finished, pod_priority(pod))
 
 
 # --- nodes ------------------------------------------------------------------------------------------------
@@ -81,7 +81,8 @@ class NodeState:
     known: bool = True
     """False for a node we only know from pods bound to it (not listed, or deleted while they still run)."""
     ready: bool = True
-    problem: str = ""
+    unreadable: str = ""
+    """Why the GPUs the node advertises could not be read ("" when they could, or it advertises none)."""
     holds: dict[str, Hold] = field(default_factory=dict)
     # the summary, derived from devices and holds by refresh():
     used: list[int] = field(default_factory=list)
@@ -249,18 +250,18 @@ class Cache:
         state = self._state(name)
         found = node_devices(node, self.profile)
         state.known = True
-        state.devices, state.problem = found.devices, found.problem
+        state.devices, state.unreadable = found.devices, found.unreadable
         state.ready = node_ready(node)
         self._changed(state)
 
-    def describe(self, node: Raw) -> NodeState:
+    def node_view(self, node: Raw) -> NodeState:
         """The state of a node the scheduler sent as a whole object: the cache's if known, else built from it."""
         name = objects.name(node)
         state = self.nodes.get(name)
         if state is not None and state.known:
             return state
         found = node_devices(node, self.profile)
-        view = NodeState(name, found.devices, True, node_ready(node), found.problem)
+        view = NodeState(name, found.devices, True, node_ready(node), found.unreadable)
         if state is not None:
             view.holds = dict(state.holds)
         view.refresh()

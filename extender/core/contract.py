@@ -19,6 +19,10 @@ from pydantic_core import PydanticCustomError
 from extender.core import objects
 from extender.core.objects import Raw
 
+UNSCHEDULABLE_FLUSH = 300.0
+"""Seconds after which kube-scheduler retries a pod left unschedulable whatever happened
+(podMaxInUnschedulablePodsDuration, 5 minutes): how long what we remember about a refused pod can matter."""
+
 MAX_EXTENDER_PRIORITY = 10
 """MaxExtenderPriority in k8s.io/kube-scheduler/extender/v1: scores are 0..10."""
 

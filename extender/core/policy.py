@@ -79,7 +79,7 @@ def judge(demand: Demand, state: NodeState | None, unit: str) -> tuple[Verdict, 
         return Verdict.FITS, ""
     total = len(state.devices)
     if not total:
-        return Verdict.UNRESOLVABLE, f"no GPUs: {state.problem}" if state.problem else "no GPUs"
+        return Verdict.UNRESOLVABLE, f"no GPUs: {state.unreadable}" if state.unreadable else "no GPUs"
     capacity = state.capacity_desc
     if count == 1 and capacity[0] < need:
         return Verdict.UNRESOLVABLE, f"needs {need} {unit} on one GPU; the largest GPU here has {capacity[0]} {unit}"

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from extender.core.cache import Cache, PodRecord
+from extender.core.contract import UNSCHEDULABLE_FLUSH
 from extender.core.memo import Lru
 from extender.core.objects import Raw, pod_priority
 from extender.core.objects import uid as pod_uid
@@ -39,9 +40,8 @@ LIMIT = 32
 """Pods read per filter call, at most (concurrently: about as long as one read)."""
 TIMEOUT = 1.0
 """Seconds the reads may take in all (kube-scheduler gives a filter call 5 s by default)."""
-MEMORY = 300.0
-"""Seconds the victims /preempt named for a preemptor are remembered (kube-scheduler's own flush of pods left
-unschedulable is 5 minutes)."""
+MEMORY = UNSCHEDULABLE_FLUSH
+"""Seconds the victims /preempt named for a preemptor are remembered."""
 
 
 @dataclass(frozen=True, slots=True)

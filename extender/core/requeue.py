@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from extender.core.cache import Cache, NodeState
+from extender.core.contract import UNSCHEDULABLE_FLUSH
 from extender.core.memo import Lru
 from extender.core.policy import Verdict, judge
 from extender.core.resources import Demand
@@ -44,8 +45,8 @@ WATCH_LAG = 1.0
 RECOVERY = 10.0
 """Seconds after a gap in a watch (a failure, then a resumed watch or a relist) during which what the cache
 applies may be what it missed: refusals since the gap began count."""
-MEMORY = 300.0
-"""Seconds a refusal is remembered (kube-scheduler's own flush of unschedulable pods is 5 minutes)."""
+MEMORY = UNSCHEDULABLE_FLUSH
+"""Seconds a refusal is remembered."""
 PERIOD = 1.0
 """Seconds between two requests to kube-scheduler, at least."""
 

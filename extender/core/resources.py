@@ -228,7 +228,7 @@ class NodeDevices:
     """The devices of a node, and why there are none when there are none."""
 
     devices: tuple[Device, ...]
-    problem: str = ""
+    unreadable: str = ""
     """Non-empty when the node advertises GPUs we could not read: shown in /inspect and in filter reasons."""
 
 
@@ -240,26 +240,26 @@ devices would stop the service), so its devices are ignored and the reason shown
 def node_devices(node: Raw, profile: Profile) -> NodeDevices:
     """Devices from the per-device annotation when present and valid, else from capacity."""
     listed = objects.annotations_of(node).get(profile.node_devices_annotation)
-    problem = ""
+    unreadable = ""
     if listed is not None:
         try:
             return NodeDevices(_devices_from_annotation(listed))
         except ValueError as error:
-            problem = f"annotation {profile.node_devices_annotation} ignored: {error}; "
+            unreadable = f"annotation {profile.node_devices_annotation} ignored: {error}; "
     capacity = as_object(as_object(node.get("status")).get("capacity"))
     if profile.memory_resource not in capacity:
-        return NodeDevices((), problem + f"no {profile.memory_resource} in capacity")
+        return NodeDevices((), unreadable + f"no {profile.memory_resource} in capacity")
     try:
         memory = parse_count(capacity[profile.memory_resource])
         count = parse_count(capacity.get(profile.count_resource, 0))
     except InvalidQuantity as error:
-        return NodeDevices((), problem + f"capacity unreadable: {error}")
+        return NodeDevices((), unreadable + f"capacity unreadable: {error}")
     if count == 0:
-        return NodeDevices((), problem + f"{profile.memory_resource} {memory} but no {profile.count_resource}")
+        return NodeDevices((), unreadable + f"{profile.memory_resource} {memory} but no {profile.count_resource}")
     if count > MAX_DEVICES:
-        return NodeDevices((), problem + f"{profile.count_resource} {count} is more than {MAX_DEVICES} GPUs: ignored")
+        return NodeDevices((), unreadable + f"{profile.count_resource} {count} is more than {MAX_DEVICES} GPUs: ignored")
     each = memory // count
-    return NodeDevices(tuple(Device(index, each) for index in range(count)), problem.rstrip("; "))
+    return NodeDevices(tuple(Device(index, each) for index in range(count)), unreadable.rstrip("; "))
 
 
 def _devices_from_annotation(text: str) -> tuple[Device, ...]:

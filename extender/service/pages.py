@@ -84,7 +84,7 @@ def inspect_node(state: NodeState, now: float) -> Raw:
         "name": state.name,
         "known": state.known,
         "ready": state.ready,
-        "problem": state.problem,
+        "problem": state.unreadable,
         "capacity": state.capacity_total,
         "used": state.used_total,
         "stray": state.stray,

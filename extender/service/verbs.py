@@ -74,7 +74,7 @@ def _states(args: contract.ExtenderArgs, service: Service) -> dict[str, NodeStat
     """Node states for the request: the cache itself for names, or views of the nodes sent whole."""
     cache = service.cache
     if args.NodeNames is None and args.Nodes is not None:
-        return {objects.name(node): cache.describe(node) for node in args.Nodes.items or ()}
+        return {objects.name(node): cache.node_view(node) for node in args.Nodes.items or ()}
     return cache.nodes
 
 

@@ -93,7 +93,7 @@ def test_replace_drops_pods_and_nodes_absent_from_the_listing_but_keeps_reservat
 
 def test_describe_builds_an_unknown_node_from_the_object_the_scheduler_sent() -> None:
     cluster = make_cluster()
-    view = cluster.describe(make_node("elsewhere", gpus=4, mem=24))
+    view = cluster.node_view(make_node("elsewhere", gpus=4, mem=24))
     assert [device.capacity for device in view.devices] == [24, 24, 24, 24]
     assert "elsewhere" not in cluster.nodes
 
@@ -108,7 +108,7 @@ def test_annotations_round_trip_through_a_pod_record() -> None:
 def test_an_unreadable_pod_request_is_recorded_as_a_problem_not_raised() -> None:
     record = pod_record(make_pod("bad", gpu_mem="-1"), PROFILE)
     assert record.demand is None
-    assert "negative" in record.problem
+    assert "negative" in record.unreadable
 
 
 def test_memory_on_a_vanished_device_index_is_stray_not_lost() -> None:

@@ -94,7 +94,7 @@ def test_device_annotation_lists_heterogeneous_and_unhealthy_devices() -> None:
 def test_a_bad_device_annotation_falls_back_to_capacity_and_says_so() -> None:
     found = node_devices(make_node(gpus=1, mem=16, devices=[{"index": "zero"}]), PROFILE)
     assert found.devices == (Device(0, 16),)
-    assert "ignored" in found.problem
+    assert "ignored" in found.unreadable
 
 
 def test_a_node_with_memory_but_no_count_has_no_devices_and_a_problem() -> None:
@@ -102,7 +102,7 @@ def test_a_node_with_memory_but_no_count_has_no_devices_and_a_problem() -> None:
     node["status"]["capacity"][PROFILE.memory_resource] = "32"
     found = node_devices(node, PROFILE)
     assert found.devices == ()
-    assert "no aliyun.com/gpu-count" in found.problem
+    assert "no aliyun.com/gpu-count" in found.unreadable
 
 
 def test_readiness_follows_the_ready_condition() -> None:
@@ -115,4 +115,4 @@ def test_a_node_claiming_absurdly_many_gpus_is_ignored_with_a_reason() -> None:
     node = make_node("n1", gpus=2, mem=16)
     node["status"]["capacity"][PROFILE.count_resource] = "9" * 400
     found = node_devices(node, PROFILE)
-    assert found.devices == () and "more than 256 GPUs" in found.problem
+    assert found.devices == () and "more than 256 GPUs" in found.unreadable

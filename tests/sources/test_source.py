@@ -25,10 +25,9 @@ from extender.core.policy import PolicyConfig
 from extender.core.recheck import Answer
 from extender.core.requeue import WATCH_LAG, Requeue
 from extender.service.context import Service
-from extender.settings import Settings
+from extender.settings import LeaseTimings, Settings
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.informer import Informer, WatchOptions
-from extender.sources.kube.leader import LeaseTimings
 from extender.sources.kube.source import KubeOptions, KubeSource
 from extender.sources.kube.writes import LEADER_LABEL, Requeuer
 from tests.apidouble import ApiDouble

@@ -24,36 +24,16 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from extender.core.objects import rfc3339
+from extender.settings import JITTER, LeaseTimings
 from extender.sources.kube.client import Conflict, KubeClient, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 
-JITTER = 1.2
-"""client-go's JitterFactor: a wait of `retry_period` becomes one in [retry_period, 2.2 x retry_period)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseTimings:
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
-
-    def check(self) -> str:
-        """Why these timings cannot work (client-go's own checks), or ""."""
-        if self.lease_duration <= self.renew_deadline:
-            return f"lease duration {self.lease_duration} must be greater than renew deadline {self.renew_deadline}"
-        if self.renew_deadline <= JITTER * self.retry_period:
-            return (
-                f"renew deadline {self.renew_deadline} must be greater than {JITTER} x retry period {self.retry_period}"
-            )
-        if self.retry_period <= 0:
-            return "retry period must be positive"
-        return ""
+DEFAULT_TIMINGS = LeaseTimings()
 
 
 def _record(spec: dict[str, Any]) -> tuple[Any, ...]:
@@ -70,7 +50,7 @@ class LeaderElector:
         namespace: str,
         name: str,
         identity: str,
-        timings: LeaseTimings = LeaseTimings(),
+        timings: LeaseTimings = DEFAULT_TIMINGS,
         on_change: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,

@@ -26,10 +26,11 @@ from extender.core.cache import TERMINAL_PHASES, Cache, PodRecord
 from extender.core.objects import Raw, as_object
 from extender.core.recheck import TIMEOUT, Answer
 from extender.core.requeue import RECOVERY, WATCH_LAG
+from extender.settings import LeaseTimings
 from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
 from extender.sources.kube.client import KubeClient, KubeError, NotFound
 from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
-from extender.sources.kube.leader import LeaderElector, LeaseTimings
+from extender.sources.kube.leader import LeaderElector
 from extender.sources.kube.writes import LABEL_PERIOD, LeaderLabel, Requeuer
 
 log = logging.getLogger(__name__)
