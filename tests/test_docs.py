@@ -30,3 +30,12 @@ def test_the_quick_start_is_make_demo_and_make_test_and_ci_runs_make_test() -> N
     assert "make demo" in README and "make test" in README
     ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+def test_architecture_names_every_module_of_the_package() -> None:
+    """ARCHITECTURE.md's tree is the newcomer's map: a module it does not name is one the map hides."""
+    root = Path(__file__).parent.parent
+    architecture = (root / "ARCHITECTURE.md").read_text()
+    modules = [path for path in (root / "extender").rglob("*.py") if not path.name.startswith("__")]
+    missing = [str(path.relative_to(root)) for path in modules if path.stem not in architecture]
+    assert not missing, f"modules missing from ARCHITECTURE.md: {missing}"

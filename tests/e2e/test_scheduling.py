@@ -562,7 +562,7 @@ async def test_pods_waiting_on_a_full_cluster_get_the_memory_of_deleted_pods(
 ) -> None:
     """The everyday case: pods wait, refused, while every GPU is full; pods end, and the waiting ones get their
     memory. kube-scheduler retries them on the deletions, which it may see before our watch does: the extender
-    then asks it to retry once its cache has caught up (`extender/requeue.py`), so none waits for the 5-minute
+    then asks it to retry once its cache has caught up (`extender/core/requeue.py`), so none waits for the 5-minute
     flush. Measured with our watch held back 300 ms by a local patch: without that request the first waiting pod
     was still Pending after 15 s; with it both were placed within 2 s."""
     await start_clean(extender)

@@ -5,7 +5,7 @@
 sets `spec.nodeName` (`BindingREST.setPodNodeAndMetadata`, since long before the oldest release we support).
 So a pod is either bound *with* its annotations or not bound and not annotated: there is no window, as with
 gpushare's "patch the annotations, then bind", where a crash leaves a pod annotated but unbound. (Pods that
-another extender left in that state are still read back as reservations: `cluster.py`.) The Binding carries
+another extender left in that state are still read back as reservations: `core/cache.py`.) The Binding carries
 the pod's UID, so a pod deleted and recreated under the same name is never bound by mistake.
 
 What a failure means:

@@ -64,7 +64,7 @@ class KubeSource:
         self.pods = Informer(client, pods_kind(cluster.profile), self._apply_pod, self._replace_pods, options.watch)
         self.on_freed: Callable[[list[str], float], None] | None = None
         """Told when the API's news frees room on nodes (a pod deleted or finished; a node added or changed): the
-        nodes, and since when a refusal there may have been the cache's lag (Unix time; see `requeue.py`)."""
+        nodes, and since when a refusal there may have been the cache's lag (Unix time; see `core/requeue.py`)."""
         self.binder = KubeBinder(client, observe=cluster.apply_pod)
         self.events = EventRecorder(client, options.identity)
         self.elector = (
@@ -89,7 +89,7 @@ class KubeSource:
         )
         self.requeuer = Requeuer(client, options.lease_namespace, options.pod_name) if options.pod_name else None
 
-    # -- what the informers apply, and the room it frees (`requeue.py`)
+    # -- what the informers apply, and the room it frees (`core/requeue.py`)
 
     def _late_since(self, informer: Informer[Any]) -> float:
         """Since when what the informer applies now may have been news to kube-scheduler already: `WATCH_LAG`
@@ -170,7 +170,7 @@ class KubeSource:
         """Read each pod from the API (concurrently, `recheck_timeout` seconds in all); forget in the cache those
         the API no longer has, has under another UID (deleted and created again), or shows finished. The watch
         brings the same news a little later; until then the cache would count memory that is free
-        (`recheck.py`)."""
+        (`core/recheck.py`)."""
 
         async def gone(record: PodRecord) -> bool | None:
             """True: gone; False: still there; None: no answer (logged)."""

@@ -71,7 +71,7 @@ class LeaderLabel:
 class Requeuer:
     """Writes `REQUEUE_ANNOTATION` (the time, RFC 3339 with microseconds) on this replica's pod when asked,
     at most once per `period` seconds: an update of an assigned pod, on which kube-scheduler retries every pod
-    an extender rejected (`requeue.py`). A request during the pause is carried out at its end; a failed write
+    an extender rejected (`core/requeue.py`). A request during the pause is carried out at its end; a failed write
     is logged and retried at the next request."""
 
     def __init__(self, client: KubeClient, namespace: str, pod: str, period: float = PERIOD) -> None:
