@@ -705,3 +705,17 @@ def test_the_extenders_pods_hold_no_client_key() -> None:
         for item in volume["secret"]["items"]
     ]
     assert mounted == ["ca.crt"]
+
+
+def test_the_network_policy_leaves_the_verbs_to_mtls_and_the_health_port_to_prometheus() -> None:
+    (policy,) = [doc.body for doc in documents() if doc.kind == "NetworkPolicy"]
+    deployment = find("Deployment", "gpu-extender")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert selected.items() <= pod_labels.items(), "the policy selects the extender's pods"
+    ports = {port["name"]: port for port in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    rules = {rule["ports"][0]["port"]: rule for rule in policy["spec"]["ingress"]}
+    assert set(rules) == set(ports) == {"https", "health"}
+    assert "from" not in rules["https"], "the verbs port is open: kube-scheduler may be in the host network"
+    assert rules["health"]["from"], "the health port is limited to named peers"
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
