@@ -109,7 +109,7 @@ def extender(control_plane: ControlPlane, tls: TLSFiles, gpu_nodes: tuple[str, .
 
 def scheduler_config(extender: ExtenderProcess) -> str:
     """What `extender scheduler-config` prints for this extender, under our own schedulerName."""
-    tls = extender.service.tls
+    tls = extender.tls
     command = [
         sys.executable, "-m", "extender", "scheduler-config", "--k8s-version", "1.34", "--url", extender.url,
         "--scheduler-ca-file", str(tls.ca),
@@ -405,7 +405,7 @@ async def verb_counts(extender: ExtenderProcess) -> dict[str, int]:
     """extender_requests_total by verb and outcome, the non-zero ones ("bind/error": 2)."""
     counts = {}
     for match in re.finditer(
-        r'^extender_requests_total\{outcome="(\w+)",verb="(\w+)"\} (\S+)$', await extender.service.metrics(), re.M
+        r'^extender_requests_total\{outcome="(\w+)",verb="(\w+)"\} (\S+)$', await extender.metrics(), re.M
     ):
         if float(match.group(3)):
             counts[f"{match.group(2)}/{match.group(1)}"] = int(float(match.group(3)))
