@@ -20,6 +20,7 @@ from extender.core.cache import Cache
 from extender.core.ledger import Ledger
 from extender.core.requeue import Requeue
 from extender.service.context import Service, Source
+from extender.service.metrics import Metrics
 from extender.service.pages import PROBES, build_health_server
 from extender.service.tls import ReloadingContext
 from extender.service.verbs import build_server
@@ -42,6 +43,7 @@ def build_service(settings: Settings, cache: Cache, source: Source, ask: Callabl
         policy=settings.policy,
         source=source,
         requeue=Requeue(cache, ask),
+        metrics=Metrics(settings.gpu_metrics, settings.gpu_metrics_limit),
         expiry_interval=settings.expiry_interval,
         max_body_bytes=settings.max_body_bytes,
     )

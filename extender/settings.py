@@ -35,6 +35,16 @@ class SettingsError(UserError):
     """A setting that is missing, malformed or inconsistent; the message names it and its source."""
 
 
+class GpuSeries(enum.StrEnum):
+    """Which GPU series /metrics carries (`service/gpu_metrics.py`)."""
+
+    AUTO = "auto"
+    """Per GPU up to the limit, per node beyond it."""
+    GPU = "gpu"
+    NODE = "node"
+    OFF = "off"
+
+
 class LogFormat(enum.StrEnum):
     TEXT = "text"
     JSON = "json"
@@ -202,6 +212,16 @@ class Settings:
         "ignores its --kubeconfig flag, so one outside a pod's service account (kubeadm's static pod: "
         "/etc/kubernetes/scheduler.conf) needs it here. Empty: none (a pod's service account).",
         default="",
+    )
+    # -- metrics
+    gpu_metrics: GpuSeries = _doc(
+        "Per-GPU series on /metrics: auto (per GPU while the cache holds at most --gpu-metrics-limit GPUs, per "
+        "node beyond), gpu, node (per node and cluster-wide only) or off (cluster-wide only).",
+        default=GpuSeries.AUTO,
+    )
+    gpu_metrics_limit: int = _doc(
+        "With --gpu-metrics auto, the most GPUs for which per-GPU series are exported (5 series each).",
+        default=10_000,
     )
     # -- logging
     log_level: str = _doc("Logging level.", default="INFO")

@@ -15,6 +15,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from extender.core.binding import Outcome
 from extender.core.cache import Cache
 from extender.core.holds import HoldState
+from extender.service import gpu_metrics
+from extender.service.gpu_metrics import RecentDemands
+from extender.settings import GpuSeries
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` series double the exposition and nobody alerts on them
 
@@ -63,7 +66,12 @@ class _SourceCollector:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, gpu_series: GpuSeries = GpuSeries.AUTO, gpu_series_limit: int = 10_000) -> None:
+        self.gpu_series = gpu_series
+        self.gpu_series_limit = gpu_series_limit
+        """Per-GPU series only while the cache holds at most this many GPUs (`gpu_metrics.py`)."""
+        self.demands = RecentDemands()
+        """Memory per GPU of recent filter requests: the sizes fragmentation is measured against."""
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "extender_requests",
@@ -130,7 +138,17 @@ class Metrics:
         self.registry.register(_SourceCollector(counts))
 
     def render(self, cluster: Cache) -> bytes:
-        """The exposition text, with the state gauges read from the cache now."""
+        """The exposition text, with the state gauges read from the cache now, in one go."""
+        return self._render_own(cluster) + gpu_metrics.render(
+            cluster, self.demands, self.gpu_series, self.gpu_series_limit
+        )
+
+    async def render_yielding(self, cluster: Cache) -> bytes:
+        """`render`, giving the event loop a turn between slices of nodes (what /metrics serves)."""
+        own = self._render_own(cluster)
+        return own + await gpu_metrics.render_yielding(cluster, self.demands, self.gpu_series, self.gpu_series_limit)
+
+    def _render_own(self, cluster: Cache) -> bytes:
         counts = dict.fromkeys(HoldState, 0)
         for hold in cluster.reserved.values():
             counts[hold.state] += 1

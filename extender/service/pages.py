@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import orjson
 
@@ -20,7 +20,7 @@ from extender.service.transport import HttpServer, Request, Response, Router, js
 
 NOT_SYNCED = "extender is not ready: its cache has not been filled yet"
 
-Page = Callable[[Service, Request], Response]
+Page = Callable[[Service, Request], Response | Awaitable[Response]]
 
 
 def _json(body: Raw, status: int = 200) -> Response:
@@ -47,8 +47,9 @@ def _synced(service: Service, request: Request) -> Response:
     return _json({"status": "not synced", "Error": NOT_SYNCED}, 503)
 
 
-def _metrics(service: Service, request: Request) -> Response:
-    return Response(200, service.metrics.render(service.cache), "text/plain; version=0.0.4; charset=utf-8")
+async def _metrics(service: Service, request: Request) -> Response:
+    text = await service.metrics.render_yielding(service.cache)
+    return Response(200, text, "text/plain; version=0.0.4; charset=utf-8")
 
 
 def inspect_node(state: NodeState, now: float) -> Raw:

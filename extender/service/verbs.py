@@ -142,6 +142,7 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
     if not service.ready():
         return _not_ready_filter(args, service)
     service.recent.remember(args.Pod)
+    service.metrics.demands.record(demand.per_device)
     outcome = filter_pod(demand, names, _states(args, service), service.cache, service.policy.unit)
     recheck = service.source.recheck
     if outcome.failed and recheck is not None:
