@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint e2e-build bench loadtest loadtest-saturation clean
+.PHONY: demo test lint e2e-build bench bench-e2e loadtest loadtest-saturation clean
 
 # `make loadtest` settings: cluster size, target pods/s, seconds of load, node names per filter call
 # (a number, or `adaptive` for kube-scheduler's default percentageOfNodesToScore), initial GPU fill.
@@ -13,6 +13,13 @@ DURATION ?= 30
 NAMES ?= 1000
 FILL ?= 0.3
 LOADTEST_ARGS ?=
+
+# `make bench-e2e` settings: Node objects (8 GPUs x 40 GiB each), pending GPU pods, rounds (each runs
+# kube-scheduler alone, then with the extender), and any other flag of python -m bench.e2e.
+E2E_NODES ?= 1000
+E2E_PODS ?= 3000
+E2E_RUNS ?= 1
+E2E_ARGS ?=
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +60,11 @@ test: lint e2e-build
 bench: $(VENV)/.runtime
 	$(BIN)/python -m bench.bench
 	$(BIN)/python -m bench.cache_build
+
+# The real kube-scheduler on the e2e tier's control plane, alone and with the extender wired in as it ships:
+# pods/s, CPU per pod per process, and the end check. Needs the tier's binaries and its helpers (tests/e2e).
+bench-e2e: $(VENV)/.test e2e-build
+	$(BIN)/python -m bench.e2e --nodes $(E2E_NODES) --pods $(E2E_PODS) --runs $(E2E_RUNS) $(E2E_ARGS)
 
 loadtest: $(VENV)/.loadtest
 	$(BIN)/python -m loadtest.run --nodes $(NODES) --pods-per-second $(RATE) --duration $(DURATION) \
