@@ -1,0 +1,541 @@
+"""charts/gpu-extender/: linted and rendered by a real helm (tests/helm/build.sh), every object valid for the
+Kubernetes versions manifests/ is checked for, and, with default values in the namespace gpu-extender, the same
+objects as manifests/ but for the labels Helm adds, so the chart and the manifests cannot drift apart.
+
+Without the helm binary these tests are skipped when there is no Go toolchain to build it, and fail when there is
+one (as the e2e tier does), so CI cannot pass by skipping them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import posixpath
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from extender.service.pages import build_health_server
+from extender.sources.kube.writes import LEADER_LABEL
+from tests.builders import make_cluster
+from tests.conftest import make_service
+from tests.e2e.controlplane import go_toolchain
+from tests.test_manifests import (
+    CERT_MANAGER_SCHEMAS,
+    CLUSTER,
+    EXTENDER_GRANTS,
+    NAMESPACE,
+    VALIDATED_VERSIONS,
+    Grant,
+    documents,
+    grants_of_rules,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "gpu-extender"
+BUILD_SCRIPT = ROOT / "tests" / "helm" / "build.sh"
+RELEASE = "gpu-extender"
+
+HELM_LABELS = {"app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart"}
+"""The labels the chart adds to every object beyond those of manifests/ (never to a selector or a pod)."""
+
+CONFIG_CHECKSUM = "checksum/config"
+"""gpu-scheduler's pod annotation that rolls it when its configuration changes (kustomize's hash suffix)."""
+
+# ---- scenarios: the values each test renders with --------------------------------------------------------
+
+Values = dict[str, Any]
+
+DEFAULTS: Values = {}
+SECOND_SCHEDULER: Values = {"secondScheduler": {"enabled": True}}
+CERT_MANAGER: Values = {"certificates": {"certManager": {"enabled": True}}}
+OWN_SECRET_NAMES = {"servingSecretName": "my-serving", "schedulerClientSecretName": "my-scheduler-client"}
+OWN_SECRETS: Values = {"certificates": OWN_SECRET_NAMES, **SECOND_SCHEDULER}
+OWN_SECRETS_BY_CERT_MANAGER: Values = {
+    "certificates": {**OWN_SECRET_NAMES, "certManager": {"enabled": True}},
+    **SECOND_SCHEDULER,
+}
+CREATE_NAMESPACE = {"createNamespace": True}
+NO_NETWORK_POLICY = {"networkPolicy": {"enabled": False}}
+OWN_PROMETHEUS = {
+    "networkPolicy": {
+        "healthPortFrom": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+                "podSelector": {"matchLabels": {"app": "prometheus-server"}},
+            }
+        ]
+    }
+}
+POD_MONITOR = {"monitoring": {"podMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "prom"}}}}
+SERVICE_MONITOR = {
+    "monitoring": {"serviceMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "prom"}}}
+}
+ONE_REPLICA = {"replicas": 1, "secondScheduler": {"enabled": True, "replicas": 1}}
+OWN_IMAGE = {"image": {"repository": "registry.example.com/gpu-extender", "tag": "0.2.0", "pullPolicy": "Always"}}
+OWN_SCHEDULER_CONFIG = {"secondScheduler": {"enabled": True, "config": "apiVersion: kubescheduler.config.k8s.io/v1\n"}}
+MANIFESTS_ALL = {**SECOND_SCHEDULER, **CERT_MANAGER, **CREATE_NAMESPACE}
+"""What `kubectl apply -k` of manifests/, manifests/cert-manager/ and manifests/second-scheduler/ makes."""
+EVERYTHING = {
+    **MANIFESTS_ALL,
+    "monitoring": {**POD_MONITOR["monitoring"], **SERVICE_MONITOR["monitoring"]},
+}
+
+SCENARIOS: dict[str, Values] = {
+    "defaults": DEFAULTS,
+    "second-scheduler": SECOND_SCHEDULER,
+    "cert-manager": CERT_MANAGER,
+    "own-secrets": OWN_SECRETS,
+    "own-secrets-by-cert-manager": OWN_SECRETS_BY_CERT_MANAGER,
+    "create-namespace": CREATE_NAMESPACE,
+    "no-network-policy": NO_NETWORK_POLICY,
+    "own-prometheus": OWN_PROMETHEUS,
+    "pod-monitor": POD_MONITOR,
+    "service-monitor": SERVICE_MONITOR,
+    "one-replica": ONE_REPLICA,
+    "own-image": OWN_IMAGE,
+    "own-scheduler-config": OWN_SCHEDULER_CONFIG,
+    "manifests-all": MANIFESTS_ALL,
+    "everything": EVERYTHING,
+}
+
+
+# ---- helm ------------------------------------------------------------------------------------------------
+
+
+def helm_version() -> str:
+    """The version build.sh pins (its `version=` line)."""
+    found = re.search(r"^version=(v[0-9.]+)$", BUILD_SCRIPT.read_text(), re.MULTILINE)
+    assert found, f"{BUILD_SCRIPT}: no version= line"
+    return found.group(1)
+
+
+def helm() -> str:
+    """The helm build.sh made: skip without it when Go is absent, fail without it when Go is there."""
+    cache = os.environ.get("GPU_EXTENDER_CACHE") or Path.home() / ".cache" / "gpu-extender"
+    binary = Path(cache) / f"helm-{helm_version()}" / "helm"
+    if os.access(binary, os.X_OK):
+        return str(binary)
+    build = f"bash {BUILD_SCRIPT.relative_to(ROOT)}"
+    if go_toolchain() is None:
+        pytest.skip(f"chart tests skipped: no Go toolchain to build helm (see `{build}`)")
+    pytest.fail(f"chart tests: {binary} is missing; run `{build}` (or `make test`)", pytrace=False)
+
+
+def run_helm(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *arguments], capture_output=True, text=True, timeout=60, check=False)
+
+
+def value_flags(values: Values) -> list[str]:
+    return [flag for key, value in values.items() for flag in ("--set-json", f"{key}={json.dumps(value)}")]
+
+
+@functools.cache
+def rendered_text(scenario: str, namespace: str = NAMESPACE) -> str:
+    result = run_helm("template", RELEASE, str(CHART), "--namespace", namespace, *value_flags(SCENARIOS[scenario]))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@functools.cache
+def render(scenario: str, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    """The rendered objects (cached: tests read them, never change them)."""
+    return [body for body in yaml.safe_load_all(rendered_text(scenario, namespace)) if body]
+
+
+Identity = tuple[str, str, str | None]
+"""(kind, name, namespace or None)."""
+
+
+def identity(body: dict[str, Any]) -> Identity:
+    return body["kind"], body["metadata"]["name"], body["metadata"].get("namespace")
+
+
+def find(bodies: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = (body for body in bodies if (body["kind"], body["metadata"]["name"]) == (kind, name))
+    return found
+
+
+def container(bodies: list[dict[str, Any]], deployment: str) -> dict[str, Any]:
+    (only,) = find(bodies, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+    assert isinstance(only, dict)
+    return only
+
+
+def mounted_secrets(bodies: list[dict[str, Any]], deployment: str) -> set[str]:
+    volumes = find(bodies, "Deployment", deployment)["spec"]["template"]["spec"]["volumes"]
+    return {volume["secret"]["secretName"] for volume in volumes if "secret" in volume}
+
+
+# ---- manifests/ ------------------------------------------------------------------------------------------
+
+
+def manifests_in(folder: str) -> list[dict[str, Any]]:
+    """The objects `kubectl apply -k manifests/<folder>` makes (generated ConfigMaps before their hash)."""
+    return [doc.body for doc in documents() if posixpath.dirname(doc.path) == folder]
+
+
+MANIFEST_FOLDERS = ("", "second-scheduler", "cert-manager")
+MANIFEST_OBJECTS = {identity(body): body for folder in MANIFEST_FOLDERS for body in manifests_in(folder)}
+
+
+def without_helm_additions(body: dict[str, Any]) -> dict[str, Any]:
+    """The object less what the chart adds to manifests/: Helm's labels, and gpu-scheduler's config checksum."""
+    copy: dict[str, Any] = json.loads(json.dumps(body))
+    labels = copy["metadata"].get("labels", {})
+    assert labels.keys() >= HELM_LABELS, f"{identity(body)}: Helm's labels missing"
+    for label in HELM_LABELS:
+        del labels[label]
+    if not labels:
+        copy["metadata"].pop("labels", None)
+    template = copy.get("spec", {}).get("template", {}).get("metadata", {})
+    template.get("annotations", {}).pop(CONFIG_CHECKSUM, None)
+    if template.get("annotations") == {}:
+        del template["annotations"]
+    return copy
+
+
+# ---- lint and schemas ------------------------------------------------------------------------------------
+
+
+def test_helm_is_the_version_build_sh_pins() -> None:
+    result = run_helm("version", "--short")
+    assert result.stdout.startswith(helm_version()), result.stdout
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_helm_lint_passes_strictly_with(scenario: str) -> None:
+    result = run_helm("lint", "--strict", str(CHART), "--namespace", NAMESPACE, *value_flags(SCENARIOS[scenario]))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_misspelt_value_is_refused() -> None:
+    result = run_helm("template", RELEASE, str(CHART), *value_flags({"secondSchedular": {"enabled": True}}))
+    assert result.returncode != 0
+    assert "secondSchedular" in result.stderr
+
+
+def test_a_network_policy_opening_the_health_port_to_all_is_refused() -> None:
+    # an empty `from` lets every client in
+    result = run_helm("template", RELEASE, str(CHART), *value_flags({"networkPolicy": {"healthPortFrom": []}}))
+    assert result.returncode != 0
+    assert "healthPortFrom" in result.stderr
+
+
+@functools.cache
+def every_rendered_object() -> list[dict[str, Any]]:
+    unique = {json.dumps(body, sort_keys=True) for scenario in SCENARIOS for body in render(scenario)}
+    return [json.loads(text) for text in sorted(unique)]
+
+
+def is_custom_resource(body: dict[str, Any]) -> bool:
+    return str(body["apiVersion"]).split("/")[0] in {"cert-manager.io", "monitoring.coreos.com"}
+
+
+@pytest.mark.parametrize("version", VALIDATED_VERSIONS)
+def test_every_rendered_object_is_valid_for(version: str) -> None:
+    failures = []
+    for body in every_rendered_object():
+        if is_custom_resource(body):
+            continue  # not in kubernetes-validate: test_custom_resources_match_their_schema
+        try:
+            kubernetes_validate.validate(body, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            failures.append(f"{identity(body)}: {'.'.join(map(str, error.path))}: {error.message}")
+        except kubernetes_validate.SchemaNotFoundError as error:
+            failures.append(f"{identity(body)}: {error.message}")
+    assert not failures, "\n".join(failures)
+
+
+_NAME = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", "maxLength": 253}
+_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+"""The Prometheus Operator's Duration."""
+_SELECTOR = {
+    "type": "object",
+    "required": ["matchLabels"],
+    "additionalProperties": False,
+    "properties": {"matchLabels": {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string"}}},
+}
+_ENDPOINTS = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "type": "object",
+        "required": ["port", "path"],
+        "additionalProperties": False,
+        "properties": {
+            "port": _NAME,
+            "path": {"type": "string", "pattern": "^/"},
+            "interval": {"type": "string", "pattern": _DURATION},
+        },
+    },
+}
+
+
+def _monitor_schema(kind: str, endpoints: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": kind},
+            "metadata": {
+                "type": "object",
+                "required": ["name", "namespace"],
+                "additionalProperties": False,
+                "properties": {"name": _NAME, "namespace": _NAME, "labels": {"type": "object"}},
+            },
+            "spec": {
+                "type": "object",
+                "required": ["selector", endpoints],
+                "additionalProperties": False,
+                "properties": {"selector": _SELECTOR, endpoints: _ENDPOINTS},
+            },
+        },
+    }
+
+
+PROMETHEUS_OPERATOR_SCHEMAS = {
+    "PodMonitor": _monitor_schema("PodMonitor", "podMetricsEndpoints"),
+    "ServiceMonitor": _monitor_schema("ServiceMonitor", "endpoints"),
+}
+"""The part of the Prometheus Operator's v1 CRDs the chart uses (its CRDs are not in kubernetes-validate)."""
+
+
+def test_custom_resources_match_their_schema() -> None:
+    schemas = {**CERT_MANAGER_SCHEMAS, **PROMETHEUS_OPERATOR_SCHEMAS}
+    formats = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    failures, kinds = [], set()
+    for body in filter(is_custom_resource, every_rendered_object()):
+        kinds.add(body["kind"])
+        validator = jsonschema.Draft202012Validator(schemas[body["kind"]], format_checker=formats)
+        failures += [f"{identity(body)}: {error.message}" for error in validator.iter_errors(body)]
+    assert not failures, "\n".join(failures)
+    assert kinds == set(schemas)
+
+
+# ---- the same objects as manifests/ ---------------------------------------------------------------------
+
+
+def identities(bodies: list[dict[str, Any]]) -> set[Identity]:
+    return {identity(body) for body in bodies}
+
+
+def test_defaults_render_the_objects_of_manifests_but_the_namespace() -> None:
+    # `helm install --create-namespace` makes the namespace; createNamespace=true renders it (below)
+    expected = identities(manifests_in("")) - {("Namespace", NAMESPACE, None)}
+    assert identities(render("defaults")) == expected
+
+
+@pytest.mark.parametrize(
+    ("scenario", "folder"),
+    [("second-scheduler", "second-scheduler"), ("cert-manager", "cert-manager")],
+)
+def test_an_option_adds_the_objects_of_its_manifests_folder(scenario: str, folder: str) -> None:
+    added = identities(render(scenario)) - identities(render("defaults"))
+    assert added == identities(manifests_in(folder))
+
+
+def test_create_namespace_adds_the_namespace_of_manifests() -> None:
+    added = identities(render("create-namespace")) - identities(render("defaults"))
+    assert added == {("Namespace", NAMESPACE, None)}
+
+
+@pytest.mark.parametrize("manifest", sorted(MANIFEST_OBJECTS, key=str), ids=lambda key: "/".join(filter(None, key)))
+def test_object_is_the_one_in_manifests(manifest: Identity) -> None:
+    """Field by field, labels and annotations too, once the Helm labels and the config checksum are taken out."""
+    (chart,) = (body for body in render("manifests-all") if identity(body) == manifest)
+    assert without_helm_additions(chart) == MANIFEST_OBJECTS[manifest]
+
+
+SUBTREES = {
+    "pod securityContext": ("spec", "template", "spec", "securityContext"),
+    "container securityContext": ("spec", "template", "spec", "containers", 0, "securityContext"),
+    "readinessProbe": ("spec", "template", "spec", "containers", 0, "readinessProbe"),
+    "livenessProbe": ("spec", "template", "spec", "containers", 0, "livenessProbe"),
+    "command": ("spec", "template", "spec", "containers", 0, "command"),
+    "args": ("spec", "template", "spec", "containers", 0, "args"),
+    "ports": ("spec", "template", "spec", "containers", 0, "ports"),
+    "env": ("spec", "template", "spec", "containers", 0, "env"),
+    "volumeMounts": ("spec", "template", "spec", "containers", 0, "volumeMounts"),
+    "volumes": ("spec", "template", "spec", "volumes"),
+    "selector": ("spec", "selector"),
+    "pod labels": ("spec", "template", "metadata", "labels"),
+    "replicas": ("spec", "replicas"),
+}
+"""What must never drift, named so that a failure says which (test_object_is_the_one_in_manifests checks the rest)."""
+
+
+def subtree(body: Any, path: tuple[str | int, ...]) -> Any:
+    for step in path:
+        body = body[step] if isinstance(step, int) else body.get(step)
+    return body
+
+
+DEPLOYMENT_FIELDS = [
+    (deployment, field)
+    for deployment in ("gpu-extender", "gpu-scheduler")
+    for field, path in SUBTREES.items()
+    if subtree(MANIFEST_OBJECTS[("Deployment", deployment, NAMESPACE)], path) is not None
+]
+"""(Deployment, field) where manifests/ sets the field (gpu-scheduler has a command and no args nor env)."""
+
+
+@pytest.mark.parametrize(("deployment", "field"), DEPLOYMENT_FIELDS)
+def test_deployment_field_is_the_one_in_manifests(deployment: str, field: str) -> None:
+    chart = find(render("manifests-all"), "Deployment", deployment)
+    manifest = MANIFEST_OBJECTS[("Deployment", deployment, NAMESPACE)]
+    assert subtree(chart, SUBTREES[field]) == subtree(manifest, SUBTREES[field])
+
+
+def granted(bodies: list[dict[str, Any]], service_account: str, namespace: str) -> set[Grant]:
+    """What the rendered roles grant a ServiceAccount of the release (built-in roles left out)."""
+    subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+    grants: set[Grant] = set()
+    for binding in (body for body in bodies if body["kind"] in {"ClusterRoleBinding", "RoleBinding"}):
+        ref = binding["roleRef"]
+        defined = [body for body in bodies if (body["kind"], body["metadata"]["name"]) == (ref["kind"], ref["name"])]
+        if subject in binding["subjects"] and defined:
+            grants |= grants_of_rules(defined[0]["rules"], binding["metadata"].get("namespace", CLUSTER))
+    return grants
+
+
+def test_rbac_rules_and_bindings_are_those_of_manifests() -> None:
+    chart = render("manifests-all")
+    for key, manifest in MANIFEST_OBJECTS.items():
+        if key[0] in {"ClusterRole", "Role"}:
+            assert find(chart, key[0], key[1])["rules"] == manifest["rules"], key
+        if key[0] in {"ClusterRoleBinding", "RoleBinding"}:
+            binding = find(chart, key[0], key[1])
+            assert (binding["roleRef"], binding["subjects"]) == (manifest["roleRef"], manifest["subjects"]), key
+    assert {identity(b) for b in chart if "rbac" in b["apiVersion"]} == {
+        key for key, body in MANIFEST_OBJECTS.items() if "rbac" in body["apiVersion"]
+    }
+    assert granted(chart, "gpu-extender", NAMESPACE) == EXTENDER_GRANTS
+
+
+def test_network_policy_is_that_of_manifests() -> None:
+    policy = find(render("defaults"), "NetworkPolicy", "gpu-extender")
+    assert policy["spec"] == MANIFEST_OBJECTS[("NetworkPolicy", "gpu-extender", NAMESPACE)]["spec"]
+
+
+# ---- another namespace --------------------------------------------------------------------------------------
+
+
+OTHER_NAMESPACE = "gpu-sharing"
+
+
+def test_another_namespace_holds_every_namespaced_object() -> None:
+    for body in render("everything", OTHER_NAMESPACE):
+        kind, name, where = identity(body)
+        if kind in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
+            assert where is None and (kind != "Namespace" or name == OTHER_NAMESPACE)
+        elif (kind, name) == ("RoleBinding", "gpu-scheduler-authentication-reader"):
+            assert where == "kube-system"  # the ConfigMap kube-scheduler reads is there
+        else:
+            assert where == OTHER_NAMESPACE, identity(body)
+
+
+def test_another_namespace_is_the_one_every_reference_names() -> None:
+    bodies = render("everything", OTHER_NAMESPACE)
+    assert f"gpu-extender.{NAMESPACE}" not in rendered_text("everything", OTHER_NAMESPACE)
+    for binding in (body for body in bodies if "subjects" in body):
+        assert {subject["namespace"] for subject in binding["subjects"]} == {OTHER_NAMESPACE}, identity(binding)
+    moved = {(OTHER_NAMESPACE if where == NAMESPACE else where, *rest) for (where, *rest) in EXTENDER_GRANTS}
+    assert granted(bodies, "gpu-extender", OTHER_NAMESPACE) == moved
+    configuration = find(bodies, "ConfigMap", "gpu-scheduler-config")["data"]["kube-scheduler-config.yaml"]
+    (extender,) = yaml.safe_load(configuration)["extenders"]
+    assert extender["urlPrefix"] == f"https://gpu-extender.{OTHER_NAMESPACE}.svc:443"
+    assert f"--leader-elect-resource-namespace={OTHER_NAMESPACE}" in container(bodies, "gpu-scheduler")["command"]
+    serving = find(bodies, "Certificate", "gpu-extender-serving")["spec"]["dnsNames"]
+    assert f"gpu-extender.{OTHER_NAMESPACE}.svc" in serving
+
+
+# ---- the options -------------------------------------------------------------------------------------------
+
+
+def test_the_pods_mount_the_secrets_you_bring() -> None:
+    bodies = render("own-secrets")
+    assert mounted_secrets(bodies, "gpu-extender") == {"my-serving", "my-scheduler-client"}
+    assert mounted_secrets(bodies, "gpu-scheduler") == {"my-scheduler-client"}
+    assert not [body for body in bodies if is_custom_resource(body)]
+
+
+def test_cert_manager_issues_the_secrets_the_pods_mount() -> None:
+    bodies = render("own-secrets-by-cert-manager")
+    issued = {
+        find(bodies, "Certificate", name)["spec"]["secretName"]
+        for name in ("gpu-extender-serving", "gpu-extender-scheduler-client")
+    }
+    assert issued == {"my-serving", "my-scheduler-client"}
+    assert mounted_secrets(bodies, "gpu-extender") | mounted_secrets(bodies, "gpu-scheduler") == issued
+
+
+def test_the_network_policy_can_be_left_out() -> None:
+    assert "NetworkPolicy" not in {body["kind"] for body in render("no-network-policy")}
+
+
+def test_the_network_policy_opens_the_health_port_to_the_prometheus_you_name() -> None:
+    policy = find(render("own-prometheus"), "NetworkPolicy", "gpu-extender")
+    health = next(rule for rule in policy["spec"]["ingress"] if rule["ports"][0]["port"] == "health")
+    assert health["from"] == OWN_PROMETHEUS["networkPolicy"]["healthPortFrom"], "replaced, not merged"
+
+
+def test_the_pod_monitor_scrapes_metrics_on_the_health_port_of_every_replica() -> None:
+    bodies = render("pod-monitor")
+    monitor = find(bodies, "PodMonitor", "gpu-extender")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    pod_labels = find(bodies, "Deployment", "gpu-extender")["spec"]["template"]["metadata"]["labels"]
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= pod_labels.items() and LEADER_LABEL not in selected, "leader and standby alike"
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint == {"port": "health", "path": "/metrics", "interval": "30s"}
+    assert "health" in {port["name"] for port in container(bodies, "gpu-extender")["ports"]}
+    assert "/metrics" in build_health_server(make_service(make_cluster())).router.paths
+
+
+def test_the_service_monitor_scrapes_metrics_through_a_service_of_every_replica() -> None:
+    bodies = render("service-monitor")
+    monitor = find(bodies, "ServiceMonitor", "gpu-extender")
+    metrics = find(bodies, "Service", "gpu-extender-metrics")
+    pod_labels = find(bodies, "Deployment", "gpu-extender")["spec"]["template"]["metadata"]["labels"]
+    assert metrics["spec"]["selector"].items() <= pod_labels.items() and LEADER_LABEL not in metrics["spec"]["selector"]
+    assert metrics["spec"]["clusterIP"] == "None", "each replica a target of its own"
+    (port,) = metrics["spec"]["ports"]
+    assert (port["name"], port["targetPort"]) == ("health", "health")
+    selected = monitor["spec"]["selector"]["matchLabels"].items()
+    assert selected <= metrics["metadata"]["labels"].items()
+    assert not selected <= find(bodies, "Service", "gpu-extender")["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint == {"port": "health", "path": "/metrics", "interval": "30s"}
+
+
+def test_one_replica_has_no_disruption_budget_to_block_drains() -> None:
+    bodies = render("one-replica")
+    assert "PodDisruptionBudget" not in {body["kind"] for body in bodies}
+    assert {find(bodies, "Deployment", name)["spec"]["replicas"] for name in ("gpu-extender", "gpu-scheduler")} == {1}
+
+
+def test_the_image_values_set_the_extenders_image() -> None:
+    extender = container(render("own-image"), "gpu-extender")
+    assert (extender["image"], extender["imagePullPolicy"]) == ("registry.example.com/gpu-extender:0.2.0", "Always")
+
+
+def test_a_changed_scheduler_configuration_rolls_gpu_scheduler() -> None:
+    def checksum(bodies: list[dict[str, Any]]) -> str:
+        return str(
+            find(bodies, "Deployment", "gpu-scheduler")["spec"]["template"]["metadata"]["annotations"][CONFIG_CHECKSUM]
+        )
+
+    own = render("own-scheduler-config")
+    data = find(own, "ConfigMap", "gpu-scheduler-config")["data"]
+    assert data == {"kube-scheduler-config.yaml": OWN_SCHEDULER_CONFIG["secondScheduler"]["config"]}
+    assert checksum(own) != checksum(render("second-scheduler"))
