@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 
 import orjson
 
@@ -67,51 +66,104 @@ class Profile:
 
 # --- quantities -------------------------------------------------------------------------------------------
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
-_SUFFIX: dict[str, Decimal] = {
-    "": Decimal(1),
-    "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-}
+MAX_QUANTITY = 2**63 - 1
+"""The largest quantity the API server holds as an integer (int64): nothing larger can be a device count."""
+
+_QUANTITY = re.compile(
+    r"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?", re.ASCII
+)
+"""Kubernetes' grammar (`<signedNumber><suffix>`, suffix a binary or decimal SI suffix or a decimal exponent),
+ASCII digits only; no surrounding spaces, as the API server."""
+_DECIMAL_SUFFIX = {"": 0, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_SUFFIX = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_MAX_DIGITS = len(str(MAX_QUANTITY))
+_FAST_DIGITS = _MAX_DIGITS - 1
+"""Plain ASCII digit strings this short are below MAX_QUANTITY: read at once."""
+_EXPONENT_DIGITS = 6
+"""An exponent longer than this (after its leading zeros) is decided by its sign alone: too large or a fraction."""
 
 
 def parse_count(value: object) -> int:
-    """A whole, non-negative Kubernetes quantity ("16", "2k", "1Gi", 4) as an int.
+    """A whole, non-negative Kubernetes quantity ("16", "2k", "1Gi", "1e3", 4) as an int, at most MAX_QUANTITY.
 
-    Extended resources are integers in Kubernetes; a fraction, a negative number or garbage is refused with a
-    message that quotes the value.
+    Extended resources are integers in Kubernetes; a fraction, a negative number, a magnitude beyond int64 or
+    garbage is refused with InvalidQuantity, whose message quotes the value. Bounded work whatever the input:
+    the magnitude is judged from the count of digits and the exponent before any number is built, so neither
+    `"1e999999"` nor a 5,000-digit string costs more than reading its characters.
     """
-    if type(value) is str and value.isdigit():  # "16": nearly every quantity a device plugin sees
-        return int(value)
+    if type(value) is str and len(value) <= _FAST_DIGITS and value.isdigit() and value.isascii():
+        return int(value)  # "16": nearly every quantity a device plugin sees
     if isinstance(value, bool):
-        raise InvalidQuantity(f"{value!r} is not a quantity")
+        raise InvalidQuantity(f"{_quote(value)} is not a quantity")
     if isinstance(value, int):
-        number = Decimal(value)
+        if value < 0:
+            raise InvalidQuantity(f"{_quote(value)} is negative")
+        if value > MAX_QUANTITY:
+            raise InvalidQuantity(f"{_quote(value)} is {_TOO_LARGE}")
+        return value
+    if isinstance(value, float):
+        return _parse_text(repr(value), value)  # 4.0 -> "4.0", 1e300 -> "1e+300", inf -> "inf" (refused)
+    if not isinstance(value, str):
+        raise InvalidQuantity(f"{_quote(value)} is not a quantity")
+    return _parse_text(value, value)
+
+
+def _parse_text(text: str, value: object) -> int:
+    """`text` read as a quantity; messages quote `value`, what the caller was given."""
+    match = _QUANTITY.fullmatch(text)
+    if match is None or not (match.group(2) or match.group(3)):
+        raise InvalidQuantity(f"{_quote(value)} is not a quantity")
+    sign, whole, fraction, exponent, suffix = match.groups()
+    fraction = fraction or ""
+    digits = (whole + fraction).lstrip("0")
+    if not digits:
+        return 0  # zero, whatever its sign, exponent or suffix
+    if sign == "-":
+        raise InvalidQuantity(f"{_quote(value)} is negative")
+    significant = digits.rstrip("0")
+    power = len(digits) - len(significant) - len(fraction)  # value = significant x 10**power x 2**twos
+    twos = _BINARY_SUFFIX.get(suffix or "", 0)
+    power += _DECIMAL_SUFFIX.get(suffix or "", 0)
+    if exponent is not None:
+        magnitude = exponent.lstrip("+-").lstrip("0")
+        if len(magnitude) > _EXPONENT_DIGITS:
+            negative = exponent.startswith("-")
+            raise InvalidQuantity(f"{_quote(value)} is {'not a whole number' if negative else _TOO_LARGE}")
+        power += int(exponent)
+    # significant >= 10**(len - 1), and 2**twos >= 10**(twos * 0.30103): beyond 10**19 > MAX_QUANTITY at once.
+    if len(significant) - 1 + power + (twos * 30103) // 100000 >= _MAX_DIGITS:
+        raise InvalidQuantity(f"{_quote(value)} is {_TOO_LARGE}")
+    number: int
+    if power >= 0:
+        number = int(significant) * 10**power << twos
     else:
-        text = str(value).strip() if isinstance(value, (str, float)) else None
-        match = _QUANTITY.match(text) if text else None
-        if match is None:
-            raise InvalidQuantity(f"{value!r} is not a quantity")
-        try:
-            number = Decimal(match.group(1)) * _SUFFIX[match.group(2) or ""]
-        except InvalidOperation:
-            raise InvalidQuantity(f"{value!r} is not a quantity") from None
-    if number < 0:
-        raise InvalidQuantity(f"{value!r} is negative")
-    if number != number.to_integral_value():
-        raise InvalidQuantity(f"{value!r} is not a whole number")
-    return int(number)
+        # value = significant x 2**twos / 10**shift. significant ends in no zero, so it holds no 2 if it holds
+        # a 5: 5**shift must divide it and 2**shift come from the binary suffix. So shift <= twos <= 60, and by
+        # the test above significant has under 80 digits.
+        shift = -power
+        if shift > twos:
+            raise InvalidQuantity(f"{_quote(value)} is not a whole number")
+        number, remainder = divmod(int(significant), 5**shift)
+        if remainder:
+            raise InvalidQuantity(f"{_quote(value)} is not a whole number")
+        number <<= twos - shift
+    if number > MAX_QUANTITY:
+        raise InvalidQuantity(f"{_quote(value)} is {_TOO_LARGE}")
+    return number
+
+
+_TOO_LARGE = f"too large (more than {MAX_QUANTITY})"
+_QUOTED_CHARACTERS = 40
+"""A quantity quoted in a message is cut to this many characters (a 5,000-digit one would fill the log)."""
+
+
+def _quote(value: object) -> str:
+    if isinstance(value, int) and value.bit_length() > 256:  # repr of a huge int is slow, and refused past 4,300 digits
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    if len(text) <= _QUOTED_CHARACTERS:
+        return text
+    return f"{text[:_QUOTED_CHARACTERS]}... ({len(text)} characters)"
 
 
 # --- a pod's demand ---------------------------------------------------------------------------------------

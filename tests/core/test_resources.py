@@ -4,23 +4,37 @@ from __future__ import annotations
 
 import pytest
 
-from extender.core.resources import (
-    NO_DEMAND,
-    Demand,
-    Device,
-    InvalidPod,
-    InvalidQuantity,
-    node_devices,
-    node_ready,
-    parse_count,
-    pod_demand,
-)
+from extender.core.resources import NO_DEMAND, Demand, Device, InvalidPod, InvalidQuantity, node_devices, node_ready, parse_count, pod_demand
 from tests.builders import PROFILE, make_node, make_pod
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("16", 16), (4, 4), ("0", 0), ("1k", 1000), ("1Ki", 1024), ("2e3", 2000), (" 8 ", 8), ("3000m", 3)],
+    [
+        ("16", 16),
+        (4, 4),
+        ("0", 0),
+        ("1k", 1000),
+        ("2k", 2000),
+        ("1Ki", 1024),
+        ("1Gi", 2**30),
+        ("2e3", 2000),
+        ("1e3", 1000),
+        ("0.5k", 500),  # 0.5 x 1000
+        ("0.5Ki", 512),  # 0.5 x 1024
+        ("1.5Gi", 3 * 2**29),
+        ("3000m", 3),  # 3000 / 1000
+        ("+4", 4),
+        (".5k", 500),
+        ("5.", 5),
+        ("1E", 10**18),  # the exa suffix, not an exponent
+        ("7Ei", 7 * 2**60),
+        ("-0", 0),
+        ("0e999999999", 0),
+        (4.0, 4),
+        ("9223372036854775807", 2**63 - 1),  # int64's largest, as the API server
+        ("1" + "0" * 5000 + "e-5000", 1),  # long, but 1
+    ],
 )
 def test_parse_count_reads_whole_quantities(text: object, expected: int) -> None:
     assert parse_count(text) == expected
@@ -37,11 +51,57 @@ def test_parse_count_reads_whole_quantities(text: object, expected: int) -> None
         (True, "not a quantity"),
         (None, "not a quantity"),
         ("4 GiB", "not a quantity"),
+        ("1e3k", "not a quantity"),
+        (" 4 ", "not a quantity"),  # the API server refuses surrounding spaces
+        ("\u00b2", "not a quantity"),  # superscript two: str.isdigit() says it is a digit, int() refuses it
+        ("\u0664", "not a quantity"),  # Arabic-Indic four: int() would read 4
+        ("\uff14", "not a quantity"),  # fullwidth four: int() would read 4
+        ("9223372036854775808", "too large"),  # 2**63
+        ("8Ei", "too large"),  # 2**63 too
+        ("1e19", "too large"),
+        (2**63, "too large"),
+        (-1, "negative"),
+        ("1e-3", "not a whole number"),
+        ("1e-999999999", "not a whole number"),
+        (4.5, "not a whole number"),
+        (float("inf"), "not a quantity"),
     ],
 )
 def test_parse_count_refuses_with_the_value_quoted(text: object, message: str) -> None:
+    with pytest.raises(InvalidQuantity, match=message) as refused:
+        parse_count(text)
+    assert str(refused.value).startswith(repr(text))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1e999999", "too large"),
+        ("1e1000000", "too large"),
+        ("1e400000", "too large"),
+        ("1e5000", "too large"),
+        ("9" * 5000, "too large"),
+        ("1" * 5000 + "e-4990", "not a whole number"),  # ~1.1e9, and a fraction
+        ("0." + "0" * 5000 + "1e-999999", "not a whole number"),
+    ],
+    ids=["1e999999", "1e1000000", "1e400000", "1e5000", "5000-digits", "5000-digits-e-4990", "long-tiny-fraction"],
+)
+def test_huge_quantities_are_refused_without_building_them(text: str, message: str) -> None:
+    """D2, D3: before, "1e999999" held the process 25 s (Decimal to int is quadratic) and "1e5000" was a 500.
+    Refused here from the count of digits and the exponent alone: were the number built, this would take seconds."""
     with pytest.raises(InvalidQuantity, match=message):
         parse_count(text)
+
+
+def test_a_long_value_is_quoted_cut_short() -> None:
+    with pytest.raises(InvalidQuantity) as refused:
+        parse_count("9" * 5000)
+    assert str(refused.value) == f"'{'9' * 39}... (5002 characters) is too large (more than {2**63 - 1})"
+
+
+def test_a_huge_integer_is_refused_without_printing_it() -> None:
+    with pytest.raises(InvalidQuantity, match="an integer of 16610 bits is too large"):
+        parse_count(10**5000)
 
 
 def test_demand_sums_containers_like_the_device_plugin() -> None:
@@ -113,6 +173,6 @@ def test_readiness_follows_the_ready_condition() -> None:
 
 def test_a_node_claiming_absurdly_many_gpus_is_ignored_with_a_reason() -> None:
     node = make_node("n1", gpus=2, mem=16)
-    node["status"]["capacity"][PROFILE.count_resource] = "9" * 400
+    node["status"]["capacity"][PROFILE.count_resource] = "9" * 18  # a quantity, but no machine's GPU count
     found = node_devices(node, PROFILE)
     assert found.devices == () and "more than 256 GPUs" in found.unreadable

@@ -298,9 +298,7 @@ async def test_an_upgrade_or_connect_gets_exactly_one_400_then_the_connection_cl
     writer.close()
 
 
-@pytest.mark.parametrize(
-    "host_lines", [b"", b"Host: x\r\nHost: y\r\n"], ids=["without-host", "with-two-hosts"]
-)
+@pytest.mark.parametrize("host_lines", [b"", b"Host: x\r\nHost: y\r\n"], ids=["without-host", "with-two-hosts"])
 async def test_an_http_1_1_request_needs_exactly_one_host(server: HttpServer, host_lines: bytes) -> None:
     reader, writer = await connect(server)
     writer.write(b"GET /items/a HTTP/1.1\r\n" + host_lines + b"\r\n")
