@@ -62,9 +62,15 @@ helm-build:
 test: lint e2e-build helm-build
 	$(BIN)/pytest -q
 
-bench: $(VENV)/.runtime
+# Runtime plus uvicorn, the server the hand-written transport is measured against (bench/transport.py).
+$(VENV)/.bench: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[bench]'
+	touch $@ $(VENV)/.runtime
+
+bench: $(VENV)/.bench
 	$(BIN)/python -m bench.bench
 	$(BIN)/python -m bench.cache_build
+	$(BIN)/python -m bench.transport
 
 # The real kube-scheduler on the e2e tier's control plane, alone and with the extender wired in as it ships:
 # pods/s, CPU per pod per process, and the end check. Needs the tier's binaries and its helpers (tests/e2e).

@@ -48,7 +48,7 @@ import orjson
 from devtools.clustergen import generate, write
 from devtools.harness import HOST, HarnessError, ServedExtender, machine, percentile
 from extender.core.cache import Cache
-from extender.core.resources import Profile
+from extender.core.protocols.gpushare import Profile
 from extender.tools.certs import CertificateFiles, write_certificates
 
 HERE = Path(__file__).resolve().parent

@@ -39,7 +39,7 @@ from devtools.clustergen import generate
 from devtools.harness import percentile
 from extender.app import kube_service
 from extender.core.cache import Cache, PodRecord
-from extender.core.resources import Profile
+from extender.core.protocols.gpushare import Profile
 from extender.service.metrics import Metrics
 from extender.settings import GpuSeries, Settings
 from extender.sources.kube.client import KubeClient

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from devtools.harness import percentile
-from extender.core.resources import Profile
+from extender.core.protocols.gpushare import Profile
 
 PROFILE = Profile()
 """The gpushare device plugin's resource names and annotation keys: what `extender serve` writes by default."""

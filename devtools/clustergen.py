@@ -2,8 +2,8 @@
 
 The benchmark and load tests need clusters of thousands of nodes that look like what the API server lists:
 Nodes advertising GPUs the way the gpushare device plugin does (`count` GPUs and `count * per-GPU` memory in
-`status.capacity`), and Pods bound to them whose allocation annotations are written by
-`cluster.allocation_annotations`, so the cache counts them exactly as it counts pods we placed ourselves.
+`status.capacity`), and Pods bound to them whose allocation annotations are written by the gpushare
+protocol (`Profile.allocation_annotations`), so the cache counts them exactly as it counts pods we placed.
 The same seed always gives the same objects, byte for byte.
 
 It never overcommits a device (the cache's invariant holds on every generated cluster), and it never talks
@@ -22,10 +22,10 @@ from pathlib import Path
 import orjson
 import yaml
 
-from extender.core.annotations import allocation_annotations
+from extender.core.devices import Device
 from extender.core.holds import Allocation
 from extender.core.objects import Raw
-from extender.core.resources import Profile
+from extender.core.protocols.gpushare import Profile
 
 ASSUME_TIME = 1_700_000_000.0
 """Unix seconds written as every generated pod's assume time: fixed, so output depends on the seed alone."""
@@ -58,7 +58,8 @@ def _node(name: str, gpus: int, memory_per_gpu: int, profile: Profile) -> Raw:
 
 
 def _pod(name: str, namespace: str, uid: str, allocation: Allocation, device_capacity: int, profile: Profile) -> Raw:
-    annotations = allocation_annotations(allocation, device_capacity, ASSUME_TIME, profile)
+    device = Device(allocation.indexes[0], device_capacity)
+    annotations = profile.allocation_annotations(allocation, (device,), ASSUME_TIME)
     annotations[profile.assigned_annotation] = "true"  # running: the device plugin has handed the GPU over
     limits = {profile.memory_resource: str(allocation.memory)}
     return {
@@ -125,7 +126,7 @@ def generate(
                 namespace = rng.choice(NAMESPACES)
                 uid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
                 pod_name = f"job-{len(pod_objects) + 1:07d}"
-                allocation = Allocation(uid, f"{namespace}/{pod_name}", name, (index,), size)
+                allocation = Allocation.uniform(uid, f"{namespace}/{pod_name}", name, (index,), size)
                 pod_objects.append(_pod(pod_name, namespace, uid, allocation, memory, profile))
     return node_objects + pod_objects
 

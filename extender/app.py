@@ -20,6 +20,7 @@ from extender.core.cache import Cache
 from extender.core.ledger import Ledger
 from extender.core.requeue import Requeue
 from extender.service.context import Service, Source
+from extender.service.limits import Limits
 from extender.service.metrics import Metrics
 from extender.service.pages import PROBES, build_health_server
 from extender.service.tls import ReloadingContext
@@ -46,6 +47,21 @@ def build_service(settings: Settings, cache: Cache, source: Source, ask: Callabl
         metrics=Metrics(settings.gpu_metrics, settings.gpu_metrics_limit),
         expiry_interval=settings.expiry_interval,
         max_body_bytes=settings.max_body_bytes,
+        limits=listener_limits(settings, settings.max_connections),
+        health_limits=listener_limits(settings, settings.health_max_connections),
+    )
+
+
+def listener_limits(settings: Settings, max_connections: int) -> Limits:
+    """One listener's deadlines and caps from the settings (`service/limits.py`)."""
+    return Limits(
+        max_connections=max_connections,
+        header_timeout=settings.header_timeout,
+        body_timeout=settings.body_timeout,
+        body_min_rate=settings.body_min_rate,
+        idle_timeout=settings.idle_timeout,
+        write_timeout=settings.write_timeout,
+        handshake_timeout=settings.handshake_timeout,
     )
 
 

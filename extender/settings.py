@@ -20,9 +20,10 @@ from typing import Any
 
 import yaml
 
+from extender.core.devices import Strategy
 from extender.core.errors import UserError
-from extender.core.policy import PolicyConfig, Strategy
-from extender.core.resources import Profile
+from extender.core.policy import PolicyConfig
+from extender.core.protocols.gpushare import Profile
 
 ENV_PREFIX = "EXTENDER_"
 
@@ -100,6 +101,24 @@ class Settings:
         "Serve plain HTTP instead of HTTPS (logged as a warning; tests and demos only).", default=False
     )
     max_body_bytes: int = _doc("Largest request body accepted; larger ones get 413.", default=32 * 1024 * 1024)
+    max_connections: int = _doc(
+        "Open connections on the verbs' port at most; one more is closed at once, logged and counted.", default=512
+    )
+    health_max_connections: int = _doc("Open connections on the health port at most.", default=64)
+    header_timeout: float = _doc(
+        "Seconds from a request's first byte to the end of its head; a slower head gets 408 and is closed.",
+        default=10.0,
+    )
+    body_timeout: float = _doc(
+        "Seconds of grace for a request body, after which it must have come at --body-min-rate on average.",
+        default=10.0,
+    )
+    body_min_rate: float = _doc("Bytes per second a request body must average after its grace.", default=1048576.0)
+    idle_timeout: float = _doc("Seconds an idle keep-alive connection is kept (no byte resets it).", default=75.0)
+    write_timeout: float = _doc(
+        "Seconds a client may leave replies unread (above 64 KiB) before its connection is dropped.", default=30.0
+    )
+    handshake_timeout: float = _doc("Seconds a TLS handshake may take.", default=10.0)
     # -- the cache
     cluster: str = _doc(
         "File of Kubernetes Nodes and Pods (YAML or JSON) to serve from instead of an API server.", default=""
@@ -262,6 +281,14 @@ class Settings:
         if self.insecure_http and self.client_ca:
             raise SettingsError("--client-ca needs HTTPS: drop --insecure-http")
         for name in (
+            "max_connections",
+            "health_max_connections",
+            "header_timeout",
+            "body_timeout",
+            "body_min_rate",
+            "idle_timeout",
+            "write_timeout",
+            "handshake_timeout",
             "reservation_ttl",
             "expiry_interval",
             "tls_reload_interval",

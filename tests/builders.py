@@ -10,13 +10,13 @@ from typing import Any
 
 import orjson
 
-from extender.core.annotations import allocation_annotations
 from extender.core.binding import BindContext, BindRequest, RecentPods, bind
 from extender.core.cache import Cache, pod_record
+from extender.core.devices import Device
 from extender.core.holds import Allocation
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
-from extender.core.resources import Profile
+from extender.core.protocols.gpushare import Profile
 
 PROFILE = Profile()
 _uids = itertools.count(1)
@@ -70,8 +70,8 @@ def make_pod(
     annotations: dict[str, str] = {}
     if indexes is not None:
         per_device = -(-int(gpu_mem or 0) // len(indexes))
-        allocation = Allocation(uid, f"{namespace}/{name}", node, indexes, per_device)
-        annotations = allocation_annotations(allocation, 16, assume_time, profile)
+        allocation = Allocation.uniform(uid, f"{namespace}/{name}", node, indexes, per_device)
+        annotations = profile.allocation_annotations(allocation, (Device(indexes[0], 16),), assume_time)
     spec: dict[str, Any] = {
         "containers": [{"name": "main", "image": "registry.example/none", "resources": {"limits": limits}}]
     }
@@ -126,7 +126,7 @@ def cache_differences(cluster: Cache, nodes: list[dict[str, Any]], pods: list[di
     if set(cluster.pods) != listed_pods:
         problems.append(f"pods: cache has {sorted(cluster.pods)}, API has {sorted(listed_pods)}")
     for pod in live:
-        record = pod_record(pod, cluster.profile)
+        record = pod_record(pod, cluster.protocol)
         hold = cluster.hold_of(record.uid)
         if record.node_name and record.allocation is not None:
             if hold is None or not hold.observed or hold.allocation != record.allocation:

@@ -8,7 +8,7 @@ import pytest
 
 from devtools.clustergen import generate, main, write
 from extender.core.cache import Cache
-from extender.core.resources import Profile
+from extender.core.protocols.gpushare import Profile
 from extender.sources.file import load_cluster_file
 
 PROFILE = Profile()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from extender.core.policy import Strategy
+from extender.core.devices import Strategy
 from extender.settings import Settings, SettingsError, load
 
 TLS = {"tls_cert": "s.crt", "tls_key": "s.key"}

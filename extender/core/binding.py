@@ -26,15 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from extender.core.annotations import allocation_annotations
 from extender.core.cache import Cache, NodeState, PodRecord, pod_record
+from extender.core.devices import Demand
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.ledger import Ledger
 from extender.core.memo import Lru
 from extender.core.objects import Raw
 from extender.core.objects import uid as pod_uid
-from extender.core.policy import PolicyConfig, choose_devices, judge
-from extender.core.resources import Demand, Profile
+from extender.core.policy import PolicyConfig, choose, judge
+from extender.core.protocols import DeviceProtocol
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ def _known(request: BindRequest, context: BindContext) -> tuple[Raw, PodRecord, 
     if pod is None:
         pod = {"metadata": {"name": request.name, "namespace": request.namespace, "uid": uid}}
     if record is None:
-        record = pod_record(pod, context.cache.profile)
+        record = pod_record(pod, context.cache.protocol)
     if (record.namespace, record.name) != (request.namespace, request.name):
         return _refused(f"pod uid {uid} is {record.key}, not {key}")
     state = context.cache.nodes.get(request.node)
@@ -272,24 +272,25 @@ async def _new_allocation(
 ) -> BindOutcome:
     """Choose devices by policy, reserve them (check and record in one step), write them."""
     key, node = request.key, request.node
-    indexes = choose_devices(demand, state, context.policy.device_strategy)
-    if indexes is None:
-        return _refused(f"pod {key} no longer fits on {node}: {judge(demand, state, context.policy.unit)[1]}")
-    refusal = context.ledger.reserve(Allocation(request.uid, key, node, indexes, demand.per_device))
+    placed = choose(demand, state, context.policy)
+    if placed is None:
+        return _refused(f"pod {key} no longer fits on {node}: {judge(demand, state, context.policy.unit).reason}")
+    allocation = Allocation(request.uid, key, node, placed.containers, placed.init_containers)
+    refusal = context.ledger.reserve(allocation)
     if refusal is not None:
         return _refused(f"pod {key}: {refusal}")
-    log.info("reserved %s on %s GPU %s (%s each)", key, node, ",".join(map(str, indexes)), demand.per_device)
+    log.info(
+        "reserved %s on %s GPU %s (%s in all)", key, node, ",".join(map(str, allocation.indexes)), allocation.memory
+    )
     return await _write(request, context, pod, context.cache.hold_of(request.uid), state)
 
 
-def _annotations(hold: Hold | None, state: NodeState, profile: Profile) -> dict[str, str]:
+def _annotations(hold: Hold | None, state: NodeState, protocol: DeviceProtocol) -> dict[str, str]:
     """What records the hold on the pod ({} for a pod that holds nothing); the same hold always writes the
     same annotations."""
     if hold is None:
         return {}
-    position = state.position(hold.allocation.indexes[0])
-    capacity = state.devices[position].capacity if position >= 0 else 0
-    return allocation_annotations(hold.allocation, capacity, hold.since, profile)
+    return protocol.allocation_annotations(hold.allocation, state.devices, hold.since)
 
 
 async def _write(
@@ -297,7 +298,7 @@ async def _write(
 ) -> BindOutcome:
     """Write the annotations and the binding (within the guard's time); settle the reservation by the result."""
     key, node, ledger = request.key, request.node, context.ledger
-    annotations = _annotations(hold, state, context.cache.profile)
+    annotations = _annotations(hold, state, context.cache.protocol)
     try:
         try:
             async with asyncio.timeout(context.guard.time_left()):

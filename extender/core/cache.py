@@ -12,16 +12,18 @@ never decides placement: that is `policy.py`, and reservations' rules are `ledge
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from extender.core import objects
-from extender.core.annotations import assume_time, read_allocation
+from extender.core.devices import Demand, Device, NodeLock
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.memo import FitIndex, NodeMemo
 from extender.core.objects import Raw, as_object, pod_priority
-from extender.core.resources import Demand, Device, InvalidPod, Profile, node_devices, node_ready, pod_demand
+from extender.core.protocols import DeviceProtocol
+from extender.core.resources import InvalidPod, node_ready
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -50,23 +52,21 @@ class PodRecord:
         return objects.key(self.namespace, self.name)
 
 
-def pod_record(pod: Raw, profile: Profile) -> PodRecord:
+def pod_record(pod: Raw, protocol: DeviceProtocol) -> PodRecord:
     """Reduce a pod object to a PodRecord; an unreadable GPU request becomes `unreadable`, never an exception."""
     uid, namespace, name = objects.uid(pod), objects.namespace(pod), objects.name(pod)
     node = str(as_object(pod.get("spec")).get("nodeName") or "")
-    annotations = objects.annotations_of(pod)
     unreadable = ""
     demand: Demand | None
     try:
-        demand = pod_demand(pod, profile)
+        demand = protocol.pod_demand(pod)
     except InvalidPod as error:
         demand, unreadable = None, str(error)
-    key = objects.key(namespace, name)
-    on_node = node or str(annotations.get(profile.node_annotation) or "")
-    allocation = read_allocation(uid, key, on_node, annotations, demand, profile)
-    finished = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
-    assumed = assume_time(annotations, profile)
-    return PodRecord(uid, namespace, name, node, demand, allocation, assumed, unreadable, finished, pod_priority(pod))
+    recorded = protocol.recorded(pod, demand)
+    finished = as_object(pod.get("status")).get("phase") in TERMINAL_PHASES
+    return PodRecord(
+        uid, namespace, name, node, demand, recorded.allocation, recorded.since, unreadable, finished, pod_priority(pod)
+    )
 
 
 # --- nodes ------------------------------------------------------------------------------------------------
@@ -83,10 +83,17 @@ class NodeState:
     ready: bool = True
     unreadable: str = ""
     """Why the GPUs the node advertises could not be read ("" when they could, or it advertises none)."""
+    lock: NodeLock | None = None
+    """The device plugin's lock (HAMi), while one is held and not older than the cache's lock timeout."""
     holds: dict[str, Hold] = field(default_factory=dict)
     # the summary, derived from devices and holds by refresh():
     used: list[int] = field(default_factory=list)
+    used_cores: list[int] = field(default_factory=list)
+    used_slots: list[int] = field(default_factory=list)
+    """Container uses per device: what a split count limits (HAMi)."""
     free: list[int] = field(default_factory=list)
+    """Memory a new pod can take on each device: 0 on one that takes none (unhealthy, cordoned, out of slots or
+    of compute)."""
     free_desc: tuple[int, ...] = ()
     capacity_desc: tuple[int, ...] = ()
     largest_free: int = 0
@@ -96,7 +103,8 @@ class NodeState:
     stray: int = 0
     """Memory held on device indexes this node does not have (a device vanished under running pods)."""
     fit_free: int = -1
-    """The largest one-GPU demand this node takes now: `largest_free`, or -1 when unknown or not Ready."""
+    """The largest plain one-GPU demand this node takes now: `largest_free`, or -1 when unknown, not Ready or
+    locked."""
 
     def position(self, index: int) -> int:
         """Where device `index` sits in `devices`, or -1."""
@@ -105,23 +113,38 @@ class NodeState:
                 return position
         return -1
 
+    def takes_new_pods(self, position: int) -> bool:
+        """Whether the device at `position` may take another pod at all: usable, a slot left (where slots are
+        limited), compute left (where compute is tracked)."""
+        device = self.devices[position]
+        if not device.usable:
+            return False
+        if device.slots and self.used_slots[position] >= device.slots:
+            return False
+        return not (device.cores and self.used_cores[position] >= device.cores)
+
     def refresh(self) -> None:
-        used = [0] * len(self.devices)
+        count = len(self.devices)
+        used, cores, slots = [0] * count, [0] * count, [0] * count
         stray = 0
         positions = {device.index: position for position, device in enumerate(self.devices)}
         for hold in self.holds.values():
-            allocation = hold.allocation
-            for index in allocation.indexes:
-                position = positions.get(index)
-                if position is None:
-                    stray += allocation.per_device
+            for use in hold.allocation.uses:
+                position = positions.get(use.index, -1) if use.index >= 0 else -1
+                if position < 0:
+                    stray += use.memory
                 else:
-                    used[position] += allocation.per_device
-        self.used = used
+                    used[position] += use.memory
+                    cores[position] += use.cores
+                    slots[position] += use.slots
+        self.used, self.used_cores, self.used_slots = used, cores, slots
         self.stray = stray
-        self.free = [max(0, device.capacity - amount) for device, amount in zip(self.devices, used, strict=True)]
+        self.free = [
+            max(0, device.capacity - amount) if self.takes_new_pods(position) else 0
+            for position, (device, amount) in enumerate(zip(self.devices, used, strict=True))
+        ]
         self.free_desc = tuple(sorted(self.free, reverse=True))
-        self.capacity_desc = tuple(sorted((device.capacity for device in self.devices), reverse=True))
+        self.capacity_desc = tuple(sorted((device.capacity for device in self.devices if device.usable), reverse=True))
         self.capacity_total = sum(device.capacity for device in self.devices)
         self.used_total = sum(used)
         if self.free:
@@ -129,14 +152,24 @@ class NodeState:
             self.largest_free, self.largest_free_index = self.free[best], self.devices[best].index
         else:
             self.largest_free, self.largest_free_index = 0, -1
-        self.fit_free = self.largest_free if self.known and self.ready else -1
+        self.fit_free = self.largest_free if self.known and self.ready and self.lock is None else -1
+
+
+def _resolved(allocation: Allocation, state: NodeState) -> Allocation:
+    """The allocation with GPUs named by UUID given their index on the node (where the node has them)."""
+    return allocation.resolve({device.uuid: device.index for device in state.devices if device.uuid})
 
 
 class Cache:
     """Nodes, pods and holds. Mutable; single-threaded (one asyncio loop), so no operation is interleaved."""
 
-    def __init__(self, profile: Profile) -> None:
-        self.profile = profile
+    def __init__(
+        self, protocol: DeviceProtocol, lock_timeout: float = 300.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.protocol = protocol
+        self.lock_timeout = lock_timeout
+        """Seconds after which a device plugin's node lock counts as abandoned (HAMi's --node-lock-timeout)."""
+        self.clock = clock
         self.nodes: dict[str, NodeState] = {}
         self.pods: dict[str, PodRecord] = {}
         self._hold_node: dict[str, str] = {}
@@ -148,6 +181,8 @@ class Cache:
         self.fit_index = FitIndex()
         self.memo = NodeMemo()
         self._batch: dict[str, NodeState] | None = None
+        self._locks: dict[str, NodeLock] = {}
+        """Every node lock the API shows, fresh or not, by node."""
 
     def _changed(self, state: NodeState) -> None:
         """Recompute a node's summary after any change, and the indexes built on it (once per node at the end
@@ -187,6 +222,8 @@ class Cache:
         with self._batched():
             self.release(uid)
             state = self._state(hold.allocation.node)
+            if not hold.allocation.resolved:
+                hold = replace(hold, allocation=_resolved(hold.allocation, state))
             state.holds[uid] = hold
             self._hold_node[uid] = state.name
             if not hold.observed:
@@ -241,6 +278,7 @@ class Cache:
         if not name:
             return
         if deleted:
+            self._locks.pop(name, None)
             state = self.nodes.get(name)
             if state is not None:
                 state.known, state.devices, state.ready = False, (), True
@@ -248,11 +286,47 @@ class Cache:
                 self._forget_if_empty(state)
             return
         state = self._state(name)
-        found = node_devices(node, self.profile)
+        found = self.protocol.node_devices(node)
         state.known = True
         state.devices, state.unreadable = found.devices, found.unreadable
         state.ready = node_ready(node)
+        self._set_lock(state, found.lock)
+        for uid, hold in list(state.holds.items()):  # GPUs named by UUID before the node told their indexes
+            if not hold.allocation.resolved:
+                state.holds[uid] = replace(hold, allocation=_resolved(hold.allocation, state))
+                if uid in self.reserved:
+                    self.reserved[uid] = state.holds[uid]
         self._changed(state)
+
+    # -- node locks (HAMi's device plugin)
+
+    def _set_lock(self, state: NodeState, lock: NodeLock | None) -> None:
+        if lock is None:
+            self._locks.pop(state.name, None)
+        else:
+            self._locks[state.name] = lock
+        state.lock = lock if lock is not None and self.clock() - lock.since <= self.lock_timeout else None
+
+    def take_lock(self, node: str, lock: NodeLock | None) -> None:
+        """This replica took (or released: None) the device plugin's lock on the node: count it before the
+        watch shows it."""
+        state = self.nodes.get(node)
+        if state is not None:
+            self._set_lock(state, lock)
+            self._changed(state)
+
+    def expire_locks(self) -> list[str]:
+        """Let nodes whose lock is older than `lock_timeout` take pods again (their plugin never released it:
+        the next bind takes it over); returns their names."""
+        now = self.clock()
+        expired = []
+        for name, lock in list(self._locks.items()):
+            state = self.nodes.get(name)
+            if state is not None and state.lock is not None and now - lock.since > self.lock_timeout:
+                state.lock = None
+                self._changed(state)
+                expired.append(name)
+        return expired
 
     def node_view(self, node: Raw) -> NodeState:
         """The state of a node the scheduler sent as a whole object: the cache's if known, else built from it."""
@@ -260,8 +334,8 @@ class Cache:
         state = self.nodes.get(name)
         if state is not None and state.known:
             return state
-        found = node_devices(node, self.profile)
-        view = NodeState(name, found.devices, True, node_ready(node), found.unreadable)
+        found = self.protocol.node_devices(node)
+        view = NodeState(name, found.devices, True, node_ready(node), found.unreadable, found.lock)
         if state is not None:
             view.holds = dict(state.holds)
         view.refresh()
@@ -270,7 +344,7 @@ class Cache:
     # -- pods
 
     def apply_pod(self, pod: Raw, deleted: bool = False) -> None:
-        self.apply_record(pod_record(pod, self.profile), deleted)
+        self.apply_record(pod_record(pod, self.protocol), deleted)
 
     def apply_record(self, record: PodRecord, deleted: bool = False) -> None:
         """A pod was added, changed or deleted (a watch event, a bind in the file source)."""
@@ -287,6 +361,8 @@ class Cache:
         self.pods[uid] = record
         allocation = record.allocation
         current = self.hold_of(uid)
+        if allocation is not None and not allocation.resolved and allocation.node in self.nodes:
+            allocation = _resolved(allocation, self.nodes[allocation.node])
         if allocation is not None and record.node_name:
             self.abandoned.discard(uid)
             if current is None or not current.observed or current.allocation != allocation:
@@ -329,7 +405,7 @@ class Cache:
             self.apply_node(node)
 
     def replace_pods(self, pods: list[Raw]) -> None:
-        self.replace_records([pod_record(pod, self.profile) for pod in pods])
+        self.replace_records([pod_record(pod, self.protocol) for pod in pods])
 
     def replace_records(self, records: list[PodRecord]) -> None:
         """Swap in a full listing of pods: a pod absent from it was deleted (or finished) meanwhile, and
@@ -353,10 +429,16 @@ class Cache:
     # -- checks
 
     def overcommitted(self) -> list[str]:
-        """Every device whose holds exceed its capacity, as messages; empty when the invariant holds."""
-        return [
-            f"{state.name} GPU {device.index}: used {used} > capacity {device.capacity}"
-            for state in self.nodes.values()
-            for device, used in zip(state.devices, state.used, strict=True)
-            if used > device.capacity
-        ]
+        """Every device whose holds exceed its memory, compute or slots, as messages; empty when the invariant
+        holds (DESIGN §3: `used <= capacity` in every dimension the device plugin enforces)."""
+        found = []
+        for state in self.nodes.values():
+            for position, device in enumerate(state.devices):
+                used, cores, slots = state.used[position], state.used_cores[position], state.used_slots[position]
+                if used > device.capacity:
+                    found.append(f"{state.name} GPU {device.index}: used {used} > capacity {device.capacity}")
+                if device.cores and cores > device.cores:
+                    found.append(f"{state.name} GPU {device.index}: compute {cores} > {device.cores}")
+                if device.slots and slots > device.slots:
+                    found.append(f"{state.name} GPU {device.index}: {slots} pods > split count {device.slots}")
+        return found

@@ -18,23 +18,123 @@ or removes it when the API says so. Everything else (metrics, /inspect, the bind
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One GPU given to one container: its index, and the memory and compute taken on it."""
+
+    index: int
+    memory: int
+    cores: int = 0
+    uuid: str = ""
+    """The GPU's UUID where the protocol names GPUs by it (HAMi); `index` is then -1 until the cache resolves it
+    against the node's devices."""
+
+
+@dataclass(frozen=True, slots=True)
+class Use:
+    """All an allocation takes of one GPU: memory, compute, and slots (container uses, for split limits)."""
+
+    index: int
+    memory: int
+    cores: int = 0
+    slots: int = 1
+    uuid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
-    """Device memory given to one pod on one node: `per_device` on each of `indexes`."""
+    """The GPUs given to one pod on one node: per GPU container, its grants (init containers first).
+
+    `uses` is what the pod takes of each GPU, the way its device plugin accounts it: an init container runs
+    before the others, so on each GPU the init containers count at their peak and the app containers add up,
+    and the pod takes the larger of the two, field by field (HAMi's `CollapseInitContainerUsage`, by container
+    rather than by position). Everything that counts memory (the cache's summaries, the ledger, preemption)
+    reads `uses`.
+    """
 
     pod_uid: str
     pod: str
     """`namespace/name`, for people."""
     node: str
-    indexes: tuple[int, ...]
-    per_device: int
+    containers: tuple[tuple[Grant, ...], ...]
+    init_containers: int = 0
+    """How many of `containers` (the first ones) are init containers."""
+    uses: tuple[Use, ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uses", _collapse(self.containers, self.init_containers))
+
+    @classmethod
+    def uniform(cls, pod_uid: str, pod: str, node: str, indexes: tuple[int, ...], per_device: int) -> Allocation:
+        """One container's worth: `per_device` memory on each of `indexes` (gpushare's only form)."""
+        return cls(pod_uid, pod, node, (tuple(Grant(index, per_device) for index in indexes),))
+
+    @property
+    def indexes(self) -> tuple[int, ...]:
+        """Every GPU it holds memory on, by index."""
+        return tuple(use.index for use in self.uses)
+
+    @property
+    def resolved(self) -> bool:
+        """Every GPU known by index (a HAMi allocation read back names GPUs by UUID until resolved)."""
+        return all(use.index >= 0 for use in self.uses)
+
+    def resolve(self, index_of: dict[str, int]) -> Allocation:
+        """The same allocation with GPUs named by UUID given their index on the node, where known."""
+        if self.resolved:
+            return self
+        containers = tuple(
+            tuple(replace(grant, index=index_of.get(grant.uuid, -1)) if grant.index < 0 else grant for grant in grants)
+            for grants in self.containers
+        )
+        return replace(self, containers=containers)
+
+    @property
+    def per_device(self) -> int:
+        """The memory on its first GPU: for a uniform allocation, on each."""
+        return self.uses[0].memory if self.uses else 0
 
     @property
     def memory(self) -> int:
-        return self.per_device * len(self.indexes)
+        return sum(use.memory for use in self.uses)
+
+    def use_of(self, index: int) -> Use | None:
+        for use in self.uses:
+            if use.index == index:
+                return use
+        return None
+
+
+def _collapse(containers: tuple[tuple[Grant, ...], ...], init_containers: int) -> tuple[Use, ...]:
+    if (
+        len(containers) == 1
+        and not init_containers
+        and len({grant.index for grant in containers[0]}) == len(containers[0])
+    ):  # nearly always: one container, each GPU once
+        return tuple(Use(grant.index, grant.memory, grant.cores, 1, grant.uuid) for grant in containers[0])
+    peak: dict[tuple[int, str], list[int]] = {}
+    total: dict[tuple[int, str], list[int]] = {}
+    for number, grants in enumerate(containers):
+        for grant in grants:
+            key = (grant.index, grant.uuid if grant.index < 0 else "")
+            if number < init_containers:
+                memory, cores, _ = peak.get(key, [0, 0, 0])
+                peak[key] = [max(memory, grant.memory), max(cores, grant.cores), 1]
+            else:
+                entry = total.setdefault(key, [0, 0, 0])
+                entry[0] += grant.memory
+                entry[1] += grant.cores
+                entry[2] += 1
+    uuids = {grant.index: grant.uuid for grants in containers for grant in grants}
+    uses = []
+    for key in sorted(peak.keys() | total.keys()):
+        first, second = peak.get(key, [0, 0, 0]), total.get(key, [0, 0, 0])
+        uuid = key[1] or uuids.get(key[0], "")
+        uses.append(Use(key[0], max(first[0], second[0]), max(first[1], second[1]), max(first[2], second[2], 1), uuid))
+    return tuple(uses)
 
 
 class HoldState(enum.Enum):

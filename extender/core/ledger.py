@@ -77,15 +77,21 @@ class Ledger:
         if state is None or not state.known:
             return f"node {allocation.node} is not in the extender's cache"
         own = state.holds.get(allocation.pod_uid)
-        for index in allocation.indexes:
-            position = state.position(index)
+        for use in allocation.uses:
+            position = state.position(use.index)
             if position < 0:
-                return f"node {allocation.node} has no GPU {index}"
-            free = state.devices[position].capacity - state.used[position]
-            if own is not None and index in own.allocation.indexes:
-                free += own.allocation.per_device
-            if free < allocation.per_device:
-                return f"GPU {index} on {allocation.node} has {max(free, 0)} free, needs {allocation.per_device}"
+                return f"node {allocation.node} has no GPU {use.index}"
+            device = state.devices[position]
+            mine = own.allocation.use_of(use.index) if own is not None else None
+            free = device.capacity - state.used[position] + (mine.memory if mine else 0)
+            if free < use.memory:
+                return f"GPU {use.index} on {allocation.node} has {max(free, 0)} free, needs {use.memory}"
+            cores = device.cores - state.used_cores[position] + (mine.cores if mine else 0)
+            if device.cores and cores < use.cores:
+                return f"GPU {use.index} on {allocation.node} has {max(cores, 0)} % compute free, needs {use.cores}"
+            slots = device.slots - state.used_slots[position] + (mine.slots if mine else 0)
+            if device.slots and slots < use.slots:
+                return f"GPU {use.index} on {allocation.node} runs its most pods ({device.slots})"
         self.cluster.hold(Hold(allocation, HoldState.RESERVED, since=self.clock()))
         return None
 

@@ -10,23 +10,19 @@ API's MaxExtenderPriority); ties in device choice break by device index, so one 
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from extender.core.cache import Cache, NodeState
 from extender.core.contract import MAX_EXTENDER_PRIORITY, HostPriorityEntry, checked_names, host_priority
-from extender.core.holds import Allocation
+from extender.core.devices import Demand, Strategy
+from extender.core.fit import FITS, Cause, Judgement, Placement, Usage, Verdict, place
+from extender.core.holds import Grant
 from extender.core.memo import Question
-from extender.core.resources import Demand
 
-
-class Strategy(enum.StrEnum):
-    BINPACK = "binpack"
-    """Fill the fullest device (or node) that still fits: keeps whole GPUs free for big pods."""
-    SPREAD = "spread"
-    """Use the emptiest: spreads load and memory pressure."""
+__all__ = ["FITS", "Cause", "Judgement", "Strategy", "Verdict"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,58 +45,89 @@ class PolicyConfig:
         object.__setattr__(self, "memo_key", key)
 
 
-class Verdict(enum.IntEnum):
-    FITS = 0
-    FAILED = 1
-    """Does not fit now; evicting pods could make room."""
-    UNRESOLVABLE = 2
-    """No device here could ever hold the demand: preemption cannot help."""
-
-
 @dataclass(slots=True)
 class FilterOutcome:
     passed: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     unresolvable: dict[str, str] = field(default_factory=dict)
+    causes: Counter[Cause] = field(default_factory=Counter)
+    """How many nodes were refused for each cause (`extender_filter_rejections_total`)."""
 
 
 NOT_IN_CACHE = "node is not in the extender's cache (yet)"
 
 
-def judge(demand: Demand, state: NodeState | None, unit: str) -> tuple[Verdict, str]:
-    """Whether the demand fits on the node now, and if not, a reason a person can act on."""
+def judge(demand: Demand, state: NodeState | None, unit: str) -> Judgement:
+    """Whether the demand fits on the node now, and if not, a reason a person can act on and its cause."""
     if state is None or not state.known:
-        return Verdict.FAILED, NOT_IN_CACHE
+        return Judgement(Verdict.FAILED, NOT_IN_CACHE, Cause.NOT_IN_CACHE)
+    if not demand.plain:
+        return _judge_general(demand, state, unit)
     need, count = demand.per_device, demand.devices
-    if count == 1:
-        if state.largest_free >= need and state.ready:
-            return Verdict.FITS, ""
-    elif len(state.free_desc) >= count and state.free_desc[count - 1] >= need and state.ready:
-        return Verdict.FITS, ""
+    if state.ready and state.lock is None:
+        if count == 1:
+            if state.largest_free >= need:
+                return FITS
+        elif len(state.free_desc) >= count and state.free_desc[count - 1] >= need:
+            return FITS
     total = len(state.devices)
     if not total:
-        return Verdict.UNRESOLVABLE, f"no GPUs: {state.unreadable}" if state.unreadable else "no GPUs"
+        return Judgement(Verdict.UNRESOLVABLE, _no_gpus(state), Cause.NO_GPUS)
     capacity = state.capacity_desc
-    if count == 1 and capacity[0] < need:
-        return Verdict.UNRESOLVABLE, f"needs {need} {unit} on one GPU; the largest GPU here has {capacity[0]} {unit}"
-    if count > 1 and (total < count or capacity[count - 1] < need):
+    if count == 1 and (not capacity or capacity[0] < need):
+        largest = capacity[0] if capacity else 0
+        reason = f"needs {need} {unit} on one GPU; the largest GPU here has {largest} {unit}"
+        return Judgement(Verdict.UNRESOLVABLE, reason, Cause.TOO_SMALL)
+    if count > 1 and (len(capacity) < count or capacity[count - 1] < need):
         large = sum(1 for amount in capacity if amount >= need)
-        return (
-            Verdict.UNRESOLVABLE,
-            f"needs {count} GPUs with {need} {unit} each; {large} of {total} GPUs here are that large",
-        )
-    if not state.ready:
-        return Verdict.FAILED, "node is not Ready"
+        reason = f"needs {count} GPUs with {need} {unit} each; {large} of {total} GPUs here are that large"
+        return Judgement(Verdict.UNRESOLVABLE, reason, Cause.TOO_FEW)
+    unavailable = _unavailable(state)
+    if unavailable is not None:
+        return unavailable
     if count == 1:
         if state.largest_free == 0:
-            return Verdict.FAILED, f"needs {need} {unit} on one GPU; all {total} GPUs here are full"
-        return (
-            Verdict.FAILED,
+            return Judgement(
+                Verdict.FAILED, f"needs {need} {unit} on one GPU; all {total} GPUs here are full", Cause.MEMORY
+            )
+        reason = (
             f"needs {need} {unit} on one GPU; largest free is {state.largest_free} {unit} "
-            f"(GPU {state.largest_free_index} of {total})",
+            f"(GPU {state.largest_free_index} of {total})"
         )
+        return Judgement(Verdict.FAILED, reason, Cause.MEMORY)
     enough = sum(1 for amount in state.free_desc if amount >= need)
-    return Verdict.FAILED, f"needs {count} GPUs with {need} {unit} free each; {enough} of {total} have that much"
+    reason = f"needs {count} GPUs with {need} {unit} free each; {enough} of {total} have that much"
+    return Judgement(Verdict.FAILED, reason, Cause.MEMORY)
+
+
+def _no_gpus(state: NodeState) -> str:
+    return f"no GPUs: {state.unreadable}" if state.unreadable else "no GPUs"
+
+
+def _unavailable(state: NodeState) -> Judgement | None:
+    """Why a node that could hold the pod takes none now, whatever it asks (not Ready, locked)."""
+    if not state.ready:
+        return Judgement(Verdict.FAILED, "node is not Ready", Cause.NOT_READY)
+    lock = state.lock
+    if lock is not None:
+        holder = f" for pod {lock.pod}" if lock.pod else ""
+        reason = f"node is locked{holder} until its device plugin has allocated it (HAMi's node lock); try again soon"
+        return Judgement(Verdict.FAILED, reason, Cause.LOCKED)
+    return None
+
+
+def usage_of(state: NodeState) -> Usage:
+    """What the node's GPUs hold now, per position (a copy: placing on it changes nothing in the cache)."""
+    return Usage(list(state.used), list(state.used_cores), list(state.used_slots))
+
+
+def _judge_general(demand: Demand, state: NodeState, unit: str) -> Judgement:
+    if not state.devices:
+        return Judgement(Verdict.UNRESOLVABLE, _no_gpus(state), Cause.NO_GPUS)
+    placed = place(demand, state.devices, usage_of(state), demand.device_strategy or Strategy.BINPACK, unit)
+    if isinstance(placed, Judgement):
+        return placed
+    return _unavailable(state) or FITS
 
 
 def all_fit(demand: Demand, names: list[Any], fitting: set[str] | frozenset[str]) -> bool:
@@ -109,7 +136,7 @@ def all_fit(demand: Demand, names: list[Any], fitting: set[str] | frozenset[str]
     The common case of a filter, at C speed: one hash and one probe per name. Never raises: an item that
     cannot be hashed is simply not a name that fits.
     """
-    if demand.devices != 1:
+    if demand.devices != 1 or not demand.plain:
         return False
     try:
         return fitting.issuperset(names)
@@ -117,9 +144,9 @@ def all_fit(demand: Demand, names: list[Any], fitting: set[str] | frozenset[str]
         return False
 
 
-def judged(demand: Demand, unit: str) -> Question[tuple[Verdict, str]]:
+def judged(demand: Demand, unit: str) -> Question[Judgement]:
     """The question `judge` answers for this demand, for the cache's `NodeMemo` table of its answers."""
-    return Question(f"judge:{demand.per_device}:{demand.devices}:{unit}")
+    return Question(f"judge:{demand.key}:{unit}")
 
 
 def filter_pod(
@@ -134,7 +161,8 @@ def filter_pod(
     sent (which have no indexes).
     """
     own_cache = states is cache.nodes and not demand.is_zero
-    fitting = cache.fit_index.fitting(demand.per_device, states) if own_cache and demand.devices == 1 else None
+    plain_one = own_cache and demand.plain and demand.devices == 1
+    fitting = cache.fit_index.fitting(demand.per_device, states) if plain_one else None
     if fitting is not None and all_fit(demand, names, fitting):
         return FilterOutcome(passed=names)
     memo = cache.memo.table(judged(demand, unit)) if own_cache else None
@@ -147,26 +175,26 @@ def filter_nodes(
     states: Mapping[str, NodeState],
     unit: str,
     fitting: set[str] | frozenset[str] | None = None,
-    memo: dict[str, tuple[Verdict, str]] | None = None,
+    memo: dict[str, Judgement] | None = None,
 ) -> FilterOutcome:
     """Split node names into those that fit and those that do not, with a reason for each of the latter.
 
     `fitting`, when given, is the set of node names that take this one-GPU demand now (the cache's
     `FitIndex`): membership then decides at C speed, and only the other names are judged (when all are in
     it, the caller need not come here at all: see `all_fit`).
-    `memo`, when given, is the cache's table of `judge` answers for this demand (`judge_key`): a burst of
+    `memo`, when given, is the cache's table of `judge` answers for this demand (`judged`): a burst of
     same-sized pods then gets its reasons formatted once per node, not once per request.
     """
     outcome = FilterOutcome()
     if demand.is_zero:
         outcome.passed = names
         return outcome
-    if fitting is not None and demand.devices == 1:
+    if fitting is not None and demand.devices == 1 and demand.plain:
         outcome.passed = [name for name in names if name in fitting]
         rejected = [name for name in names if name not in fitting]
     else:
         rejected = names
-    passed, failed, unresolvable = outcome.passed, outcome.failed, outcome.unresolvable
+    passed, failed, unresolvable, causes = outcome.passed, outcome.failed, outcome.unresolvable, outcome.causes
     memo = {} if memo is None else memo
     for name in rejected:
         answer = memo.get(name)
@@ -175,13 +203,15 @@ def filter_nodes(
             answer = judge(demand, state, unit)
             if state is not None:
                 memo[name] = answer
-        verdict, reason = answer
+        verdict, reason, cause = answer
         if verdict is Verdict.FITS:
             passed.append(name)
-        elif verdict is Verdict.FAILED:
+            continue
+        if verdict is Verdict.FAILED:
             failed[name] = reason
         else:
             unresolvable[name] = reason
+        causes[cause] += 1
     return outcome
 
 
@@ -234,26 +264,45 @@ def _choose_one(need: int, state: NodeState, strategy: Strategy) -> tuple[int, .
     return (state.devices[chosen].index,) if chosen >= 0 else None
 
 
+def choose(demand: Demand, state: NodeState, config: PolicyConfig) -> Placement | None:
+    """The GPUs to give the pod on this node (per GPU container), or None when it does not fit now."""
+    strategy = demand.device_strategy or config.device_strategy
+    if demand.plain:
+        indexes = choose_devices(demand, state, strategy)
+        if indexes is None:
+            return None
+        uuids = {device.index: device.uuid for device in state.devices}
+        return Placement((tuple(Grant(index, demand.per_device, 0, uuids[index]) for index in indexes),), 0)
+    placed = place(demand, state.devices, usage_of(state), strategy, config.unit)
+    return None if isinstance(placed, Judgement) else placed
+
+
 def score_node(demand: Demand, state: NodeState | None, config: PolicyConfig) -> int:
     """0..10: the weighted fill after placement of the chosen devices and of the node; 0 when it does not fit."""
     if demand.is_zero or state is None or not state.known or not state.ready:
         return 0
-    indexes = choose_devices(demand, state, config.device_strategy)
-    if indexes is None:
+    placed = choose(demand, state, config)
+    if placed is None:
         return 0
-    added = demand.per_device * len(indexes)
-    chosen = [state.position(index) for index in indexes]
+    taken: dict[int, int] = {}
+    for grants in placed.containers:
+        for grant in grants:
+            taken[grant.index] = taken.get(grant.index, 0) + grant.memory
+    added = sum(taken.values())
+    chosen = [state.position(index) for index in taken]
     device_capacity = sum(state.devices[position].capacity for position in chosen)
     device_used = sum(state.used[position] for position in chosen) + added
-    device_score = _SCORERS[config.device_strategy](device_used, device_capacity)
-    node_score = _SCORERS[config.node_strategy](state.used_total + added, state.capacity_total)
+    device_strategy = demand.device_strategy or config.device_strategy
+    node_strategy = demand.node_strategy or config.node_strategy
+    device_score = _SCORERS[device_strategy](device_used, device_capacity)
+    node_score = _SCORERS[node_strategy](state.used_total + added, state.capacity_total)
     weights = config.device_weight + config.node_weight
     return (config.device_weight * device_score + config.node_weight * node_score) // weights if weights else 0
 
 
 def scored(demand: Demand, config: PolicyConfig) -> Question[HostPriorityEntry]:
     """The question `prioritize` answers per node, for the cache's `NodeMemo` table of its reply entries."""
-    return Question(f"score:{demand.per_device}:{demand.devices}:{config.memo_key}")
+    return Question(f"score:{demand.key}:{config.memo_key}")
 
 
 def prioritize(
@@ -277,82 +326,3 @@ def prioritize(
                 entries[name] = entry
         reply.append(entry)
     return reply
-
-
-# --- preemption -------------------------------------------------------------------------------------------
-
-
-def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allocation]) -> bool:
-    """Whether the demand fits on the node once the victims' memory on it is free."""
-    freed = [0] * len(state.devices)
-    for allocation in victims:
-        if allocation.node != state.name:
-            continue
-        for index in allocation.indexes:
-            position = state.position(index)
-            if position >= 0:
-                freed[position] += allocation.per_device
-    need = demand.per_device
-    room = sum(
-        1
-        for device, used, more in zip(state.devices, state.used, freed, strict=True)
-        if device.capacity - (used - more) >= need
-    )
-    return room >= demand.devices and state.ready
-
-
-def preempt_candidates(
-    demand: Demand, candidates: Mapping[str, list[str]], cluster: Cache, priority: int = 0
-) -> dict[str, list[str]]:
-    """The candidate nodes where evicting victims frees enough memory on the GPUs, with those victims.
-
-    The scheduler picks victims by a node's totals: the lowest-priority pods until the node's sum fits,
-    which may leave every GPU short (two 8 GiB pods on two different GPUs do not make 16 GiB on one). Its
-    victims are kept when they free enough; otherwise we name our own from the pods on that node with a
-    lower priority than the preemptor's (`priority`), the fewest that free a device set (the extender API
-    lets us return other victims per node). What a victim frees is what the cache counts for its UID on that
-    node (observed or reserved): a pod the cache does not count holds no GPU memory there. A demand of zero
-    keeps every candidate: we have no say over such pods.
-    """
-    if demand.is_zero:
-        return {node: list(uids) for node, uids in candidates.items()}
-    kept: dict[str, list[str]] = {}
-    for node, uids in candidates.items():
-        state = cluster.nodes.get(node)
-        if state is None or not state.known:
-            continue
-        victims = [state.holds[uid].allocation for uid in uids if uid in state.holds]
-        if fits_after_eviction(demand, state, victims):
-            kept[node] = list(uids)
-            continue
-        ours = _fewest_victims(demand, state, cluster, priority)
-        if ours is not None:
-            kept[node] = ours
-    return kept
-
-
-def _fewest_victims(demand: Demand, state: NodeState, cluster: Cache, priority: int) -> list[str] | None:
-    """The fewest evictable pods on the node (lower priority than `priority`) whose eviction lets the demand
-    fit, preferring lower priorities; None when even all of them do not make room.
-
-    Greedy, then pruned: add pods from the lowest priority (and, among equals, the largest) until the demand
-    fits, then drop every pod, highest priority first, whose eviction turns out not to be needed.
-    """
-    evictable = []
-    for uid, hold in state.holds.items():
-        record = cluster.pods.get(uid)
-        if hold.observed and record is not None and record.priority < priority:
-            evictable.append((record.priority, -hold.allocation.memory, uid, hold.allocation))
-    evictable.sort()
-    chosen: list[tuple[int, int, str, Allocation]] = []
-    for entry in evictable:
-        chosen.append(entry)
-        if fits_after_eviction(demand, state, [victim[3] for victim in chosen]):
-            break
-    else:
-        return None
-    for entry in sorted(chosen, reverse=True):
-        rest = [victim for victim in chosen if victim is not entry]
-        if fits_after_eviction(demand, state, [victim[3] for victim in rest]):
-            chosen = rest
-    return [victim[2] for victim in chosen]

@@ -32,9 +32,10 @@ from collections.abc import Callable, Iterable
 
 from extender.core.cache import Cache, NodeState
 from extender.core.contract import UNSCHEDULABLE_FLUSH
+from extender.core.devices import Demand
+from extender.core.fit import Verdict
 from extender.core.memo import Lru
-from extender.core.policy import Verdict, judge
-from extender.core.resources import Demand
+from extender.core.policy import judge
 
 log = logging.getLogger(__name__)
 

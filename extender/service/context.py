@@ -18,7 +18,12 @@ from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
 from extender.core.recheck import Preemptions, Recheck
 from extender.core.requeue import Requeue
+from extender.service.limits import Limits
 from extender.service.metrics import Count, Metrics
+
+HEALTH_MAX_CONNECTIONS = 64
+"""Connections to the health port: the kubelet's probes and Prometheus take one or two each; whoever else
+reaches the port (a NetworkPolicy limits who does) cannot take the file descriptors the verbs need."""
 
 
 class Source(Protocol):
@@ -70,6 +75,10 @@ class Service:
     preemptions: Preemptions = field(default_factory=Preemptions)
     expiry_interval: float = 5.0
     max_body_bytes: int = 32 * 1024 * 1024
+    limits: Limits = field(default_factory=Limits)
+    """Deadlines and caps of the verbs' listener (`limits.py`)."""
+    health_limits: Limits = field(default_factory=lambda: Limits(max_connections=HEALTH_MAX_CONNECTIONS))
+    """Those of the plain-HTTP health listener: fewer connections (probes and Prometheus need a few)."""
 
     def __post_init__(self) -> None:
         self.metrics.add_source(self.source.counts)

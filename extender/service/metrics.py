@@ -6,8 +6,8 @@ state) are read from the cache when /metrics is scraped, so nothing on the hot p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import Any, Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -37,6 +37,22 @@ SOURCE_FAMILIES: dict[str, tuple[str, str, Literal["counter", "gauge"]]] = {
         "Annotations written on this replica's pod for kube-scheduler to retry the pods it rejected.",
         "counter",
     ),
+    "connections_refused": (
+        "extender_http_connections_refused_total",
+        "Connections closed at once because the listener had its most open (--max-connections).",
+        "counter",
+    ),
+    "handshake_failures": (
+        "extender_http_handshake_failures_total",
+        "TLS handshakes that failed (a client without the scheduler's certificate) or did not finish in time.",
+        "counter",
+    ),
+    "deadlines_missed": (
+        "extender_http_deadlines_missed_total",
+        "Connections closed because a request head, a body or a reader of replies missed its deadline.",
+        "counter",
+    ),
+    "connections": ("extender_http_connections", "Open connections of the listener.", "gauge"),
     "bind_failure_events": (
         "extender_bind_failure_events_total",
         "Warning Events recorded for failed binds.",
@@ -47,6 +63,19 @@ SOURCE_FAMILIES: dict[str, tuple[str, str, Literal["counter", "gauge"]]] = {
 with every other metric, so /metrics has one home; the source only counts."""
 
 Count = tuple[str, dict[str, str], float]
+
+
+class Listener(Protocol):
+    """What a listener counts (`transport.HttpServer`)."""
+
+    @property
+    def refused_connections(self) -> int: ...
+    @property
+    def handshake_failures(self) -> int: ...
+    @property
+    def timed_out(self) -> int: ...
+    @property
+    def connections(self) -> Sized: ...
 
 
 class _SourceCollector:
@@ -132,6 +161,18 @@ class Metrics:
         self.nodes_accepted = self.nodes.labels("accepted")
         self.nodes_failed = self.nodes.labels("failed")
         self.nodes_unresolvable = self.nodes.labels("unresolvable")
+
+    def add_listener(self, name: str, server: Listener) -> None:
+        """Report a listener's refused connections, failed handshakes, missed deadlines and open connections."""
+
+        def counts() -> Iterator[Count]:
+            labels = {"listener": name}
+            yield "connections_refused", labels, server.refused_connections
+            yield "handshake_failures", labels, server.handshake_failures
+            yield "deadlines_missed", labels, server.timed_out
+            yield "connections", labels, len(server.connections)
+
+        self.registry.register(_SourceCollector(counts))
 
     def add_source(self, counts: Callable[[], Iterable[Count]]) -> None:
         """Report what a source counts (watch events, lists, API failures, leadership) at every scrape."""

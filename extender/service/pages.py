@@ -16,7 +16,8 @@ import orjson
 from extender.core.cache import NodeState
 from extender.core.objects import Raw
 from extender.service.context import Service
-from extender.service.transport import HttpServer, Request, Response, Router, json_error
+from extender.service.routing import Request, Response, Router, json_error
+from extender.service.transport import HttpServer
 
 NOT_SYNCED = "extender is not ready: its cache has not been filled yet"
 
@@ -133,4 +134,6 @@ def build_health_server(service: Service) -> HttpServer:
     router = Router()
     for path, page in PROBES:
         router.add("GET", path, functools.partial(page, service))
-    return HttpServer(router, max_body_bytes=64 * 1024)
+    server = HttpServer.with_limits(router, 64 * 1024, service.health_limits)
+    service.metrics.add_listener("health", server)
+    return server

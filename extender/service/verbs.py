@@ -27,13 +27,16 @@ from pydantic import BaseModel, ValidationError
 from extender.core import contract, objects
 from extender.core.binding import BindContext, BindRequest, Guard, bind
 from extender.core.cache import NodeState, PodRecord
+from extender.core.devices import Demand
 from extender.core.objects import Raw, pod_key, pod_priority
-from extender.core.policy import FilterOutcome, filter_pod, preempt_candidates, prioritize
+from extender.core.policy import FilterOutcome, filter_pod, prioritize
+from extender.core.preemption import preempt_candidates
 from extender.core.recheck import Recheck, suspects
-from extender.core.resources import Demand, InvalidPod, pod_demand
+from extender.core.resources import InvalidPod
 from extender.service import pages
 from extender.service.context import Service
-from extender.service.transport import HttpServer, Request, Response, Router, json_error
+from extender.service.routing import Request, Response, Router, json_error
+from extender.service.transport import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ def _parse(request: Request, model: type[Model]) -> Model:
 
 def _demand(pod: Raw, service: Service) -> Demand:
     try:
-        return pod_demand(pod, service.cache.profile)
+        return service.cache.protocol.pod_demand(pod)
     except InvalidPod as error:
         raise BadRequest(400, str(error)) from None
 
@@ -270,4 +273,6 @@ def build_server(service: Service) -> HttpServer:
     async def expiry_sweep() -> None:
         await _expiry_sweep(service)
 
-    return HttpServer(router, service.max_body_bytes, background=(expiry_sweep,))
+    server = HttpServer.with_limits(router, service.max_body_bytes, service.limits, (expiry_sweep,))
+    service.metrics.add_listener("verbs", server)
+    return server

@@ -48,7 +48,7 @@ def test_observing_a_reserved_pod_replaces_the_reservation_without_double_counti
     pod = bound_pod("a", "n1", (0,), 10)
     cluster = make_cluster(make_node("n1"))
     uid = pod["metadata"]["uid"]
-    cluster.hold(Hold(Allocation(uid, "default/a", "n1", (0,), 10), HoldState.RESERVED, since=1.0))
+    cluster.hold(Hold(Allocation.uniform(uid, "default/a", "n1", (0,), 10), HoldState.RESERVED, since=1.0))
     assert cluster.nodes["n1"].used == [10, 0]
     cluster.apply_pod(pod)
     assert cluster.nodes["n1"].used == [10, 0]
@@ -84,7 +84,7 @@ def test_a_deleted_node_without_pods_is_forgotten() -> None:
 def test_replace_drops_pods_and_nodes_absent_from_the_listing_but_keeps_reservations() -> None:
     gone = bound_pod("gone", "n1", (0,), 4)
     cluster = make_cluster(make_node("n1"), make_node("n2"), pods=(gone,))
-    cluster.hold(Hold(Allocation("fresh", "default/fresh", "n1", (1,), 6), HoldState.RESERVED, since=1.0))
+    cluster.hold(Hold(Allocation.uniform("fresh", "default/fresh", "n1", (1,), 6), HoldState.RESERVED, since=1.0))
     cluster.replace([make_node("n1")], [])
     assert "n2" not in cluster.nodes
     assert cluster.nodes["n1"].used == [0, 6]
@@ -101,7 +101,7 @@ def test_describe_builds_an_unknown_node_from_the_object_the_scheduler_sent() ->
 def test_annotations_round_trip_through_a_pod_record() -> None:
     pod = bound_pod("multi", "n1", (0, 1), 20, gpus=2)
     record = pod_record(pod, PROFILE)
-    assert record.allocation == Allocation(record.uid, "default/multi", "n1", (0, 1), 10)
+    assert record.allocation == Allocation.uniform(record.uid, "default/multi", "n1", (0, 1), 10)
     assert PROFILE.index_annotation not in pod["metadata"]["annotations"]  # the plugin cannot read lists
 
 

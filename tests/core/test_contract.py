@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from extender.core import contract
-from extender.core.resources import Profile
+from extender.core.protocols.gpushare import Profile
 from tests.builders import make_cluster
 from tests.conftest import CAPTURED, ClientFor, captured, make_service
 

@@ -7,7 +7,7 @@ from tests.builders import FakeClock, bound_pod, make_cluster, make_ledger, make
 
 
 def allocation(uid: str, node: str = "n1", indexes: tuple[int, ...] = (0,), each: int = 10) -> Allocation:
-    return Allocation(uid, f"default/{uid}", node, indexes, each)
+    return Allocation.uniform(uid, f"default/{uid}", node, indexes, each)
 
 
 def test_a_reservation_takes_memory_at_once() -> None:

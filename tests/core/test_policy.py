@@ -8,22 +8,21 @@ from typing import Any
 import pytest
 
 from extender.core.cache import Cache
+from extender.core.devices import Demand, Strategy
+from extender.core.fit import Verdict
 from extender.core.memo import Question
 from extender.core.policy import (
     NOT_IN_CACHE,
     PolicyConfig,
-    Strategy,
-    Verdict,
     choose_devices,
     filter_nodes,
     judge,
     judged,
     least_allocated,
     most_allocated,
-    preempt_candidates,
     score_node,
 )
-from extender.core.resources import Demand
+from extender.core.preemption import preempt_candidates
 from tests.builders import bound_pod, make_cluster, make_node
 
 BINPACK = PolicyConfig()
@@ -48,12 +47,12 @@ def two_gpus_with_12_and_4_used() -> tuple[object, ...]:
 )
 def test_judge_gives_a_verdict_and_a_reason(demand: Demand, verdict: Verdict, reason: str) -> None:
     cluster = make_cluster(make_node("n1", gpus=2, mem=16), pods=two_gpus_with_12_and_4_used())  # type: ignore[arg-type]
-    assert judge(demand, cluster.nodes["n1"], "GiB") == (verdict, reason)
+    assert judge(demand, cluster.nodes["n1"], "GiB")[:2] == (verdict, reason)
 
 
 def test_nodes_without_gpus_are_unresolvable() -> None:
     cluster = make_cluster(make_node("cpu", gpus=0))
-    assert judge(Demand(4), cluster.nodes["cpu"], "GiB") == (
+    assert judge(Demand(4), cluster.nodes["cpu"], "GiB")[:2] == (
         Verdict.UNRESOLVABLE,
         "no GPUs: no aliyun.com/gpu-mem in capacity",
     )
@@ -61,11 +60,11 @@ def test_nodes_without_gpus_are_unresolvable() -> None:
 
 def test_a_node_that_is_not_ready_fails_but_could_recover() -> None:
     cluster = make_cluster(make_node("n1", ready=False))
-    assert judge(Demand(4), cluster.nodes["n1"], "GiB") == (Verdict.FAILED, "node is not Ready")
+    assert judge(Demand(4), cluster.nodes["n1"], "GiB")[:2] == (Verdict.FAILED, "node is not Ready")
 
 
 def test_unknown_nodes_fail_with_a_reason_and_no_error() -> None:
-    assert judge(Demand(4), None, "GiB") == (Verdict.FAILED, NOT_IN_CACHE)
+    assert judge(Demand(4), None, "GiB")[:2] == (Verdict.FAILED, NOT_IN_CACHE)
 
 
 def test_filter_splits_names_into_passed_failed_and_unresolvable() -> None:

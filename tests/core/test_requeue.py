@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
+from extender.core.devices import Demand
 from extender.core.ledger import Ledger
 from extender.core.requeue import Refusals, fits_any
-from extender.core.resources import Demand
 from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
 from tests.conftest import ClientFor, eventually, make_service
 

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Awaitable
 import orjson
 import pytest
 
-from extender.service.transport import HttpServer, Request, Response, Router
+from extender.service.routing import Request, Response, Router
+from extender.service.transport import HttpServer
 
 LIMIT = 1024
 

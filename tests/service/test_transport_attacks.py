@@ -16,7 +16,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trustme
 
-from extender.service.transport import MAX_PIPELINED, SLICE_BYTES, HttpServer, Request, Response, Router
+from extender.service.limits import MAX_PIPELINED, SLICE_BYTES
+from extender.service.routing import Request, Response, Router
+from extender.service.transport import HttpServer
 from tests.service.test_transport import read_response
 
 DEADLINE = 0.2

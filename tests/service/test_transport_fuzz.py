@@ -34,7 +34,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from extender.service.transport import HttpServer, Request, Response, Router
+from extender.service.routing import Request, Response, Router
+from extender.service.transport import HttpServer
 
 LIMIT = 1024
 SENTINEL = b"GET /items/sentinel HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from extender.app import file_service
-from extender.core.resources import Demand, pod_demand
+from extender.core.devices import Demand
 from extender.settings import load
 from extender.tools.demo import run_demo
 from extender.tools.demo_burst import NEVER_FITS, make_burst, pod_object
@@ -77,7 +77,7 @@ def test_a_burst_holds_pods_that_never_fit_and_pods_over_two_gpus() -> None:
 
 def test_a_burst_pod_object_asks_what_the_pod_says() -> None:
     for pod in make_burst(30, seed=7):
-        assert pod_demand(pod_object(pod), SETTINGS.profile) == Demand(memory=pod.memory, devices=pod.gpus)
+        assert SETTINGS.profile.pod_demand(pod_object(pod)) == Demand(memory=pod.memory, devices=pod.gpus)
 
 
 # --- the report -------------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ import yaml
 from extender import cli
 from extender.app import file_service
 from extender.core.holds import Allocation, Hold, HoldState
+from extender.service.routing import Request, Response, Router
 from extender.service.tls import server_context
-from extender.service.transport import HttpServer, Request, Response, Router
+from extender.service.transport import HttpServer
 from extender.service.verbs import build_server
 from extender.settings import Settings
 from extender.tools.inspect import InspectError, bar, fetch_and_render
@@ -42,7 +43,7 @@ def write_cluster(folder: Path) -> str:
 
 def extender_server(tmp_path: Path) -> HttpServer:
     service, _ = file_service(Settings(), write_cluster(tmp_path))
-    waiting = Allocation("uid-waiting", "default/waiting", "gpu-node-1", (1,), 8)
+    waiting = Allocation.uniform("uid-waiting", "default/waiting", "gpu-node-1", (1,), 8)
     service.cache.hold(Hold(waiting, HoldState.RESERVED, since=time.time() - RESERVED_AGE))
     return build_server(service)
 

@@ -32,7 +32,7 @@ import orjson
 
 from extender.core.cache import PodRecord, pod_record
 from extender.core.objects import Raw
-from extender.core.resources import Profile
+from extender.core.protocols import DeviceProtocol
 from extender.sources.kube.client import Gone, KubeClient, KubeError, api_error
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,10 @@ class Kind(Generic[Slim]):
 NODES: Kind[Raw] = Kind("nodes", "/api/v1/nodes", slim_node)
 
 
-def pods_kind(profile: Profile) -> Kind[PodRecord]:
+def pods_kind(protocol: DeviceProtocol) -> Kind[PodRecord]:
     """Pods become `PodRecord`s as soon as a page is decoded: the cache keeps nothing else of a pod, and a
     list of 100,000 pods never sits in memory as dicts (measured in `bench/cache_build.py`)."""
-    return Kind("pods", "/api/v1/pods", functools.partial(pod_record, profile=profile), NOT_TERMINATED)
+    return Kind("pods", "/api/v1/pods", functools.partial(pod_record, protocol=protocol), NOT_TERMINATED)
 
 
 @dataclass(slots=True)

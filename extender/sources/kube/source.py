@@ -61,7 +61,7 @@ class KubeSource:
         self.options = options
         self.recheck_timeout = TIMEOUT
         self.nodes = Informer(client, NODES, self._apply_node, self._replace_nodes, options.watch)
-        self.pods = Informer(client, pods_kind(cluster.profile), self._apply_pod, self._replace_pods, options.watch)
+        self.pods = Informer(client, pods_kind(cluster.protocol), self._apply_pod, self._replace_pods, options.watch)
         self.on_freed: Callable[[list[str], float], None] | None = None
         """Told when the API's news frees room on nodes (a pod deleted or finished; a node added or changed): the
         nodes, and since when a refusal there may have been the cache's lag (Unix time; see `core/requeue.py`)."""

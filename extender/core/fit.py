@@ -1,0 +1,267 @@
+"""The general fit: a pod's containers placed on a node's GPUs in memory, compute and slots (HAMi's model).
+
+A plain demand (memory alone, any GPU) is judged from the node summaries by `policy.py`, in a few attribute
+reads. Everything else comes here: compute shares, percentages of a GPU's memory, several GPU containers,
+init containers, GPU selectors, NUMA binding, a pod's own strategy. Per container, init containers first:
+
+- an init container runs alone, before the others: it is placed against the node as it is;
+- app containers run together: each is placed against the node plus the app containers placed before it;
+- one container's GPUs are distinct; two containers may share a GPU (a slot each).
+
+A GPU serves a container when it is usable (healthy, not cordoned), the pod's selectors admit it, it has a
+slot left, and room for the container's memory and compute; a container asking a whole 100-compute GPU needs
+one no pod uses; one asking no compute needs a GPU whose compute is not all taken. Among the GPUs that serve,
+binpack takes the fullest first, spread the emptiest, by the fill of all three dimensions (HAMi's score);
+ties go to the lower index, so one state always gives one answer.
+
+When a container cannot be placed, the refusal names the dimension that failed in plain words ("needs 30 % of
+a GPU's compute; the most free is 20 % (GPU 2 of 4)"), and whether evicting pods could ever help
+(FAILED) or not (UNRESOLVABLE: no GPU here could ever serve it).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from extender.core.devices import Demand, Device, Request, Selectors, Strategy
+from extender.core.holds import Grant
+
+WHOLE_GPU = 100
+"""Compute of a whole card (HAMi's devcore without core scaling)."""
+
+
+class Verdict(enum.IntEnum):
+    FITS = 0
+    FAILED = 1
+    """Does not fit now; evicting pods could make room."""
+    UNRESOLVABLE = 2
+    """No device here could ever hold the demand: preemption cannot help."""
+
+
+class Cause(enum.StrEnum):
+    """Why a node was refused, in one word: the label of `extender_filter_rejections_total`."""
+
+    NONE = "none"
+    NOT_IN_CACHE = "not_in_cache"
+    NOT_READY = "not_ready"
+    LOCKED = "locked"
+    NO_GPUS = "no_gpus"
+    TOO_SMALL = "too_small"
+    """No GPU here is that large (memory or compute)."""
+    TOO_FEW = "too_few"
+    """Fewer GPUs here than asked could ever serve."""
+    NO_MATCH = "no_match"
+    """No GPU here matches the pod's selectors (or none is usable)."""
+    MEMORY = "memory"
+    COMPUTE = "compute"
+    SLOTS = "slots"
+    EXCLUSIVE = "exclusive"
+    NUMA = "numa"
+
+
+class Judgement(NamedTuple):
+    verdict: Verdict
+    reason: str
+    """What a person can act on ("" when it fits)."""
+    cause: Cause = Cause.NONE
+
+
+FITS = Judgement(Verdict.FITS, "")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What the node's GPUs hold, per position: the base a container is placed against. Mutable lists."""
+
+    memory: list[int]
+    cores: list[int]
+    slots: list[int]
+
+    def copy(self) -> Usage:
+        return Usage(list(self.memory), list(self.cores), list(self.slots))
+
+    def add(self, position: int, grant: Grant) -> None:
+        self.memory[position] += grant.memory
+        self.cores[position] += grant.cores
+        self.slots[position] += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Per GPU container (init containers first), the GPUs it gets."""
+
+    containers: tuple[tuple[Grant, ...], ...]
+    init_containers: int
+
+
+def place(
+    demand: Demand, devices: Sequence[Device], usage: Usage, strategy: Strategy, unit: str
+) -> Placement | Judgement:
+    """Place every container of the demand on these devices, or say why not (a Judgement that does not fit)."""
+    app = usage.copy()
+    placed: list[tuple[Grant, ...]] = []
+    requests = demand.requests
+    for number, request in enumerate(requests):
+        base = usage if request.init else app
+        label = f"container {number + 1} of {len(requests)}: " if len(requests) > 1 else ""
+        chosen = _place_one(request, demand.selectors, devices, base, strategy, unit, label)
+        if isinstance(chosen, Judgement):
+            return chosen
+        if not request.init:
+            for position, grant in chosen:
+                app.add(position, grant)
+        placed.append(tuple(grant for _, grant in chosen))
+    return Placement(tuple(placed), sum(1 for request in requests if request.init))
+
+
+def _score(device: Device, position: int, usage: Usage) -> float:
+    """How full the device is, over the dimensions its plugin tracks (HAMi's per-GPU score, unweighted)."""
+    score = usage.memory[position] / device.capacity if device.capacity else 0.0
+    if device.cores:
+        score += usage.cores[position] / device.cores
+    if device.slots:
+        score += usage.slots[position] / device.slots
+    return score
+
+
+def _blocker(request: Request, selectors: Selectors, device: Device, position: int, usage: Usage) -> Cause:
+    """The first reason this device cannot serve the request now (NONE when it can)."""
+    if not device.usable or not selectors.admits(device):
+        return Cause.NO_MATCH
+    if device.slots and usage.slots[position] >= device.slots:
+        return Cause.SLOTS
+    if selectors.exclusive and usage.slots[position] > 0:
+        return Cause.EXCLUSIVE
+    if device.capacity - usage.memory[position] < request.memory_on(device):
+        return Cause.MEMORY
+    cores = min(request.cores, WHOLE_GPU)
+    if device.cores:
+        if device.cores - usage.cores[position] < cores:
+            return Cause.COMPUTE
+        if device.cores == WHOLE_GPU and cores == WHOLE_GPU and usage.slots[position] > 0:
+            return Cause.EXCLUSIVE
+        if not cores and usage.cores[position] >= device.cores:
+            return Cause.COMPUTE
+    return Cause.NONE
+
+
+def _could_ever(request: Request, selectors: Selectors, device: Device) -> bool:
+    """Whether the device could serve the request on an empty node (else evicting pods cannot help)."""
+    if not device.usable or not selectors.admits(device):
+        return False
+    if device.capacity < request.memory_on(device):
+        return False
+    return not (device.cores and device.cores < min(request.cores, WHOLE_GPU))
+
+
+def _place_one(
+    request: Request,
+    selectors: Selectors,
+    devices: Sequence[Device],
+    usage: Usage,
+    strategy: Strategy,
+    unit: str,
+    label: str,
+) -> list[tuple[int, Grant]] | Judgement:
+    serving = [
+        position
+        for position, device in enumerate(devices)
+        if _blocker(request, selectors, device, position, usage) is Cause.NONE
+    ]
+    fuller_first = strategy is Strategy.BINPACK
+    sign = -1.0 if fuller_first else 1.0
+    serving.sort(key=lambda p: (sign * _score(devices[p], p, usage), devices[p].index))
+    if selectors.numa_bind:
+        serving = _one_numa_node(serving, devices, request.devices)
+    if len(serving) >= request.devices:
+        cores = min(request.cores, WHOLE_GPU)
+        return [
+            (p, Grant(devices[p].index, request.memory_on(devices[p]), cores, devices[p].uuid))
+            for p in serving[: request.devices]
+        ]
+    return _refusal(request, selectors, devices, usage, unit, label, numa=bool(serving) or selectors.numa_bind)
+
+
+def _one_numa_node(serving: list[int], devices: Sequence[Device], count: int) -> list[int]:
+    """The serving devices of the first NUMA node (in the strategy's order) that has `count` of them."""
+    groups: dict[int, list[int]] = {}
+    for position in serving:
+        groups.setdefault(devices[position].numa, []).append(position)
+    for group in groups.values():
+        if len(group) >= count:
+            return group
+    return []
+
+
+def _refusal(
+    request: Request,
+    selectors: Selectors,
+    devices: Sequence[Device],
+    usage: Usage,
+    unit: str,
+    label: str,
+    numa: bool,
+) -> Judgement:
+    total, count = len(devices), request.devices
+    need = _describe(request, unit)
+    ever = [p for p, device in enumerate(devices) if _could_ever(request, selectors, device)]
+    if len(ever) < count:
+        admitted = [device for device in devices if device.usable and selectors.admits(device)]
+        if not admitted:
+            what = "usable" if selectors.any else "matching the pod's GPU selectors"
+            return Judgement(Verdict.UNRESOLVABLE, f"{label}no GPU here is {what}", Cause.NO_MATCH)
+        if count == 1:
+            largest = max(admitted, key=lambda device: (device.capacity, device.cores))
+            largest_has = f"{largest.capacity} {unit}" + (f" and {largest.cores} % compute" if largest.cores else "")
+            reason = f"{label}needs {need} on one GPU; the largest GPU here has {largest_has}"
+            return Judgement(Verdict.UNRESOLVABLE, reason, Cause.TOO_SMALL)
+        reason = f"{label}needs {count} GPUs with {need} each; {len(ever)} of {total} GPUs here are that large"
+        return Judgement(Verdict.UNRESOLVABLE, reason, Cause.TOO_FEW)
+    causes = [_blocker(request, selectors, devices[p], p, usage) for p in ever]
+    serving = causes.count(Cause.NONE)
+    if numa and serving >= count:
+        reason = f"{label}needs {count} GPUs with {need} free each on one NUMA node; no NUMA node here has that"
+        return Judgement(Verdict.FAILED, reason, Cause.NUMA)
+    cause = max((Cause.MEMORY, Cause.COMPUTE, Cause.SLOTS, Cause.EXCLUSIVE), key=causes.count)
+    cores = min(request.cores, WHOLE_GPU)
+    if count > 1:
+        what = {
+            Cause.MEMORY: f"{need} free",
+            Cause.COMPUTE: f"{need} free",
+            Cause.SLOTS: "a pod slot left",
+            Cause.EXCLUSIVE: "no pod on them",
+        }[cause]
+        return Judgement(
+            Verdict.FAILED, f"{label}needs {count} GPUs with {what} each; {serving} of {total} have that", cause
+        )
+    if cause is Cause.SLOTS:
+        most = max(devices[p].slots for p in ever)
+        detail = f"every GPU here that could hold it runs its most pods ({most} each)"
+        return Judgement(Verdict.FAILED, f"{label}needs {need} on one GPU; {detail}", cause)
+    if cause is Cause.EXCLUSIVE:
+        reason = f"{label}needs a GPU to itself ({need}); every GPU here that could hold it runs a pod"
+        return Judgement(Verdict.FAILED, reason, cause)
+    if cause is Cause.COMPUTE:
+        best = max(ever, key=lambda p: (devices[p].cores - usage.cores[p], -devices[p].index))
+        most = max(0, devices[best].cores - usage.cores[best])
+        detail = f"the most free is {most} % (GPU {devices[best].index} of {total})"
+        what = f"{cores} % of a GPU's compute" if cores else "a GPU with compute left"
+        return Judgement(Verdict.FAILED, f"{label}needs {what}; {detail}", cause)
+    best = max(ever, key=lambda p: (devices[p].capacity - usage.memory[p], -devices[p].index))
+    most = max(0, devices[best].capacity - usage.memory[best])
+    detail = f"largest free is {most} {unit} (GPU {devices[best].index} of {total})"
+    return Judgement(
+        Verdict.FAILED, f"{label}needs {request.memory_on(devices[best])} {unit} on one GPU; {detail}", cause
+    )
+
+
+def _describe(request: Request, unit: str) -> str:
+    """What one GPU must give: "4000 MiB", "50 % of its memory", with ", 30 % compute" when asked."""
+    memory = (
+        f"{request.memory} {unit}" if request.memory or not request.percent else f"{request.percent} % of its memory"
+    )
+    cores = min(request.cores, WHOLE_GPU)
+    return f"{memory} and {cores} % compute" if cores else memory

@@ -1,0 +1,99 @@
+"""Preemption: which candidate nodes evicting victims would really free, and which victims to name.
+
+kube-scheduler picks victims by a node's totals, which may leave every GPU short; `preempt_candidates` keeps a
+node only when its victims free room on the GPUs themselves, or names victims of our own that do (the extender
+API lets it). Pure: it reads the cache's holds and summaries, never changes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from extender.core.cache import Cache, NodeState
+from extender.core.devices import Demand, Strategy
+from extender.core.fit import Judgement, place
+from extender.core.holds import Allocation
+from extender.core.policy import usage_of
+
+
+def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allocation]) -> bool:
+    """Whether the demand fits on the node once what the victims hold on it is free."""
+    usage = usage_of(state)
+    freed = [0] * len(state.devices)
+    for allocation in victims:
+        if allocation.node != state.name:
+            continue
+        for use in allocation.uses:
+            position = state.position(use.index)
+            if position >= 0:
+                freed[position] += use.memory
+                usage.memory[position] -= use.memory
+                usage.cores[position] -= use.cores
+                usage.slots[position] -= use.slots
+    if not demand.plain or any(device.slots or device.cores for device in state.devices):
+        placed = place(demand, state.devices, usage, demand.device_strategy or Strategy.BINPACK, "")
+        return state.ready and not isinstance(placed, Judgement)
+    need = demand.per_device
+    room = sum(
+        1
+        for device, used, more in zip(state.devices, state.used, freed, strict=True)
+        if device.usable and device.capacity - (used - more) >= need
+    )
+    return room >= demand.devices and state.ready
+
+
+def preempt_candidates(
+    demand: Demand, candidates: Mapping[str, list[str]], cluster: Cache, priority: int = 0
+) -> dict[str, list[str]]:
+    """The candidate nodes where evicting victims frees enough memory on the GPUs, with those victims.
+
+    The scheduler picks victims by a node's totals: the lowest-priority pods until the node's sum fits,
+    which may leave every GPU short (two 8 GiB pods on two different GPUs do not make 16 GiB on one). Its
+    victims are kept when they free enough; otherwise we name our own from the pods on that node with a
+    lower priority than the preemptor's (`priority`), the fewest that free a device set (the extender API
+    lets us return other victims per node). What a victim frees is what the cache counts for its UID on that
+    node (observed or reserved): a pod the cache does not count holds no GPU memory there. A demand of zero
+    keeps every candidate: we have no say over such pods.
+    """
+    if demand.is_zero:
+        return {node: list(uids) for node, uids in candidates.items()}
+    kept: dict[str, list[str]] = {}
+    for node, uids in candidates.items():
+        state = cluster.nodes.get(node)
+        if state is None or not state.known:
+            continue
+        victims = [state.holds[uid].allocation for uid in uids if uid in state.holds]
+        if fits_after_eviction(demand, state, victims):
+            kept[node] = list(uids)
+            continue
+        ours = _fewest_victims(demand, state, cluster, priority)
+        if ours is not None:
+            kept[node] = ours
+    return kept
+
+
+def _fewest_victims(demand: Demand, state: NodeState, cluster: Cache, priority: int) -> list[str] | None:
+    """The fewest evictable pods on the node (lower priority than `priority`) whose eviction lets the demand
+    fit, preferring lower priorities; None when even all of them do not make room.
+
+    Greedy, then pruned: add pods from the lowest priority (and, among equals, the largest) until the demand
+    fits, then drop every pod, highest priority first, whose eviction turns out not to be needed.
+    """
+    evictable = []
+    for uid, hold in state.holds.items():
+        record = cluster.pods.get(uid)
+        if hold.observed and record is not None and record.priority < priority:
+            evictable.append((record.priority, -hold.allocation.memory, uid, hold.allocation))
+    evictable.sort()
+    chosen: list[tuple[int, int, str, Allocation]] = []
+    for entry in evictable:
+        chosen.append(entry)
+        if fits_after_eviction(demand, state, [victim[3] for victim in chosen]):
+            break
+    else:
+        return None
+    for entry in sorted(chosen, reverse=True):
+        rest = [victim for victim in chosen if victim is not entry]
+        if fits_after_eviction(demand, state, [victim[3] for victim in rest]):
+            chosen = rest
+    return [victim[2] for victim in chosen]

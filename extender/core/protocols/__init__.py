@@ -1,0 +1,69 @@
+"""Device protocols: how a node-side device plugin describes GPUs and reads allocations (DESIGN §9).
+
+What a node offers and how an allocation is written down belong to the device plugin on the node, not to us.
+A protocol turns a node into `Device`s, a pod into a `Demand`, an `Allocation` into the pod annotations that
+plugin reads (written in the Binding), and those annotations back into an allocation after a restart. The
+cache, the ledger and the policy work on devices, demands and allocations and know no annotation key.
+
+- `gpushare.py`: the gpushare device plugin (`aliyun.com/gpu-mem`), memory only, one GPU per pod for its plugin.
+- `hami.py`: HAMi's device plugin and HAMi-core (`nvidia.com/gpu`, `gpumem`, `gpucores`), which enforce memory
+  and compute in the container and run multi-GPU and multi-container pods, with a node lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from extender.core.devices import Demand, Device, NodeDevices
+from extender.core.holds import Allocation
+from extender.core.objects import Raw
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What a pod's annotations say was decided for it: where, what, and when."""
+
+    node: str
+    """The node it was decided for ("" when no decision is recorded)."""
+    allocation: Allocation | None
+    since: float
+    """Unix seconds of the decision (0 when unknown): a reservation's TTL counts from here."""
+
+
+NOTHING_RECORDED = Recorded("", None, 0.0)
+
+
+class DeviceProtocol(Protocol):
+    """A device plugin's formats. Pure: reading and writing objects, never I/O."""
+
+    @property
+    def name(self) -> str:
+        """`gpushare`, `hami`: what `--protocol` selects."""
+
+    @property
+    def unit(self) -> str:
+        """How messages name one unit of memory (`GiB`, `MiB`)."""
+
+    @property
+    def managed_resources(self) -> tuple[str, ...]:
+        """The resources whose pods kube-scheduler must send us (`managedResources`)."""
+
+    @property
+    def node_lock(self) -> str | None:
+        """The node annotation the device plugin's node lock lives in (None: the plugin has no lock)."""
+
+    def node_devices(self, node: Raw) -> NodeDevices:
+        """The node's GPUs (and lock), or why none could be read. Never raises."""
+
+    def pod_demand(self, pod: Raw) -> Demand:
+        """What the pod asks; raises `InvalidPod` naming the container and value that cannot be read."""
+
+    def allocation_annotations(self, allocation: Allocation, devices: Sequence[Device], since: float) -> dict[str, str]:
+        """The annotations that record the allocation for the plugin and for our recovery; the same
+        allocation and time always give the same annotations. `devices` are the node's."""
+
+    def recorded(self, pod: Raw, demand: Demand | None) -> Recorded:
+        """What the pod's annotations record (the inverse of `allocation_annotations`). Never raises: what a
+        person or another tool wrote wrong is read as nothing recorded."""
