@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from extender.core.binding import Outcome
 from extender.core.cache import Cache
+from extender.core.fit import Cause
 from extender.core.holds import HoldState
 from extender.service import gpu_metrics
 from extender.service.gpu_metrics import RecentDemands
@@ -121,6 +122,15 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.rejections = Counter(
+            "extender_filter_rejections",
+            "Nodes refused by filter, by cause (core/fit.py Cause): not_in_cache, not_ready, locked, no_gpus, "
+            "too_small, too_few, no_match (unresolvable: no GPU here could ever serve the pod), memory, compute, "
+            "slots, exclusive, numa (failed: not now).",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.rejected_by = {cause: self.rejections.labels(cause.value) for cause in Cause if cause is not Cause.NONE}
         self.expiries = Counter(
             "extender_reservation_expiries",
             "Reservations freed because the API never showed their pod bound.",

@@ -196,6 +196,8 @@ def _filter_reply(
         metrics.nodes_failed.inc(len(outcome.failed))
     if outcome.unresolvable:
         metrics.nodes_unresolvable.inc(len(outcome.unresolvable))
+    for cause, count in outcome.causes.items():
+        metrics.rejected_by[cause].inc(count)
     if demand.memory and len(outcome.passed) < len(names):
         log.debug("filter %s: %d of %d nodes fit", pod_key(args.Pod), len(outcome.passed), len(names))
         if not outcome.passed and outcome.failed:

@@ -174,6 +174,8 @@ async def test_metrics_count_requests_nodes_and_allocations(client_for: ClientFo
     assert 'extender_filter_nodes_total{result="accepted"} 1.0' in text
     assert 'extender_filter_nodes_total{result="failed"} 1.0' in text
     assert 'extender_filter_nodes_total{result="unresolvable"} 1.0' in text
+    assert 'extender_filter_rejections_total{cause="not_in_cache"} 1.0' in text
+    assert 'extender_filter_rejections_total{cause="too_small"} 1.0' in text
     assert 'extender_request_duration_seconds_count{outcome="ok",verb="filter"} 1.0' in text
     assert 'extender_allocations{state="observed"} 1.0' in text
     assert "extender_cache_nodes 2.0" in text
