@@ -130,7 +130,7 @@ class Metrics:
             ["cause"],
             registry=self.registry,
         )
-        self.rejected_by = {cause: self.rejections.labels(cause.value) for cause in Cause if cause is not Cause.NONE}
+        self.rejected_by: dict[Cause, Any] = {cause: self.rejections.labels(cause.value) for cause in Cause}
         self.expiries = Counter(
             "extender_reservation_expiries",
             "Reservations freed because the API never showed their pod bound.",
