@@ -130,7 +130,9 @@ class Metrics:
             ["cause"],
             registry=self.registry,
         )
-        self.rejected_by: dict[Cause, Any] = {cause: self.rejections.labels(cause.value) for cause in Cause}
+        self.rejected_by: dict[Cause, Any] = {
+            cause: self.rejections.labels(cause.value) for cause in Cause if cause is not Cause.NONE
+        }
         self.expiries = Counter(
             "extender_reservation_expiries",
             "Reservations freed because the API never showed their pod bound.",
