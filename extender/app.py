@@ -68,7 +68,7 @@ def listener_limits(settings: Settings, max_connections: int) -> Limits:
 def file_service(settings: Settings, path: str) -> tuple[Service, FileSource]:
     """A service whose cache is the cluster file at `path` and whose binds update it in memory."""
     objects = load_cluster_file(path)
-    cache = Cache(settings.profile)
+    cache = Cache(settings.device_protocol, settings.node_lock_timeout)
     cache.replace(objects.nodes, objects.pods)
     source = FileSource(cache, objects.pods)
     del objects
@@ -98,7 +98,7 @@ def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
 def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeSource]:
     """A service whose cache follows the API server through `client`, and the source that feeds it (not yet
     started: `await source.start()`)."""
-    cache = Cache(settings.profile)
+    cache = Cache(settings.device_protocol, settings.node_lock_timeout)
     source = KubeSource(client, cache, kube_options(settings, client.config))
     service = build_service(settings, cache, source, source.requeue if source.requeuer is not None else None)
     source.on_freed = service.requeue.freed

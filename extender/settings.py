@@ -23,7 +23,9 @@ import yaml
 from extender.core.devices import Strategy
 from extender.core.errors import UserError
 from extender.core.policy import PolicyConfig
+from extender.core.protocols import DeviceProtocol
 from extender.core.protocols.gpushare import Profile
+from extender.core.protocols.hami import Hami
 
 ENV_PREFIX = "EXTENDER_"
 
@@ -34,6 +36,13 @@ _PROFILE = Profile()
 
 class SettingsError(UserError):
     """A setting that is missing, malformed or inconsistent; the message names it and its source."""
+
+
+class Protocol(enum.StrEnum):
+    """Which device plugin the nodes run (`core/protocols/`)."""
+
+    GPUSHARE = "gpushare"
+    HAMI = "hami"
 
 
 class GpuSeries(enum.StrEnum):
@@ -167,7 +176,24 @@ class Settings:
         "an annotation on it asks kube-scheduler to retry pods refused while the cache was behind.",
         default="",
     )
-    # -- the device plugin's profile
+    # -- the device plugin
+    protocol: Protocol = _doc(
+        "The node-side device plugin served: gpushare (aliyun.com/gpu-mem, the settings below) or hami (HAMi's "
+        "device plugin: nvidia.com/gpu, gpumem, gpumem-percentage, gpucores, and its node lock).",
+        default=Protocol.GPUSHARE,
+    )
+    hami_default_memory: int = _doc(
+        "hami: MiB per GPU for a container asking neither nvidia.com/gpumem nor a percentage (0: the whole GPU).",
+        default=0,
+    )
+    hami_default_cores: int = _doc("hami: % compute per GPU for a container asking no nvidia.com/gpucores.", default=0)
+    hami_memory_factor: int = _doc("hami: MiB that one unit of nvidia.com/gpumem stands for.", default=1)
+    node_lock_timeout: float = _doc(
+        "hami: seconds after which the device plugin's node lock counts as abandoned and is taken over "
+        "(HAMi's --node-lock-timeout).",
+        default=300.0,
+    )
+    # -- the gpushare device plugin's profile
     memory_resource: str = _doc(
         "Resource holding GPU memory (node total, pod demand).", default=_PROFILE.memory_resource
     )
@@ -247,6 +273,13 @@ class Settings:
     log_format: LogFormat = _doc("Log lines as text or JSON.", default=LogFormat.TEXT)
 
     @property
+    def device_protocol(self) -> DeviceProtocol:
+        """The protocol the cache reads nodes and pods with (`core/protocols/`)."""
+        if self.protocol is Protocol.HAMI:
+            return Hami(self.hami_default_memory, self.hami_default_cores, self.hami_memory_factor)
+        return self.profile
+
+    @property
     def profile(self) -> Profile:
         return Profile(**{field.name: getattr(self, field.name) for field in dataclasses.fields(Profile)})
 
@@ -257,7 +290,6 @@ class Settings:
             device_strategy=self.device_strategy,
             node_weight=self.node_weight,
             device_weight=self.device_weight,
-            unit=self.memory_unit,
         )
 
     @property
@@ -299,12 +331,16 @@ class Settings:
             "watch_timeout",
             "watch_inactivity",
             "retry_period",
+            "node_lock_timeout",
+            "hami_memory_factor",
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
         refusal = self.lease_timings.check()
         if refusal is not None:
             raise SettingsError(refusal)
+        if self.hami_default_memory < 0 or not 0 <= self.hami_default_cores <= 100:
+            raise SettingsError("hami_default_memory must be >= 0 and hami_default_cores between 0 and 100")
         if self.weight <= 0:
             raise SettingsError(f"weight must be > 0, not {self.weight}")
         if self.node_weight < 0 or self.device_weight < 0 or self.node_weight + self.device_weight == 0:

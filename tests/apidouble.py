@@ -850,6 +850,7 @@ class ApiDouble:
         router.add_get("/readyz", self._readyz)
         router.add_get("/api/v1/nodes", self._collection(self._nodes, namespaced=False))
         router.add_get("/api/v1/nodes/{name}", self._get_node)
+        router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         router.add_get("/api/v1/pods", self._collection(self._pods, namespaced=False))
         router.add_get(pods, self._collection(self._pods, namespaced=True))
         router.add_get(pods + "/{name}", self._get_pod)
@@ -1083,6 +1084,29 @@ class ApiDouble:
         if (node := self._nodes.objects.get(name)) is None:
             raise not_found("nodes", name)
         return json_response(self._nodes.typed(node))
+
+    async def _patch_node(self, request: web.Request) -> web.Response:
+        """A merge patch of a Node (HAMi's node lock writes one): metadata.resourceVersion in the patch is the
+        registry's precondition (409 when stale); status is kept, as the node strategy keeps it on updates of the
+        main resource."""
+        patch = await merge_patch_body(request)
+        name = request.match_info["name"]
+        if (node := self._nodes.objects.get(name)) is None:
+            raise not_found("nodes", name)
+        patched = {k: v for k, v in merge_patch(self._nodes.typed(node), patch).items() if k not in ("kind", "apiVersion")}
+        meta = patched.get("metadata")
+        if not isinstance(meta, dict) or meta.get("name") != name:
+            raise bad_request(f"the name of the object does not match the name on the URL ({name})")
+        if decode_error := _string_map_errors(patched):
+            value = go_quote(orjson.dumps(patched).decode())
+            raise invalid("", "", [FieldError("patch", "FieldValueInvalid", f"Invalid value: {value}: {decode_error}")])
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted and wanted != node["metadata"]["resourceVersion"]:
+            raise conflict("nodes", name, MODIFIED)
+        patched["metadata"]["resourceVersion"] = node["metadata"]["resourceVersion"]
+        if "status" in node:
+            patched["status"] = node["status"]
+        return json_response(self._nodes.typed(self._write(self._nodes, name, patched)))
 
     async def _get_pod(self, request: web.Request) -> web.Response:
         return json_response(self._pods.typed(self._stored_pod(request)[1]))

@@ -17,6 +17,7 @@ from extender.core.holds import Allocation
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
 from extender.core.protocols.gpushare import Profile
+from extender.core.protocols.hami import Hami
 
 PROFILE = Profile()
 _uids = itertools.count(1)
@@ -141,3 +142,66 @@ async def bind_error(
 ) -> str:
     """`binding.bind`, answered as the reply's `Error` says it ("" on success)."""
     return (await bind(request, BindContext(cluster, ledger, policy, binder, recent))).error
+
+
+HAMI = Hami()
+
+
+def make_hami_node(
+    name: str = "gpu-1",
+    gpus: int = 2,
+    mem: int = 40960,
+    cores: int = 100,
+    split: int = 10,
+    model: str = "NVIDIA A100-SXM4-40GB",
+    **annotations: str,
+) -> dict[str, Any]:
+    """A Node as HAMi's device plugin registers it (hami.io/node-nvidia-register, allocatable nvidia.com/gpu)."""
+    register = [
+        {"id": f"GPU-{name}-{index}", "index": index, "count": split, "devmem": mem, "devcore": cores,
+         "type": model, "mode": "hami-core", "health": True}
+        for index in range(gpus)
+    ]  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"hami.io/node-nvidia-register": orjson.dumps(register).decode(), **annotations},
+        },
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus * split)},
+            "capacity": {"nvidia.com/gpu": str(gpus * split)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def make_hami_pod(
+    name: str = "pod-1",
+    gpus: int = 1,
+    mem: int | None = None,
+    cores: int | None = None,
+    namespace: str = "default",
+    init: tuple[dict[str, Any], ...] = (),
+    **annotations: str,
+) -> dict[str, Any]:
+    """A pending pod asking HAMi's resources for one container (`init` adds init containers as given)."""
+    limits = {"nvidia.com/gpu": str(gpus)}
+    if mem is not None:
+        limits["nvidia.com/gpumem"] = str(mem)
+    if cores is not None:
+        limits["nvidia.com/gpucores"] = str(cores)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "annotations": dict(annotations)},
+        "spec": {"initContainers": list(init), "containers": [{"name": "main", "resources": {"limits": limits}}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def make_hami_cluster(*nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] = ()) -> Cache:
+    cluster = Cache(HAMI)
+    cluster.replace(list(nodes), list(pods))
+    return cluster

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from extender.sources.file import FileBinder
-from tests.builders import make_cluster, make_node, make_pod
+from tests.builders import make_cluster, make_hami_cluster, make_hami_node, make_hami_pod, make_node, make_pod
 from tests.conftest import ClientFor, make_service
 
 NODES = ("small-a", "small-b", "small-c")
@@ -80,3 +80,47 @@ async def test_concurrent_binds_never_overcommit_and_all_successes_show_in_inspe
             assert gpu["used"] <= gpu["capacity"]
             assert gpu["used"] == sum(holder["memory"] for holder in gpu["pods"])
     assert not cluster.reserved
+
+
+async def test_concurrent_hami_binds_never_overcommit_memory_compute_or_slots(client_for: ClientFor) -> None:
+    """The same burst on HAMi nodes (3 x 2 GPUs of 8,000 MiB, 100 % compute, 3 slots each): pods of mixed memory,
+    compute and GPU counts. No GPU ever goes over its memory, its compute or its split count."""
+    rng = random.Random(7)
+    names = ("hami-a", "hami-b", "hami-c")
+    cluster = make_hami_cluster(*(make_hami_node(name, gpus=2, mem=8000, split=3) for name in names))
+    client = await client_for(make_service(cluster, binder=SlowApi(cluster, rng)))
+    pods = [
+        make_hami_pod(f"hami-{i}", gpus=rng.choice((1, 1, 1, 2)), mem=rng.choice((1000, 2000, 3000)),
+                      cores=rng.choice((0, 10, 30, 50)))
+        for i in range(90)
+    ]  # fmt: skip
+    results: dict[str, str] = {}
+
+    async def schedule(pod: dict[str, Any]) -> None:
+        body = orjson.dumps({"Pod": pod, "NodeNames": list(names)})
+        reply = await (await client.post("/filter", data=body)).json()
+        if not reply["NodeNames"]:
+            results[pod["metadata"]["uid"]] = "unschedulable"
+            return
+        meta = pod["metadata"]
+        bind = {
+            "PodName": meta["name"],
+            "PodNamespace": "default",
+            "PodUID": meta["uid"],
+            "Node": rng.choice(reply["NodeNames"]),
+        }
+        results[meta["uid"]] = (await (await client.post("/bind", data=orjson.dumps(bind))).json())["Error"]
+        assert not cluster.overcommitted()
+
+    await asyncio.gather(*(schedule(pod) for pod in pods))
+    bound = [uid for uid, error in results.items() if error == ""]
+    assert bound and len(bound) < len(pods), "the burst must fill the nodes"
+    assert not cluster.overcommitted()
+    for state in cluster.nodes.values():
+        for position, device in enumerate(state.devices):
+            assert state.used_slots[position] <= device.slots and state.used_cores[position] <= device.cores
+    inspect = await (await client.get("/inspect")).json()
+    shown = {holder["uid"] for node in inspect["nodes"] for gpu in node["devices"] for holder in gpu["pods"]}
+    assert shown == set(bound)
+    annotated = [pod for pod in cluster.pods.values() if pod.allocation is not None]
+    assert len(annotated) == len(bound), "every bound pod carries its HAMi allocation"

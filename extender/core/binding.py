@@ -274,7 +274,9 @@ async def _new_allocation(
     key, node = request.key, request.node
     placed = choose(demand, state, context.policy)
     if placed is None:
-        return _refused(f"pod {key} no longer fits on {node}: {judge(demand, state, context.policy.unit).reason}")
+        return _refused(
+            f"pod {key} no longer fits on {node}: {judge(demand, state, context.cache.protocol.unit).reason}"
+        )
     allocation = Allocation(request.uid, key, node, placed.containers, placed.init_containers)
     refusal = context.ledger.reserve(allocation)
     if refusal is not None:

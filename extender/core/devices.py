@@ -37,6 +37,8 @@ class Device:
     model: str = ""
     uuid: str = ""
     numa: int = 0
+    mode: str = ""
+    """How its plugin shares it (HAMi: `hami-core`, `mig`, `mps`)."""
     cordoned: bool = False
     """An operator keeps new pods off it; those running stay."""
 
@@ -84,6 +86,8 @@ class Selectors:
     use_uuids: tuple[str, ...] = ()
     """Exact UUIDs, one of which the GPU must have (empty: any)."""
     avoid_uuids: tuple[str, ...] = ()
+    modes: str = ""
+    """The GPU's sharing mode must be a substring of this (HAMi's `nvidia.com/vgpu-mode`; empty: any)."""
     numa_bind: bool = False
     """All GPUs of one container on one NUMA node."""
     exclusive: bool = False
@@ -96,6 +100,8 @@ class Selectors:
         if any(avoided in model for avoided in self.avoid_models):
             return False
         if self.use_uuids and device.uuid not in self.use_uuids:
+            return False
+        if self.modes and device.mode not in self.modes:
             return False
         return device.uuid not in self.avoid_uuids
 

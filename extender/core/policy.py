@@ -35,8 +35,6 @@ class PolicyConfig:
     """Weight of the node-level fill in a node's score."""
     device_weight: int = 1
     """Weight of the chosen devices' fill in a node's score."""
-    unit: str = "GiB"
-    """How reasons name a unit of GPU memory."""
     memo_key: str = field(init=False, compare=False, repr=False)
     """Names this configuration in the nodes' memos of scores (a str: its hash is computed once)."""
 
@@ -273,7 +271,7 @@ def choose(demand: Demand, state: NodeState, config: PolicyConfig) -> Placement 
             return None
         uuids = {device.index: device.uuid for device in state.devices}
         return Placement((tuple(Grant(index, demand.per_device, 0, uuids[index]) for index in indexes),), 0)
-    placed = place(demand, state.devices, usage_of(state), strategy, config.unit)
+    placed = place(demand, state.devices, usage_of(state), strategy, "")
     return None if isinstance(placed, Judgement) else placed
 
 

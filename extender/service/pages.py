@@ -60,29 +60,34 @@ def inspect_node(state: NodeState, now: float) -> Raw:
     for position, device in enumerate(state.devices):
         holders = []
         for hold in state.holds.values():
-            allocation = hold.allocation
-            if device.index in allocation.indexes:
-                holders.append(
-                    {
-                        "pod": allocation.pod,
-                        "uid": allocation.pod_uid,
-                        "memory": allocation.per_device,
-                        "state": hold.state.value,
-                        "age_seconds": round(max(0.0, now - hold.since), 3) if hold.since else None,
-                    }
-                )
+            use = hold.allocation.use_of(device.index)
+            if use is not None:
+                holder: Raw = {
+                    "pod": hold.allocation.pod,
+                    "uid": hold.allocation.pod_uid,
+                    "memory": use.memory,
+                    "state": hold.state.value,
+                    "age_seconds": round(max(0.0, now - hold.since), 3) if hold.since else None,
+                }
+                if device.cores:
+                    holder["cores"] = use.cores
+                holders.append(holder)
         holders.sort(key=lambda holder: (str(holder["pod"]), str(holder["uid"])))
-        devices.append(
-            {
-                "index": device.index,
-                "healthy": device.healthy,
-                "capacity": device.capacity,
-                "used": state.used[position],
-                "free": state.free[position],
-                "pods": holders,
-            }
-        )
-    return {
+        shown: Raw = {
+            "index": device.index,
+            "healthy": device.healthy,
+            "capacity": device.capacity,
+            "used": state.used[position],
+            "free": state.free[position],
+        }
+        if device.cores:  # what only some device plugins track (HAMi): shown where they do
+            shown.update(cores=device.cores, used_cores=state.used_cores[position])
+        if device.slots:
+            shown.update(slots=device.slots, used_slots=state.used_slots[position])
+        if device.model or device.uuid:
+            shown.update(model=device.model, uuid=device.uuid, cordoned=device.cordoned)
+        devices.append({**shown, "pods": holders})
+    node: Raw = {
         "name": state.name,
         "known": state.known,
         "ready": state.ready,
@@ -92,6 +97,9 @@ def inspect_node(state: NodeState, now: float) -> Raw:
         "stray": state.stray,
         "devices": devices,
     }
+    if state.lock is not None:
+        node["lock"] = {"pod": state.lock.pod, "age_seconds": round(max(0.0, now - state.lock.since), 3)}
+    return node
 
 
 def _inspect(service: Service, request: Request) -> Response:
@@ -99,7 +107,7 @@ def _inspect(service: Service, request: Request) -> Response:
     nodes = [inspect_node(cache.nodes[name], now) for name in sorted(cache.nodes)]
     return _json(
         {
-            "unit": service.policy.unit,
+            "unit": service.cache.protocol.unit,
             "nodes": nodes,
             "pods": len(cache.pods),
             "reservations": len(cache.reserved),
@@ -113,7 +121,7 @@ def _inspect_one(service: Service, request: Request) -> Response:
     state = service.cache.nodes.get(name)
     if state is None:
         return json_error(404, f"node {name} is not in the extender's cache")
-    return _json({"unit": service.policy.unit, **inspect_node(state, time.time())})
+    return _json({"unit": service.cache.protocol.unit, **inspect_node(state, time.time())})
 
 
 PROBES: tuple[tuple[str, Page], ...] = (

@@ -24,12 +24,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from extender.core import objects
 from extender.core.binding import BindError, BindRequest
 from extender.core.objects import Raw, rfc3339
 from extender.sources.kube.client import ApiError, Conflict, KubeClient, KubeError, NotFound, ServerError
+
+if TYPE_CHECKING:
+    from extender.sources.kube.nodelock import NodeLocker
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +47,30 @@ def pod_path(namespace: str, name: str) -> str:
 class KubeBinder:
     """Implements `binding.Binder` against the API server."""
 
-    def __init__(self, client: KubeClient, observe: Callable[[Raw], None] | None = None) -> None:
+    def __init__(
+        self, client: KubeClient, observe: Callable[[Raw], None] | None = None, locker: NodeLocker | None = None
+    ) -> None:
         self.client = client
         self.observe = observe
         """Given the pod as read back after a conflict, so the cache holds what the API holds at once (an
         earlier binding of ours may carry other GPUs than this attempt's)."""
+        self.locker = locker
+        """The device plugin's node lock (HAMi), taken before a binding that allocates GPUs and released when it
+        fails; None where the plugin has none."""
 
     async def bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
+        namespace, name = objects.namespace(pod), objects.name(pod)
+        if self.locker is None or not annotations:
+            await self._bind(pod, node, annotations)
+            return
+        await self.locker.acquire(node, namespace, name)
+        try:
+            await self._bind(pod, node, annotations)
+        except BaseException:
+            await self.locker.release(node, namespace, name)
+            raise
+
+    async def _bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
         namespace, name, uid = objects.namespace(pod), objects.name(pod), objects.uid(pod)
         binding = {
             "apiVersion": "v1",

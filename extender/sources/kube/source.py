@@ -31,6 +31,7 @@ from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
 from extender.sources.kube.client import KubeClient, KubeError, NotFound
 from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
 from extender.sources.kube.leader import LeaderElector
+from extender.sources.kube.nodelock import NodeLocker
 from extender.sources.kube.writes import LABEL_PERIOD, LeaderLabel, Requeuer
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,9 @@ class KubeSource:
         self.on_freed: Callable[[list[str], float], None] | None = None
         """Told when the API's news frees room on nodes (a pod deleted or finished; a node added or changed): the
         nodes, and since when a refusal there may have been the cache's lag (Unix time; see `core/requeue.py`)."""
-        self.binder = KubeBinder(client, observe=cluster.apply_pod)
+        lock = cluster.protocol.node_lock
+        locker = NodeLocker(client, lock, cluster.lock_timeout, on_change=cluster.take_lock) if lock else None
+        self.binder = KubeBinder(client, observe=cluster.apply_pod, locker=locker)
         self.events = EventRecorder(client, options.identity)
         self.elector = (
             LeaderElector(

@@ -1,0 +1,386 @@
+"""HAMi's NVIDIA protocol: what its device plugin registers on a node and reads from a pod (HAMi v2.10.0).
+
+We replace hami-scheduler and keep HAMi's device plugin (with HAMi-core, which enforces a container's memory
+and compute limits inside it). The formats are HAMi's own code at tag v2.10.0 (commit 4707fb02), summarised
+in `shared/protocols/hami.md` and verified in `tests/fixtures/hami/NOTES.md` (file and line for each rule):
+
+- **Node**: `hami.io/node-nvidia-register`, a JSON array of GPUs (`id` UUID, `index`, `count` = split count,
+  `devmem` MiB, `devcore` = compute, 100 a card, `type`, `numa`, `mode`, `health` a JSON bool; every field
+  omitted when empty, so a GPU without `health` is unhealthy). Only GPUs whose type names NVIDIA are offered.
+  `hami.io/device-cordon` (UUIDs) keeps new pods off GPUs. A node with no registration, or whose allocatable
+  `nvidia.com/gpu` is 0 (the plugin is not running), has no GPUs here; HAMi keeps a vanished registration's
+  GPUs cached, which we do not. `hami.io/mutex.lock` is the plugin's node lock (`<RFC3339>,<ns>,<name>`).
+- **Pod**: per container (init containers first), limits before requests: `nvidia.com/gpu` GPUs,
+  `nvidia.com/gpumem` MiB on each (x `memory_factor`), else `nvidia.com/gpumem-percentage` of each GPU's
+  memory (over 100: 100; 0 or less: ignored), else `default_memory`, else the whole GPU; `nvidia.com/gpucores`
+  % compute on each (else `default_cores`; over 100: 100). HAMi silently drops a container whose gpumem is
+  unreadable (`4Gi`); we refuse the pod with a 400 naming it. A container asking memory or compute without
+  `nvidia.com/gpu` would get no GPU from kubelet: HAMi's admission webhook adds it, and we refuse such a pod
+  with a message saying so.
+- **Selectors and policies** (pod annotations): `nvidia.com/use-gputype` / `nouse-gputype` (upper-cased
+  substrings of the GPU type), `nvidia.com/use-gpuuuid` / `nouse-gpuuuid` (exact UUIDs), `nvidia.com/vgpu-mode`,
+  `nvidia.com/numa-bind`, `hami.io/gpu-scheduler-policy` (binpack, spread, mutex; comma lists) and
+  `hami.io/node-scheduler-policy` (binpack, spread). HAMi reads an unknown policy as spread; we refuse it.
+- **Allocation**: `hami.io/vgpu-devices-to-allocate` (the plugin erases what it has allocated) and
+  `hami.io/vgpu-devices-allocated` (the record), one entry per GPU container, init containers first, each
+  `<uuid>,NVIDIA,<MiB>,<compute>:` per GPU and `;` after each container; `hami.io/vgpu-node`,
+  `hami.io/vgpu-time`, `hami.io/bind-phase: allocating`, `hami.io/bind-time`. We write them all in the Binding,
+  so they are on the pod the moment `spec.nodeName` is; HAMi's label `hami.io/vgpu-node` is not (a Binding
+  carries annotations only, and the plugin reads the annotation). `bind-phase: failed` (the plugin could not
+  allocate) frees the allocation at once; HAMi keeps counting it until the pod ends.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import orjson
+
+from extender.core import objects
+from extender.core.devices import NO_DEMAND, Demand, Device, NodeDevices, NodeLock, Request, Selectors, Strategy
+from extender.core.holds import Allocation, Grant
+from extender.core.objects import Raw, as_object
+from extender.core.protocols import NOTHING_RECORDED, Recorded
+from extender.core.resources import (
+    MAX_DEVICES,
+    InvalidPod,
+    InvalidQuantity,
+    check_pod_shape,
+    container_amount,
+    containers,
+    parse_count,
+)
+
+T = TypeVar("T")
+
+REGISTER = "hami.io/node-nvidia-register"
+CORDON = "hami.io/device-cordon"
+LOCK = "hami.io/mutex.lock"
+GPU = "nvidia.com/gpu"
+GPUMEM = "nvidia.com/gpumem"
+GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"
+GPUCORES = "nvidia.com/gpucores"
+TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+ALLOCATED = "hami.io/vgpu-devices-allocated"
+VGPU_NODE = "hami.io/vgpu-node"
+VGPU_TIME = "hami.io/vgpu-time"
+BIND_PHASE = "hami.io/bind-phase"
+BIND_TIME = "hami.io/bind-time"
+USE_TYPE = "nvidia.com/use-gputype"
+AVOID_TYPE = "nvidia.com/nouse-gputype"
+USE_UUID = "nvidia.com/use-gpuuuid"
+AVOID_UUID = "nvidia.com/nouse-gpuuuid"
+VGPU_MODE = "nvidia.com/vgpu-mode"
+NUMA_BIND = "nvidia.com/numa-bind"
+GPU_POLICY = "hami.io/gpu-scheduler-policy"
+NODE_POLICY = "hami.io/node-scheduler-policy"
+
+VENDOR = "NVIDIA"
+"""The type field of every allocation entry: the plugin's "all allocated?" test looks for it."""
+WHOLE_GPU = 100
+MAX_INT32 = 2**31 - 1
+"""HAMi's memory and compute fields are int32 (`ParseInt(s, 10, 32)`)."""
+TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+"""What Go's `strconv.ParseBool` reads as true (`nvidia.com/numa-bind`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hami:
+    """HAMi's protocol, with the scheduler-side defaults HAMi's chart sets (`device-configmap.yaml`)."""
+
+    default_memory: int = 0
+    """MiB per GPU for a container asking neither gpumem nor a percentage (0: the whole GPU)."""
+    default_cores: int = 0
+    """% compute per GPU for a container asking no gpucores."""
+    memory_factor: int = 1
+    """What one unit of `nvidia.com/gpumem` is worth in MiB (HAMi's memoryFactor)."""
+
+    @property
+    def name(self) -> str:
+        return "hami"
+
+    @property
+    def unit(self) -> str:
+        return "MiB"
+
+    @property
+    def managed_resources(self) -> tuple[str, ...]:
+        return (GPU, GPUMEM, GPUMEM_PERCENTAGE, GPUCORES)
+
+    @property
+    def node_lock(self) -> str | None:
+        return LOCK
+
+    # -- nodes
+
+    def node_devices(self, node: Raw) -> NodeDevices:
+        annotations = objects.annotations_of(node)
+        lock = read_lock(annotations.get(LOCK))
+        listed = annotations.get(REGISTER)
+        if listed is None:
+            return NodeDevices((), f"no {REGISTER}: HAMi's device plugin has not registered this node", lock)
+        allocatable = as_object(as_object(node.get("status")).get("allocatable")).get(GPU)
+        try:
+            if not allocatable or parse_count(allocatable) == 0:
+                return NodeDevices((), f"allocatable {GPU} is 0: HAMi's device plugin is not serving here", lock)
+        except InvalidQuantity as error:
+            return NodeDevices((), f"allocatable {GPU} {error}", lock)
+        try:
+            devices = _registered(listed, _cordoned(annotations.get(CORDON)))
+        except ValueError as error:
+            return NodeDevices((), f"{REGISTER} unreadable: {error}", lock)
+        if not devices:
+            return NodeDevices((), f"{REGISTER} lists no NVIDIA GPU", lock)
+        return NodeDevices(devices, "", lock)
+
+    # -- pods
+
+    def pod_demand(self, pod: Raw) -> Demand:
+        check_pod_shape(pod)
+        requests = [request for found in containers(pod) if (request := self._request(found, pod)) is not None]
+        if not requests:
+            return NO_DEMAND
+        annotations = objects.annotations_of(pod)
+        selectors = _selectors(annotations)
+        node_strategy = _strategy(annotations.get(NODE_POLICY), NODE_POLICY, objects.pod_key(pod))
+        device_strategy = _gpu_strategy(annotations.get(GPU_POLICY), objects.pod_key(pod))
+        if len(requests) == 1 and not requests[0].init:
+            only = requests[0]
+            return Demand(
+                memory=only.memory * only.devices,
+                devices=only.devices,
+                cores=only.cores,
+                percent=only.percent,
+                selectors=selectors,
+                node_strategy=node_strategy,
+                device_strategy=device_strategy,
+            )
+        return Demand(
+            memory=sum(request.memory * request.devices for request in requests),
+            devices=sum(request.devices for request in requests),
+            containers=tuple(requests),
+            selectors=selectors,
+            node_strategy=node_strategy,
+            device_strategy=device_strategy,
+        )
+
+    def _request(self, found: tuple[Raw, str], pod: Raw) -> Request | None:
+        container, kind = found
+        gpus = container_amount(pod, container, GPU, kind)
+        memory = container_amount(pod, container, GPUMEM, kind)
+        percent = container_amount(pod, container, GPUMEM_PERCENTAGE, kind)
+        cores = container_amount(pod, container, GPUCORES, kind)
+        where = f"pod {objects.pod_key(pod)} {kind} {container.get('name', '?')}"
+        if not gpus:
+            if any(amount for amount in (memory, percent, cores)):
+                raise InvalidPod(
+                    f"{where} asks {GPUMEM}, {GPUMEM_PERCENTAGE} or {GPUCORES} without {GPU}: kubelet would give it "
+                    f"no GPU. HAMi's admission webhook adds {GPU} to such pods; keep it installed"
+                )
+            return None
+        if gpus > MAX_DEVICES:
+            raise InvalidPod(f"{where}: {GPU} {gpus} is more GPUs than any node has")
+        mib = (memory or 0) * self.memory_factor
+        if mib > MAX_INT32:
+            raise InvalidPod(f"{where}: {GPUMEM} {memory} is more MiB than HAMi can record")
+        share = min(percent or 0, 100)
+        if not mib and not share:
+            mib = self.default_memory
+            share = 0 if mib else 100
+        compute = min(self.default_cores if cores is None else cores, WHOLE_GPU)
+        return Request(gpus, mib, 0 if mib else share, compute, init=kind == "init container")
+
+    # -- allocations
+
+    def allocation_annotations(self, allocation: Allocation, devices: Sequence[Device], since: float) -> dict[str, str]:
+        uuids = {device.index: device.uuid for device in devices}
+        encoded = encode(allocation.containers, uuids)
+        stamp = str(int(since))
+        return {
+            VGPU_NODE: allocation.node,
+            VGPU_TIME: stamp,
+            TO_ALLOCATE: encoded,
+            ALLOCATED: encoded,
+            BIND_PHASE: "allocating",
+            BIND_TIME: stamp,
+        }
+
+    def recorded(self, pod: Raw, demand: Demand | None) -> Recorded:
+        annotations = objects.annotations_of(pod)
+        node = str(as_object(pod.get("spec")).get("nodeName") or "") or str(annotations.get(VGPU_NODE) or "")
+        if not node or annotations.get(BIND_PHASE) == "failed":
+            return NOTHING_RECORDED
+        try:
+            entries = decode(str(annotations.get(ALLOCATED) or ""))
+        except ValueError:
+            return NOTHING_RECORDED
+        since = _seconds(annotations.get(VGPU_TIME)) or _seconds(annotations.get(BIND_TIME))
+        if not entries:
+            return Recorded(node, None, since)
+        requests = demand.requests if demand is not None and not demand.is_zero else ()
+        init = sum(1 for request in requests if request.init) if len(requests) == len(entries) else 0
+        key = objects.key(objects.namespace(pod), objects.name(pod))
+        return Recorded(node, Allocation(objects.uid(pod), key, node, entries, init), since)
+
+
+def encode(containers: Sequence[Sequence[Grant]], uuids: dict[int, str]) -> str:
+    """`<uuid>,NVIDIA,<MiB>,<compute>:` per GPU, `;` after each container (HAMi's EncodePodSingleDevice)."""
+    return "".join(
+        "".join(
+            f"{grant.uuid or uuids.get(grant.index, '')},{VENDOR},{grant.memory},{grant.cores}:" for grant in grants
+        )
+        + ";"
+        for grants in containers
+    )
+
+
+def decode(text: str) -> tuple[tuple[Grant, ...], ...]:
+    """The GPU containers' grants (by UUID: index -1 until the cache resolves them), skipping the empty entries
+    of containers without GPUs and those the plugin has erased. ValueError when unreadable."""
+    if len(text) > 64 * 1024:
+        raise ValueError("too long")
+    found = []
+    for entry in text.split(";"):
+        grants = []
+        for device in entry.split(":"):
+            if "," not in device:
+                continue
+            fields = device.split(",")
+            if len(fields) < 4 or not fields[0]:
+                raise ValueError(f"device entry {device[:80]!r}: expected uuid,type,memory,cores")
+            memory, cores = _int32(fields[2]), _int32(fields[3])
+            grants.append(Grant(-1, memory, min(cores, WHOLE_GPU), fields[0]))
+        if grants:
+            found.append(tuple(grants))
+    return tuple(found)
+
+
+def read_lock(value: object) -> NodeLock | None:
+    """`<RFC3339>,<namespace>,<name>` (or a bare time, HAMi's legacy form). One that cannot be read counts as
+    abandoned long ago (time 0), so the next bind takes it over; HAMi instead refuses every bind there."""
+    if not isinstance(value, str) or not value:
+        return None
+    stamp, _, holder = value.partition(",")
+    try:
+        since = datetime.datetime.fromisoformat(stamp.strip().replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return NodeLock(0.0, "")
+    namespace, _, name = holder.partition(",")
+    return NodeLock(since, objects.key(namespace, name) if namespace and name else "")
+
+
+def lock_value(now: float, namespace: str, name: str) -> str:
+    """The lock value for a pod (HAMi's GenerateNodeLockKeyByPod)."""
+    return f"{objects.rfc3339(now)},{namespace},{name}"
+
+
+# -- reading, bounded
+
+
+def _registered(text: object, cordoned: frozenset[str]) -> tuple[Device, ...]:
+    if not isinstance(text, str):
+        raise ValueError("not a string")
+    try:
+        entries = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise ValueError("not JSON (HAMi v2.8 and later write a JSON array)") from None
+    if not isinstance(entries, list):
+        raise ValueError("expected a JSON array of GPUs")
+    if len(entries) > MAX_DEVICES:
+        raise ValueError(f"{len(entries)} GPUs is more than {MAX_DEVICES}")
+    devices: dict[int, Device] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise ValueError("each GPU must be an object")
+        model = _field(entry, "type", str, "")
+        if VENDOR.lower() not in model.lower():
+            continue
+        index = _field(entry, "index", int, 0)
+        if index < 0 or index in devices:
+            raise ValueError(f"bad or repeated GPU index {index}")
+        uuid = _field(entry, "id", str, "")
+        devices[index] = Device(
+            index,
+            _field(entry, "devmem", int, 0),
+            healthy=_field(entry, "health", bool, False),
+            cores=_field(entry, "devcore", int, 0),
+            slots=_field(entry, "count", int, 0),
+            model=model,
+            uuid=uuid,
+            numa=_field(entry, "numa", int, 0),
+            mode=_field(entry, "mode", str, ""),
+            cordoned=uuid in cordoned,
+        )
+    return tuple(devices[index] for index in sorted(devices))
+
+
+def _field(entry: Raw, name: str, kind: type[T], default: T) -> T:
+    """A field of one registered GPU, of the JSON type Go's decoder accepts (a wrong one fails the annotation)."""
+    value = entry.get(name, default)
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT32):
+        raise ValueError(f"{name} {str(value)[:40]!r} is not a whole number")
+    if not isinstance(value, kind):
+        raise ValueError(f"{name} {str(value)[:40]!r} is not a {kind.__name__}")
+    return value
+
+
+def _cordoned(value: object) -> frozenset[str]:
+    return (
+        frozenset(part.strip() for part in value.split(",") if part.strip()) if isinstance(value, str) else frozenset()
+    )
+
+
+def _int32(text: str) -> int:
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 10 else -1
+    if not 0 <= value <= MAX_INT32:
+        raise ValueError(f"{text[:40]!r} is not a whole number of at most 2^31-1")
+    return value
+
+
+def _seconds(value: object) -> float:
+    text = str(value or "")
+    return float(text) if text.isascii() and text.isdigit() and len(text) <= 12 else 0.0
+
+
+def _names(value: object, upper: bool) -> tuple[str, ...]:
+    if not isinstance(value, str):
+        return ()
+    parts = (part.strip() for part in value.split(","))
+    return tuple(part.upper() if upper else part for part in parts if part)
+
+
+def _selectors(annotations: Raw) -> Selectors:
+    policy = str(annotations.get(GPU_POLICY) or "")
+    modes = annotations.get(VGPU_MODE)
+    return Selectors(
+        use_models=_names(annotations.get(USE_TYPE), upper=True),
+        avoid_models=_names(annotations.get(AVOID_TYPE), upper=True),
+        use_uuids=_names(annotations.get(USE_UUID), upper=False),
+        avoid_uuids=_names(annotations.get(AVOID_UUID), upper=False),
+        modes=modes if isinstance(modes, str) else "",
+        numa_bind=annotations.get(NUMA_BIND) in TRUE,
+        exclusive="mutex" in (part.strip() for part in policy.split(",")),
+    )
+
+
+def _strategy(value: object, annotation: str, pod: str) -> Strategy | None:
+    if value is None or value == "":
+        return None
+    try:
+        return Strategy(str(value))
+    except ValueError:
+        raise InvalidPod(f"pod {pod}: {annotation} {str(value)[:40]!r} is not binpack or spread") from None
+
+
+def _gpu_strategy(value: object, pod: str) -> Strategy | None:
+    """binpack, spread, mutex (only GPUs no pod uses), or a comma list of them; HAMi's topology-aware and numa
+    policies are not supported."""
+    chosen = None
+    for part in (part.strip() for part in str(value or "").split(",")):
+        if part in ("", "mutex"):
+            continue
+        chosen = _strategy(part, GPU_POLICY, pod)
+    return chosen

@@ -1,0 +1,149 @@
+"""A device plugin's node lock, taken before a binding and released when the binding fails (HAMi's protocol).
+
+HAMi's device plugin, asked by kubelet to allocate GPUs to a container, finds the pod named by the node's lock
+annotation (`hami.io/mutex.lock: <RFC3339>,<namespace>,<name>`) and releases the lock once the pod's GPUs are
+allocated. So a bind to a HAMi node takes the lock first, as hami-scheduler does (`pkg/util/nodelock`,
+NOTES.md §5): read the node; a lock held for another pod that still exists, and younger than `timeout`, is
+contention (the bind fails at once, saying so; the scheduler tries another node or again later: the filter
+already refuses nodes the cache sees locked); a lock of this pod is kept; a stale one, or one whose pod is
+gone, is taken over; the write is a merge patch that carries the node's resourceVersion, so of two writers
+only one wins (a 409 reads the node again). If the binding then fails, the lock is released, but only while
+it is still ours.
+
+The cache is told of every lock taken or released here (`on_change`), so the next filter refuses the node
+before the watch shows the annotation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from urllib.parse import quote
+
+from extender.core import objects
+from extender.core.binding import BindError
+from extender.core.devices import NodeLock
+from extender.core.protocols.hami import lock_value, read_lock
+from extender.sources.kube.binder import pod_path
+from extender.sources.kube.client import Conflict, KubeClient, KubeError, NotFound
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 5
+"""Reads and writes of the lock before giving up on a node that keeps changing (hami's DefaultStrategy: 5)."""
+
+
+def node_path(name: str) -> str:
+    return f"/api/v1/nodes/{quote(name, safe='')}"
+
+
+class NodeLocker:
+    """Takes and releases one node annotation as a lock, for one pod at a time. Stateless between calls."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        key: str,
+        timeout: float,
+        on_change: Callable[[str, NodeLock | None], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.key = key
+        self.timeout = timeout
+        """Seconds after which a lock counts as abandoned (HAMi's --node-lock-timeout, 5 minutes)."""
+        self.on_change = on_change
+        self.clock = clock
+
+    async def acquire(self, node: str, namespace: str, name: str) -> None:
+        """Hold the node's lock for the pod, or raise BindError saying who holds it (nothing is written then)."""
+        holder = objects.key(namespace, name)
+        for _ in range(ATTEMPTS):
+            current = await self._read(node)
+            lock = read_lock(objects.annotations_of(current).get(self.key))
+            if lock is not None:
+                if lock.pod == holder:
+                    return
+                await self._refuse_unless_abandoned(node, lock)
+            now = self.clock()
+            patch = {
+                "metadata": {
+                    "annotations": {self.key: lock_value(now, namespace, name)},
+                    "resourceVersion": objects.meta(current).get("resourceVersion"),
+                }
+            }
+            try:
+                await self.client.merge_patch(node_path(node), patch)
+            except Conflict:
+                continue  # the node changed since we read it (another writer may have locked it): read again
+            except KubeError as error:
+                raise BindError(f"locking node {node} for its device plugin: {error}") from None
+            if lock is not None:
+                log.info("took over the lock on node %s from pod %s (stale or gone)", node, lock.pod or "unknown")
+            self._changed(node, NodeLock(now, holder))
+            return
+        raise BindError(f"locking node {node} for its device plugin: the node kept changing; try again")
+
+    async def release(self, node: str, namespace: str, name: str) -> None:
+        """Release the lock if it is still this pod's (after a failed binding). Failures are logged: a lock left
+        behind is taken over once it is stale."""
+        holder = objects.key(namespace, name)
+        for _ in range(ATTEMPTS):
+            try:
+                current = await self._read(node)
+            except BindError as error:
+                log.warning("releasing the lock on node %s: %s", node, error)
+                return
+            lock = read_lock(objects.annotations_of(current).get(self.key))
+            if lock is None or (lock.pod and lock.pod != holder):
+                return
+            patch = {
+                "metadata": {
+                    "annotations": {self.key: None},
+                    "resourceVersion": objects.meta(current).get("resourceVersion"),
+                }
+            }
+            try:
+                await self.client.merge_patch(node_path(node), patch)
+            except Conflict:
+                continue
+            except KubeError as error:
+                log.warning("releasing the lock on node %s: %s", node, error)
+                return
+            self._changed(node, None)
+            return
+
+    async def _read(self, node: str) -> dict[str, object]:
+        try:
+            current = await self.client.get(node_path(node))
+        except NotFound:
+            raise BindError(f"node {node} no longer exists") from None
+        except KubeError as error:
+            raise BindError(f"reading node {node} for its device plugin's lock: {error}") from None
+        if not isinstance(current, dict):
+            raise BindError(f"reading node {node}: the API answered no object")
+        return current
+
+    async def _refuse_unless_abandoned(self, node: str, lock: NodeLock) -> None:
+        """Return when the lock may be taken over (older than the timeout, or its pod is gone), else raise."""
+        age = self.clock() - lock.since
+        if age > self.timeout:
+            return
+        if lock.pod:
+            namespace, _, name = lock.pod.partition("/")
+            try:
+                await self.client.get(pod_path(namespace, name))
+            except NotFound:
+                return
+            except KubeError:
+                pass  # cannot tell: the lock stands
+        holder = f" for pod {lock.pod}" if lock.pod else ""
+        raise BindError(
+            f"node {node} is locked{holder} until HAMi's device plugin has allocated it ({age:.0f} s so far); "
+            "try again soon"
+        )
+
+    def _changed(self, node: str, lock: NodeLock | None) -> None:
+        if self.on_change is not None:
+            self.on_change(node, lock)

@@ -1,0 +1,124 @@
+"""HAMi's node lock through the API (the double): taken before a binding, refused while another pod holds it,
+taken over when stale or its pod is gone, released when the binding fails, and only while it is ours. The rules
+are hami-scheduler's (pkg/util/nodelock/nodelock.go at v2.10.0, NOTES.md §5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from extender.core.binding import BindContext, BindError, BindRequest, RecentPods, bind
+from extender.core.devices import NodeLock
+from extender.core.ledger import Ledger
+from extender.core.policy import PolicyConfig
+from extender.core.protocols.hami import LOCK
+from extender.sources.kube.binder import KubeBinder
+from extender.sources.kube.client import KubeClient
+from extender.sources.kube.nodelock import NodeLocker
+from tests.apidouble import ApiDouble
+from tests.builders import FakeClock, make_hami_cluster, make_hami_node, make_hami_pod
+
+NOW = 1_787_306_400.0  # 2026-08-21T10:00:00Z
+STAMP = "2026-08-21T10:00:00Z"
+
+
+def locker(kube: KubeClient, changes: list[tuple[str, NodeLock | None]] | None = None) -> NodeLocker:
+    record = changes.append if changes is not None else None
+    return NodeLocker(
+        kube, LOCK, 300.0, on_change=lambda node, lock: record((node, lock)) if record else None, clock=lambda: NOW
+    )
+
+
+def lock_on(api: ApiDouble, node: str = "gpu-1") -> str | None:
+    found = api.node(node)
+    assert found is not None
+    return (found["metadata"].get("annotations") or {}).get(LOCK)
+
+
+async def test_a_free_node_is_locked_for_the_pod_in_hamis_format(api: ApiDouble, kube: KubeClient) -> None:
+    api.add_node(make_hami_node())
+    changes: list[tuple[str, NodeLock | None]] = []
+    await locker(kube, changes).acquire("gpu-1", "default", "p")
+    assert lock_on(api) == f"{STAMP},default,p"
+    assert changes == [("gpu-1", NodeLock(NOW, "default/p"))], "the cache hears of it before the watch"
+
+
+async def test_a_lock_held_for_another_existing_pod_is_contention(api: ApiDouble, kube: KubeClient) -> None:
+    api.add_node(make_hami_node(**{LOCK: "2026-08-21T09:59:00Z,default,other"}))
+    api.add_pod(make_hami_pod("other", mem=1000))
+    with pytest.raises(BindError, match="locked for pod default/other until HAMi's device plugin has allocated it"):
+        await locker(kube).acquire("gpu-1", "default", "p")
+    assert lock_on(api) == "2026-08-21T09:59:00Z,default,other", "nothing written"
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        "2026-08-21T09:54:00Z,default,other",  # 6 minutes: past --node-lock-timeout (5 m)
+        "2026-08-21T09:59:00Z,default,gone",  # its pod no longer exists
+        "garbage",  # unreadable: abandoned (HAMi refuses every bind there until a person removes it)
+    ],
+)
+async def test_a_stale_lock_or_one_whose_pod_is_gone_is_taken_over(api: ApiDouble, kube: KubeClient, held: str) -> None:
+    api.add_node(make_hami_node(**{LOCK: held}))
+    api.add_pod(make_hami_pod("other", mem=1000))
+    await locker(kube).acquire("gpu-1", "default", "p")
+    assert lock_on(api) == f"{STAMP},default,p"
+
+
+async def test_the_pods_own_lock_is_kept(api: ApiDouble, kube: KubeClient) -> None:
+    api.add_node(make_hami_node(**{LOCK: "2026-08-21T09:59:00Z,default,p"}))
+    await locker(kube).acquire("gpu-1", "default", "p")
+    assert lock_on(api) == "2026-08-21T09:59:00Z,default,p"
+
+
+async def test_a_node_changed_between_read_and_write_is_read_again(api: ApiDouble, kube: KubeClient) -> None:
+    """The write carries the resourceVersion read: a 409 means another writer came first (lock/:159-160)."""
+    api.add_node(make_hami_node())
+    api.fail("PATCH", "/api/v1/nodes/gpu-1", status=409)
+    await locker(kube).acquire("gpu-1", "default", "p")
+    assert lock_on(api) == f"{STAMP},default,p"
+
+
+async def test_release_removes_only_a_lock_that_is_ours(api: ApiDouble, kube: KubeClient) -> None:
+    api.add_node(make_hami_node(**{LOCK: "2026-08-21T09:59:00Z,default,other"}))
+    await locker(kube).release("gpu-1", "default", "p")
+    assert lock_on(api) == "2026-08-21T09:59:00Z,default,other"
+    changes: list[tuple[str, NodeLock | None]] = []
+    await locker(kube, changes).release("gpu-1", "default", "other")
+    assert lock_on(api) is None and changes == [("gpu-1", None)]
+
+
+async def test_a_bind_takes_the_lock_then_binds_and_a_failed_binding_releases_it(
+    api: ApiDouble, kube: KubeClient
+) -> None:
+    api.add_node(make_hami_node())
+    pod = api.add_pod(make_hami_pod("p", mem=4000, cores=30))
+    cache = make_hami_cluster(*api.nodes(), pods=tuple(api.pods()))
+    binder = KubeBinder(kube, observe=cache.apply_pod, locker=locker(kube, []))
+    context = BindContext(cache, Ledger(cache, 60, FakeClock()), PolicyConfig(), binder, RecentPods())
+    outcome = await bind(BindRequest("p", "default", pod["metadata"]["uid"], "gpu-1"), context)
+    assert outcome.ok, outcome.error
+    bound = api.pod("default", "p")
+    assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
+    annotations = bound["metadata"]["annotations"]
+    assert annotations["hami.io/bind-phase"] == "allocating" and annotations["hami.io/vgpu-node"] == "gpu-1"
+    assert annotations["hami.io/vgpu-devices-to-allocate"] == "GPU-gpu-1-0,NVIDIA,4000,30:;"
+    assert lock_on(api) == f"{STAMP},default,p", "held until the device plugin has allocated the pod"
+
+    release_as_the_plugin(api, "gpu-1")
+    api.add_pod(make_hami_pod("q", mem=4000))
+    api.fail("POST", "/api/v1/namespaces/default/pods/q/binding", status=403)
+    cache.replace(api.nodes(), api.pods())
+    q = api.pod("default", "q")
+    assert q is not None
+    failed = await bind(BindRequest("q", "default", q["metadata"]["uid"], "gpu-1"), context)
+    assert not failed.ok and "refused the binding" in failed.error
+    assert not lock_on(api), "released after the failed binding"
+
+
+def release_as_the_plugin(api: ApiDouble, name: str) -> None:
+    """What HAMi's device plugin does once it has allocated the pod (plug/util.go:392-405)."""
+    node = api.node(name)
+    assert node is not None
+    node["metadata"]["annotations"].pop(LOCK, None)
+    api.update_node(node)
