@@ -333,6 +333,13 @@ POD_FIELDS: dict[str, FieldGetter] = {
     "status.nominatedNodeName": _path("status", "nominatedNodeName"),
     "status.podIP": _path("status", "podIP"),
 }
+CONFIGMAP_FIELDS: dict[str, FieldGetter] = {
+    "metadata.name": _path("metadata", "name"),
+    "metadata.namespace": _path("metadata", "namespace"),
+}
+ZERO_CONFIGMAP: Obj = {}
+"""A BOOKMARK's ConfigMap: nothing but its metadata."""
+
 NODE_FIELDS: dict[str, FieldGetter] = {
     "metadata.name": _path("metadata", "name"),
     "spec.unschedulable": lambda node: "true" if (node.get("spec") or {}).get("unschedulable") else "false",
@@ -630,6 +637,7 @@ class ApiDouble:
         self.url = ""
         self._pods = Resource("pods", "Pod", POD_FIELDS, history, ZERO_POD)
         self._nodes = Resource("nodes", "Node", NODE_FIELDS, history, ZERO_NODE)
+        self._configmaps = Resource("configmaps", "ConfigMap", CONFIGMAP_FIELDS, history, ZERO_CONFIGMAP)
         self._leases: dict[str, Obj] = {}
         self._faults: list[Fault] = []
         self._stopping = asyncio.Event()
@@ -652,7 +660,7 @@ class ApiDouble:
     async def stop(self) -> None:
         """Release hung requests, cut open watches, close the listener."""
         self._stopping.set()
-        for resource in (self._pods, self._nodes):
+        for resource in (self._pods, self._nodes, self._configmaps):
             for watch in resource.watches:
                 watch.queue.put_nowait(Signal.DROP)
         if self._runner is not None:
@@ -675,6 +683,19 @@ class ApiDouble:
 
     def delete_node(self, name: str) -> None:
         self._remove(self._nodes, name)
+
+    def add_configmap(self, configmap: Obj) -> Obj:
+        """A ConfigMap (kube-system's unhealthy-GPU lists of the gpushare protocol), as kubectl would create it."""
+        obj = self._new_object(configmap, namespace="default")
+        meta = obj["metadata"]
+        return self._create(self._configmaps, object_key(meta["namespace"], meta["name"]), obj)
+
+    def update_configmap(self, configmap: Obj) -> Obj:
+        obj = copy(configmap)
+        return self._replace(self._configmaps, object_key(obj["metadata"]["namespace"], obj["metadata"]["name"]), obj)
+
+    def delete_configmap(self, namespace: str, name: str) -> None:
+        self._remove(self._configmaps, object_key(namespace, name))
 
     def add_pod(self, pod: Obj) -> Obj:
         obj = self._new_object(pod, namespace="default")
@@ -837,7 +858,7 @@ class ApiDouble:
         return after if after is not None else with_resource_version(before or {}, rv)
 
     def _signal_watches(self, signal: Signal) -> None:
-        for resource in (self._pods, self._nodes):
+        for resource in (self._pods, self._nodes, self._configmaps):
             for watch in resource.watches:
                 watch.queue.put_nowait(signal)
 
@@ -850,6 +871,7 @@ class ApiDouble:
         router.add_get("/readyz", self._readyz)
         router.add_get("/api/v1/nodes", self._collection(self._nodes, namespaced=False))
         router.add_get("/api/v1/nodes/{name}", self._get_node)
+        router.add_get("/api/v1/namespaces/{namespace}/configmaps", self._collection(self._configmaps, namespaced=True))
         router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         router.add_get("/api/v1/pods", self._collection(self._pods, namespaced=False))
         router.add_get(pods, self._collection(self._pods, namespaced=True))
@@ -1093,7 +1115,9 @@ class ApiDouble:
         name = request.match_info["name"]
         if (node := self._nodes.objects.get(name)) is None:
             raise not_found("nodes", name)
-        patched = {k: v for k, v in merge_patch(self._nodes.typed(node), patch).items() if k not in ("kind", "apiVersion")}
+        patched = {
+            k: v for k, v in merge_patch(self._nodes.typed(node), patch).items() if k not in ("kind", "apiVersion")
+        }
         meta = patched.get("metadata")
         if not isinstance(meta, dict) or meta.get("name") != name:
             raise bad_request(f"the name of the object does not match the name on the URL ({name})")

@@ -440,6 +440,8 @@ def test_another_namespace_holds_every_namespaced_object() -> None:
             assert where is None and (kind != "Namespace" or name == OTHER_NAMESPACE)
         elif (kind, name) == ("RoleBinding", "gpu-scheduler-authentication-reader"):
             assert where == "kube-system"  # the ConfigMap kube-scheduler reads is there
+        elif name == "gpu-extender-unhealthy-gpus":
+            assert where == "kube-system"  # gpushare's unhealthy-gpu-<node> ConfigMaps are there
         else:
             assert where == OTHER_NAMESPACE, identity(body)
 

@@ -74,6 +74,8 @@ EXTENDER_GRANTS: set[Grant] = {
     (NAMESPACE, "coordination.k8s.io", "leases", "update", Settings().lease_name),
     # The leader labels its own pod gpu-extender.io/leader=true, which the Service selects (controller.LeaderLabel).
     (NAMESPACE, "", "pods", "patch", ANY_NAME),
+    # gpushare's unhealthy-gpu-<node> lists (sources/kube/source.py `unhealthy`); RBAC cannot narrow list to names.
+    *(("kube-system", "", "configmaps", verb, ANY_NAME) for verb in ("get", "list", "watch")),
 }
 """Everything the extender's ServiceAccount may do, and all it needs (README, "Running it against a cluster")."""
 
@@ -300,7 +302,7 @@ def test_cert_manager_objects_match_their_schema() -> None:
 
 def test_kustomizations_name_every_manifest_of_their_folder() -> None:
     for folder, kustomization in kustomizations().items():
-        listed = set(kustomization.get("resources", []))
+        listed = {resource for resource in kustomization.get("resources", []) if not resource.startswith("..")}
         for generator in kustomization.get("configMapGenerator", []):
             listed |= {entry.rpartition("=")[2] for entry in generator["files"]}
         present = {path.name for path in folder.glob("*.yaml")} - {"kustomization.yaml"}
@@ -311,7 +313,7 @@ KUBECTL = shutil.which("kubectl")
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="no kubectl: the kustomizations are only read as data")
-@pytest.mark.parametrize("folder", [".", "cert-manager", "second-scheduler"])
+@pytest.mark.parametrize("folder", [".", "cert-manager", "second-scheduler"])  # hami/: patches, checked below
 def test_kustomize_builds_the_objects_checked_here(folder: str) -> None:
     assert KUBECTL is not None
     built = subprocess.run(
@@ -331,6 +333,8 @@ def test_every_object_lives_in_the_extenders_namespace() -> None:
             assert doc.namespace is None, doc
         elif (doc.kind, doc.name) == ("RoleBinding", "gpu-scheduler-authentication-reader"):
             assert doc.namespace == "kube-system", doc  # the configmap kube-scheduler reads is there
+        elif doc.name == "gpu-extender-unhealthy-gpus":
+            assert doc.namespace == "kube-system", doc  # gpushare's unhealthy-gpu-<node> ConfigMaps are there
         else:
             assert doc.namespace == NAMESPACE, doc
 
@@ -338,7 +342,7 @@ def test_every_object_lives_in_the_extenders_namespace() -> None:
 def test_kustomize_does_not_move_the_kube_system_binding() -> None:
     # `namespace:` in a kustomization overrides every object's namespace, the kube-system RoleBinding's too
     layout = {folder.relative_to(MANIFESTS).as_posix(): k.get("namespace") for folder, k in kustomizations().items()}
-    assert layout == {".": NAMESPACE, "cert-manager": NAMESPACE, "second-scheduler": None}
+    assert layout == {".": None, "cert-manager": NAMESPACE, "second-scheduler": None, "hami": None}
 
 
 # ---- RBAC ------------------------------------------------------------------------------------------------
@@ -719,3 +723,27 @@ def test_the_network_policy_leaves_the_verbs_to_mtls_and_the_health_port_to_prom
     assert "from" not in rules["https"], "the verbs port is open: kube-scheduler may be in the host network"
     assert rules["health"]["from"], "the health port is limited to named peers"
     assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_the_hami_overlay_serves_hamis_protocol_with_the_right_to_lock_nodes_and_no_more() -> None:
+    """manifests/hami/ patches manifests/ as kustomize would: the extender serves --protocol=hami; its ClusterRole
+    gains nodes patch (HAMi's node lock), and the gpushare-only read of kube-system's ConfigMaps goes."""
+    overlay = yaml.safe_load((MANIFESTS / "hami" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["../"]
+    json_patches = {
+        patch["target"]["kind"]: yaml.safe_load(patch["patch"]) for patch in overlay["patches"] if "target" in patch
+    }
+    deleted = {(body["kind"], body["metadata"]["name"], body["metadata"]["namespace"]) for body in (
+        yaml.safe_load(patch["patch"]) for patch in overlay["patches"] if "target" not in patch
+    ) if body.pop("$patch") == "delete"}  # fmt: skip
+    (args_patch,) = json_patches["Deployment"]
+    assert args_patch == {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--protocol=hami"}
+    assert "--protocol" in {flag.split("=")[0] for flag in [args_patch["value"]]}
+    (rule_patch,) = json_patches["ClusterRole"]
+    assert rule_patch["path"] == "/rules/-"
+    assert rule_patch["value"] == {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}
+    assert deleted == {
+        ("Role", "gpu-extender-unhealthy-gpus", "kube-system"),
+        ("RoleBinding", "gpu-extender-unhealthy-gpus", "kube-system"),
+    }
+    assert {(doc.kind, doc.name, doc.namespace) for doc in documents()} >= deleted, "what it deletes exists"

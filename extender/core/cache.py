@@ -155,6 +155,13 @@ class NodeState:
         self.fit_free = self.largest_free if self.known and self.ready and self.lock is None else -1
 
 
+def _marked(devices: tuple[Device, ...], unhealthy: frozenset[int] | None) -> tuple[Device, ...]:
+    """The devices with those listed unhealthy marked so (their memory kept: pods on them still count)."""
+    if not unhealthy:
+        return devices
+    return tuple(replace(device, healthy=False) if device.index in unhealthy else device for device in devices)
+
+
 def _resolved(allocation: Allocation, state: NodeState) -> Allocation:
     """The allocation with GPUs named by UUID given their index on the node (where the node has them)."""
     return allocation.resolve({device.uuid: device.index for device in state.devices if device.uuid})
@@ -183,6 +190,10 @@ class Cache:
         self._batch: dict[str, NodeState] | None = None
         self._locks: dict[str, NodeLock] = {}
         """Every node lock the API shows, fresh or not, by node."""
+        self._offered: dict[str, tuple[Device, ...]] = {}
+        """The GPUs each node offers, before the operators' unhealthy lists are applied."""
+        self._unhealthy: dict[str, frozenset[int]] = {}
+        """GPU indexes operators marked unhealthy, by node (gpushare's `kube-system/unhealthy-gpu-<node>`)."""
 
     def _changed(self, state: NodeState) -> None:
         """Recompute a node's summary after any change, and the indexes built on it (once per node at the end
@@ -279,6 +290,7 @@ class Cache:
             return
         if deleted:
             self._locks.pop(name, None)
+            self._offered.pop(name, None)
             state = self.nodes.get(name)
             if state is not None:
                 state.known, state.devices, state.ready = False, (), True
@@ -288,7 +300,8 @@ class Cache:
         state = self._state(name)
         found = self.protocol.node_devices(node)
         state.known = True
-        state.devices, state.unreadable = found.devices, found.unreadable
+        self._offered[name] = found.devices
+        state.devices, state.unreadable = _marked(found.devices, self._unhealthy.get(name)), found.unreadable
         state.ready = node_ready(node)
         self._set_lock(state, found.lock)
         for uid, hold in list(state.holds.items()):  # GPUs named by UUID before the node told their indexes
@@ -297,6 +310,28 @@ class Cache:
                 if uid in self.reserved:
                     self.reserved[uid] = state.holds[uid]
         self._changed(state)
+
+    # -- unhealthy GPUs listed by operators (gpushare)
+
+    def apply_unhealthy(self, node: str, indexes: frozenset[int] | None) -> None:
+        """The GPUs of `node` listed unhealthy (None: the list is gone). They keep their memory and their pods, and
+        take no new pod."""
+        if indexes:
+            self._unhealthy[node] = indexes
+        else:
+            self._unhealthy.pop(node, None)
+        state = self.nodes.get(node)
+        if state is not None and state.known:
+            state.devices = _marked(self._offered.get(node, ()), indexes)
+            self._changed(state)
+
+    def replace_unhealthy(self, listed: dict[str, frozenset[int]]) -> None:
+        """Swap in a full listing of the unhealthy lists: nodes absent from it have none."""
+        with self._batched():
+            for node in set(self._unhealthy) - set(listed):
+                self.apply_unhealthy(node, None)
+            for node, indexes in listed.items():
+                self.apply_unhealthy(node, indexes)
 
     # -- node locks (HAMi's device plugin)
 

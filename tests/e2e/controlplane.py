@@ -71,6 +71,8 @@ def manifest_rules(kind: str, name: str) -> list[dict[str, Any]]:
 
 EXTENDER_RULES: list[dict[str, Any]] = manifest_rules("ClusterRole", "gpu-extender")
 """Cluster-wide rights of the extender user; its namespaced rights are `LEASE_RULES`."""
+UNHEALTHY_RULES: list[dict[str, Any]] = manifest_rules("Role", "gpu-extender-unhealthy-gpus")
+"""The extender user's rights in kube-system (gpushare's lists of unhealthy GPUs)."""
 LEASE_RULES: list[dict[str, Any]] = [
     *manifest_rules("Role", "gpu-extender-leader-election"),
     # Test-only: the failover test elects on a Lease of its own, beside the shared extender's "gpu-extender".
@@ -396,6 +398,13 @@ class ControlPlane:
         self.request(
             "POST",
             f"{leases}/rolebindings",
+            {"metadata": {"name": EXTENDER_USER}, "roleRef": role_ref | {"kind": "Role"}, "subjects": subject},
+        )
+        system = f"{rbac}/namespaces/kube-system"  # gpushare's unhealthy-gpu-<node> ConfigMaps
+        self.request("POST", f"{system}/roles", {"metadata": {"name": EXTENDER_USER}, "rules": UNHEALTHY_RULES})
+        self.request(
+            "POST",
+            f"{system}/rolebindings",
             {"metadata": {"name": EXTENDER_USER}, "roleRef": role_ref | {"kind": "Role"}, "subjects": subject},
         )
 

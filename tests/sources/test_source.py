@@ -622,3 +622,24 @@ async def test_a_retry_request_that_fails_in_passing_is_written_again(api: ApiDo
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_gpus_listed_in_kube_systems_unhealthy_configmap_take_no_new_pods(
+    api: ApiDouble, replicas: Replicas
+) -> None:
+    """The gpushare extender's drop-in (pkg/cache/nodeinfo.go getUnhealthyGPUs): kube-system/unhealthy-gpu-<node>,
+    key `gpus`, comma-separated indexes. The GPUs keep their memory and their pods, and take no new pod; an
+    unreadable item is skipped (the Go extender marks GPU 0 instead)."""
+    api.add_node(make_node("n1", gpus=2, mem=16))
+    api.add_pod(make_pod("on-1", gpu_mem=4, node="n1", indexes=(1,), phase="Running"))
+    api.add_configmap({"metadata": {"name": "unhealthy-gpu-n1", "namespace": "kube-system"}, "data": {"gpus": " 1, x"}})
+    api.add_configmap({"metadata": {"name": "other", "namespace": "kube-system"}, "data": {"gpus": "0"}})
+    replica = await replicas.start()
+    await eventually(lambda: replica.source.is_synced() and not replica.cluster.nodes["n1"].devices[1].healthy)
+    state = replica.cluster.nodes["n1"]
+    assert [device.healthy for device in state.devices] == [True, False]
+    assert state.used == [0, 4] and state.free == [16, 0], "GPU 1 keeps its pod and memory, takes none"
+    assert not replica.cluster.overcommitted()
+    api.delete_configmap("kube-system", "unhealthy-gpu-n1")
+    await eventually(lambda: replica.cluster.nodes["n1"].devices[1].healthy, what="GPU 1 healthy again")
+    assert replica.cluster.nodes["n1"].free == [16, 12]

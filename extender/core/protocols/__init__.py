@@ -64,6 +64,13 @@ class DeviceProtocol(Protocol):
         """The annotations that record the allocation for the plugin and for our recovery; the same
         allocation and time always give the same annotations. `devices` are the node's."""
 
+    @property
+    def unhealthy_namespace(self) -> str | None:
+        """Where the plugin's operators list unhealthy GPUs in ConfigMaps (gpushare: kube-system); None: nowhere."""
+
+    def unhealthy_gpus(self, configmap: Raw) -> tuple[str, frozenset[int]] | None:
+        """The node a ConfigMap of `unhealthy_namespace` names and the GPU indexes it lists; None for others."""
+
     def recorded(self, pod: Raw, demand: Demand | None) -> Recorded:
         """What the pod's annotations record (the inverse of `allocation_annotations`). Never raises: what a
         person or another tool wrote wrong is read as nothing recorded."""

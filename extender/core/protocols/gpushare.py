@@ -25,6 +25,10 @@ from extender.core.objects import Raw, as_object
 from extender.core.protocols import NOTHING_RECORDED, Recorded
 from extender.core.resources import MAX_DEVICES, InvalidQuantity, check_pod_shape, parse_count, pod_amount
 
+UNHEALTHY_NAMESPACE = "kube-system"
+UNHEALTHY_PREFIX = "unhealthy-gpu-"
+"""`kube-system/unhealthy-gpu-<node>` lists a node's unhealthy GPUs (the gpushare extender's drop-in)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Profile:
@@ -72,6 +76,25 @@ class Profile:
     @property
     def node_lock(self) -> str | None:
         return None
+
+    @property
+    def unhealthy_namespace(self) -> str | None:
+        return UNHEALTHY_NAMESPACE
+
+    def unhealthy_gpus(self, configmap: Raw) -> tuple[str, frozenset[int]] | None:
+        """`kube-system/unhealthy-gpu-<node>`, key `gpus`: comma-separated GPU indexes, as the Go extender reads
+        them (`pkg/cache/nodeinfo.go` getUnhealthyGPUs). Items are trimmed and unreadable ones skipped; the Go
+        extender marks GPU 0 unhealthy for every item it cannot parse (`strconv.Atoi` fails, `id` stays 0)."""
+        name = objects.name(configmap)
+        if not name.startswith(UNHEALTHY_PREFIX) or len(name) == len(UNHEALTHY_PREFIX):
+            return None
+        listed = as_object(configmap.get("data")).get("gpus")
+        indexes = set()
+        for item in str(listed or "").split(",")[:MAX_DEVICES]:
+            item = item.strip()
+            if item.isascii() and item.isdigit() and len(item) <= 4:
+                indexes.add(int(item))
+        return name[len(UNHEALTHY_PREFIX) :], frozenset(indexes)
 
     def node_devices(self, node: Raw) -> NodeDevices:
         """Devices from the per-device annotation when present and valid, else from capacity."""

@@ -114,6 +114,13 @@ class Hami:
     def node_lock(self) -> str | None:
         return LOCK
 
+    @property
+    def unhealthy_namespace(self) -> str | None:
+        return None
+
+    def unhealthy_gpus(self, configmap: Raw) -> tuple[str, frozenset[int]] | None:
+        return None
+
     # -- nodes
 
     def node_devices(self, node: Raw) -> NodeDevices:

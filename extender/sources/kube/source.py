@@ -29,7 +29,7 @@ from extender.core.requeue import RECOVERY, WATCH_LAG
 from extender.settings import LeaseTimings
 from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
 from extender.sources.kube.client import KubeClient, KubeError, NotFound
-from extender.sources.kube.informer import NODES, Informer, WatchOptions, pods_kind
+from extender.sources.kube.informer import NODES, Informer, Kind, WatchOptions, pods_kind
 from extender.sources.kube.leader import LeaderElector
 from extender.sources.kube.nodelock import NodeLocker
 from extender.sources.kube.writes import LABEL_PERIOD, LeaderLabel, Requeuer
@@ -53,6 +53,15 @@ class KubeOptions:
     """This replica's pod (in `lease_namespace`), labelled `LEADER_LABEL` while it leads; "" for none."""
 
 
+def configmaps_kind(namespace: str) -> Kind[Raw]:
+    """The ConfigMaps of one namespace, each reduced to its name and data."""
+
+    def slim(configmap: Raw) -> Raw:
+        return {"metadata": {"name": objects.name(configmap)}, "data": as_object(configmap.get("data"))}
+
+    return Kind("configmaps", f"/api/v1/namespaces/{namespace}/configmaps", slim)
+
+
 class KubeSource:
     """Mutable: its loops run from `start()` to `stop()`."""
 
@@ -63,6 +72,14 @@ class KubeSource:
         self.recheck_timeout = TIMEOUT
         self.nodes = Informer(client, NODES, self._apply_node, self._replace_nodes, options.watch)
         self.pods = Informer(client, pods_kind(cluster.protocol), self._apply_pod, self._replace_pods, options.watch)
+        namespace = cluster.protocol.unhealthy_namespace
+        self.unhealthy = (
+            Informer(client, configmaps_kind(namespace), self._apply_unhealthy, self._replace_unhealthy, options.watch)
+            if namespace
+            else None
+        )
+        """Operators' lists of unhealthy GPUs (gpushare's ConfigMaps). Not waited for by readiness: where the
+        list is refused (RBAC) or slow, pods are still placed, and its failures are counted and logged."""
         self.on_freed: Callable[[list[str], float], None] | None = None
         """Told when the API's news frees room on nodes (a pod deleted or finished; a node added or changed): the
         nodes, and since when a refusal there may have been the cache's lag (Unix time; see `core/requeue.py`)."""
@@ -116,6 +133,21 @@ class KubeSource:
         self.cluster.replace_records(records)
         freed = [name for name, state in self.cluster.nodes.items() if state.used_total < used.get(name, 0)]
         self._freed(freed, self.pods)
+
+    def _apply_unhealthy(self, configmap: Raw, deleted: bool) -> None:
+        found = self.cluster.protocol.unhealthy_gpus(configmap)
+        if found is not None:
+            node, indexes = found
+            self.cluster.apply_unhealthy(node, None if deleted else indexes)
+            self._freed([node], self.unhealthy or self.nodes)
+
+    def _replace_unhealthy(self, configmaps: list[Raw]) -> None:
+        listed = {}
+        for configmap in configmaps:
+            found = self.cluster.protocol.unhealthy_gpus(configmap)
+            if found is not None:
+                listed[found[0]] = found[1]
+        self.cluster.replace_unhealthy(listed)
 
     def _apply_node(self, node: Raw, deleted: bool) -> None:
         self.cluster.apply_node(node, deleted)
@@ -214,7 +246,7 @@ class KubeSource:
 
     def counts(self) -> Iterator[Count]:
         """Its counters and state, for /metrics (`service/metrics.py` names and describes each)."""
-        for informer in (self.nodes, self.pods):
+        for informer in (self.nodes, self.pods, *((self.unhealthy,) if self.unhealthy is not None else ())):
             kind = {"kind": informer.kind.name}
             yield "watch_events", kind, informer.events
             yield "lists", kind, informer.lists
@@ -236,6 +268,8 @@ class KubeSource:
 
     async def start(self) -> None:
         loops = {"nodes informer": self.nodes.run(), "pods informer": self.pods.run()}
+        if self.unhealthy is not None:
+            loops["unhealthy GPUs informer"] = self.unhealthy.run()
         if self.elector is not None:
             loops["leader election"] = self.elector.run()
         if self.label is not None:
@@ -256,7 +290,14 @@ class KubeSource:
 
     async def stop(self) -> None:
         """Give the lease up first (a standby takes over at once), then stop the informers."""
-        order = ["leader label", "requeue", "leader election", "nodes informer", "pods informer"]
+        order = [
+            "leader label",
+            "requeue",
+            "leader election",
+            "nodes informer",
+            "pods informer",
+            "unhealthy GPUs informer",
+        ]
         for name in order:
             task = self._tasks.get(name)
             if task is not None and not task.done():
