@@ -113,7 +113,13 @@ def extender_entry(settings: Settings, legacy_policy: bool) -> dict[str, Any]:
     # ignoredByScheduler stays false: the scheduler keeps counting gpu-mem per node (NodeResourcesFit) as for
     # any extended resource, so the node total holds even when we are ignorable and down, the kubelet (which
     # checks the same total at admission) never rejects a pod we placed, and our per-GPU check comes on top.
-    entry["managedResources"] = [{"name": settings.memory_resource, "ignoredByScheduler": False}]
+    # With HAMi's protocol only nvidia.com/gpu is a resource nodes advertise (GPUs x split count); gpumem,
+    # gpumem-percentage and gpucores are not, so the scheduler must ignore them or no node would ever fit.
+    protocol = settings.device_protocol
+    entry["managedResources"] = [
+        {"name": name, "ignoredByScheduler": name not in protocol.advertised_resources}
+        for name in protocol.managed_resources
+    ]
     entry["ignorable"] = settings.ignorable
     return entry
 

@@ -220,3 +220,20 @@ def test_cli_reports_an_unsupported_version_in_one_line(capsys: pytest.CaptureFi
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.count("\n") == 1 and "1.18" in captured.err
+
+
+def test_hamis_protocol_renders_its_managed_resources_only_nvidia_gpu_counted_by_the_scheduler(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Nodes advertise nvidia.com/gpu (GPUs x split count); gpumem, gpumem-percentage and gpucores exist only in
+    pods, so kube-scheduler must ignore them (HAMi's chart ignores all four: charts/hami/templates/_helpers.tpl)."""
+    cli.main(["scheduler-config", "--k8s-version", "1.34", "--protocol", "hami", "--scheduler-name", "hami-scheduler"])
+    config = yaml.safe_load(capsys.readouterr().out)
+    (extender,) = config["extenders"]
+    assert extender["managedResources"] == [
+        {"name": "nvidia.com/gpu", "ignoredByScheduler": False},
+        {"name": "nvidia.com/gpumem", "ignoredByScheduler": True},
+        {"name": "nvidia.com/gpumem-percentage", "ignoredByScheduler": True},
+        {"name": "nvidia.com/gpucores", "ignoredByScheduler": True},
+    ]
+    assert config["profiles"][0]["schedulerName"] == "hami-scheduler"

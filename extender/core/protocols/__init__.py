@@ -51,6 +51,11 @@ class DeviceProtocol(Protocol):
         """The resources whose pods kube-scheduler must send us (`managedResources`)."""
 
     @property
+    def advertised_resources(self) -> tuple[str, ...]:
+        """The managed resources nodes advertise, which kube-scheduler keeps counting per node (the others exist
+        only in pods, and the scheduler must ignore them)."""
+
+    @property
     def node_lock(self) -> str | None:
         """The node annotation the device plugin's node lock lives in (None: the plugin has no lock)."""
 

@@ -74,6 +74,10 @@ class Profile:
         return (self.memory_resource,)
 
     @property
+    def advertised_resources(self) -> tuple[str, ...]:
+        return (self.memory_resource,)
+
+    @property
     def node_lock(self) -> str | None:
         return None
 

@@ -111,6 +111,10 @@ class Hami:
         return (GPU, GPUMEM, GPUMEM_PERCENTAGE, GPUCORES)
 
     @property
+    def advertised_resources(self) -> tuple[str, ...]:
+        return (GPU,)
+
+    @property
     def node_lock(self) -> str | None:
         return LOCK
 
