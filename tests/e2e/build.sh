@@ -31,16 +31,9 @@ major_minor="${version#v}"
 major="${major_minor%%.*}"
 minor="${major_minor#*.}"
 minor="${minor%%.*}"
-cache="${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/k8s-$version"
-mkdir -p "$cache"
-
-# One build at a time per cache directory; scratch space next to the outputs, so the final moves are renames.
-exec 9>"$cache/.lock"
-if command -v flock >/dev/null; then
-    flock 9
-fi
-work="$(mktemp -d "$cache/.work.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+# shellcheck source=../cache_dir.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../cache_dir.sh"
+open_cache_dir "k8s-$version"
 
 # What `kube-apiserver --version` and the API's /version report; the values of the official v1.34.1 build.
 declare -A release_commits=([v1.34.1]=93248f9ae092f571eb870b7664c534bfc7d00f03)

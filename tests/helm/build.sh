@@ -21,16 +21,9 @@ if [[ -z "$go_bin" ]]; then
     exit 0
 fi
 
-cache="${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/helm-$version"
-mkdir -p "$cache"
-
-# One build at a time per cache directory; scratch space next to the output, so the final move is a rename.
-exec 9>"$cache/.lock"
-if command -v flock >/dev/null; then
-    flock 9
-fi
-work="$(mktemp -d "$cache/.work.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+# shellcheck source=../cache_dir.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../cache_dir.sh"
+open_cache_dir "helm-$version"
 
 # The stamp: this script's hash, so a new version or new link flags rebuild.
 stamp_value="$(sha256sum <"${BASH_SOURCE[0]}" | cut -d' ' -f1)"
