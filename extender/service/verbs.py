@@ -247,7 +247,8 @@ def _preempt(request: Request, service: Service) -> VerbResult:
 
 
 async def _expiry_sweep(service: Service) -> None:
-    """Free reservations the API never confirmed, every `expiry_interval` seconds."""
+    """Free reservations the API never confirmed, and let nodes whose device plugin's lock is stale take pods
+    again, every `expiry_interval` seconds."""
     while True:
         await asyncio.sleep(service.expiry_interval)
         for hold in service.ledger.expire(include_bound=service.source.cache_current()):
@@ -260,6 +261,14 @@ async def _expiry_sweep(service: Service) -> None:
                 ",".join(map(str, allocation.indexes)),
             )
             service.requeue.freed((allocation.node,), hold.since)
+        stale = service.cache.expire_locks()
+        if stale:
+            log.warning(
+                "device plugin locks older than %g s on %s: taken over by the next bind",
+                service.cache.lock_timeout,
+                ", ".join(stale),
+            )
+            service.requeue.freed(stale, service.cache.clock() - service.cache.lock_timeout)
 
 
 def build_server(service: Service) -> HttpServer:

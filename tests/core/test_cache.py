@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from extender.core.cache import pod_record
+from extender.core.cache import Cache, pod_record
 from extender.core.holds import Allocation, Hold, HoldState
-from tests.builders import PROFILE, bound_pod, make_cluster, make_node, make_pod
+from tests.builders import HAMI, PROFILE, FakeClock, bound_pod, make_cluster, make_hami_node, make_node, make_pod
 
 
 def test_a_bound_annotated_pod_holds_memory_on_its_device() -> None:
@@ -114,3 +114,17 @@ def test_an_unreadable_pod_request_is_recorded_as_a_problem_not_raised() -> None
 def test_memory_on_a_vanished_device_index_is_stray_not_lost() -> None:
     cluster = make_cluster(make_node("n1", gpus=1), pods=(bound_pod("a", "n1", (3,), 4),))
     assert (cluster.nodes["n1"].used, cluster.nodes["n1"].stray) == ([0], 4)
+
+
+def test_a_node_locked_by_hamis_plugin_takes_no_pod_until_the_lock_is_released_or_stale() -> None:
+    """HAMi's device plugin holds hami.io/mutex.lock until it has allocated the pod (NOTES.md §5): the node's
+    summary says it takes no pod meanwhile, and a lock older than the timeout stops counting."""
+    clock = FakeClock()
+    node = make_hami_node("gpu-1", **{"hami.io/mutex.lock": "2026-08-21T10:00:00Z,default,p"})
+    cache = Cache(HAMI, lock_timeout=300.0, clock=clock)
+    clock.now = 1_787_306_400.0 + 10
+    cache.replace([node], [])
+    state = cache.nodes["gpu-1"]
+    assert state.lock is not None and state.fit_free == -1 and cache.expire_locks() == []
+    clock.advance(300)
+    assert cache.expire_locks() == ["gpu-1"] and state.lock is None and state.fit_free == 40960
