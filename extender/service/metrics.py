@@ -103,6 +103,7 @@ class Metrics:
         self.demands = RecentDemands()
         """Memory per GPU of recent filter requests: the sizes fragmentation is measured against."""
         self.registry = CollectorRegistry()
+        self.listeners: dict[str, Listener] = {}
         self.requests = Counter(
             "extender_requests",
             "Extender verb calls by outcome (ok, error, bad_request).",
@@ -145,6 +146,8 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        for result in ("freed", "unchanged", "unanswered"):
+            self.rechecks.labels(result)
         self.allocations = Gauge(
             "extender_allocations",
             "Pods holding GPU memory, by state (core/holds.py): reserved, bound (awaiting the watch), uncertain "
@@ -175,16 +178,19 @@ class Metrics:
         self.nodes_unresolvable = self.nodes.labels("unresolvable")
 
     def add_listener(self, name: str, server: Listener) -> None:
-        """Report a listener's refused connections, failed handshakes, missed deadlines and open connections."""
+        """Report a listener's refused connections, failed handshakes, missed deadlines and open connections
+        (every listener's in one collector: a family's HELP and TYPE lines come once per exposition)."""
+        if not self.listeners:
+            self.registry.register(_SourceCollector(self._listener_counts))
+        self.listeners[name] = server
 
-        def counts() -> Iterator[Count]:
+    def _listener_counts(self) -> Iterator[Count]:
+        for name, server in self.listeners.items():
             labels = {"listener": name}
             yield "connections_refused", labels, server.refused_connections
             yield "handshake_failures", labels, server.handshake_failures
             yield "deadlines_missed", labels, server.timed_out
             yield "connections", labels, len(server.connections)
-
-        self.registry.register(_SourceCollector(counts))
 
     def add_source(self, counts: Callable[[], Iterable[Count]]) -> None:
         """Report what a source counts (watch events, lists, API failures, leadership) at every scrape."""

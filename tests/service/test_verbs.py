@@ -8,6 +8,8 @@ import orjson
 import pytest
 
 from extender.core.binding import BindError
+from extender.service.pages import build_health_server
+from extender.service.verbs import build_server
 from tests.builders import bound_pod, make_cluster, make_node, make_pod
 from tests.conftest import ClientFor, make_service
 
@@ -311,3 +313,13 @@ async def test_an_unreadable_quantity_is_a_400_naming_the_container_and_counted_
     assert "container main" in reply["Error"] and "aliyun.com/gpu-mem" in reply["Error"]
     metrics = await (await client.get("/metrics")).text()
     assert 'extender_requests_total{outcome="bad_request",verb="filter"} 1.0' in metrics
+
+
+async def test_each_metric_family_is_described_once_with_both_listeners_built() -> None:
+    """A second `# HELP` line for one family makes strict exposition parsers refuse the whole scrape."""
+    service = make_service(make_cluster(make_node("n1")))
+    build_server(service)
+    build_health_server(service)
+    text = service.metrics.render(service.cache).decode()
+    helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
+    assert len(helps) == len(set(helps)) and "extender_http_connections" in helps
