@@ -40,6 +40,7 @@ from tests.test_manifests import (
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "gpu-extender"
+DASHBOARD_FILE = ROOT / "dashboards" / "gpu-extender.json"
 BUILD_SCRIPT = ROOT / "tests" / "helm" / "build.sh"
 RELEASE = "gpu-extender"
 
@@ -78,6 +79,10 @@ POD_MONITOR = {"monitoring": {"podMonitor": {"enabled": True, "interval": "30s",
 SERVICE_MONITOR = {
     "monitoring": {"serviceMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "prom"}}}
 }
+DASHBOARD = {"monitoring": {"dashboard": {"enabled": True}}}
+DASHBOARD_IN_GRAFANAS_NAMESPACE = {
+    "monitoring": {"dashboard": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "GPU"}}}
+}
 ONE_REPLICA = {"replicas": 1, "secondScheduler": {"enabled": True, "replicas": 1}}
 OWN_IMAGE = {"image": {"repository": "registry.example.com/gpu-extender", "tag": "0.2.0", "pullPolicy": "Always"}}
 OWN_SCHEDULER_CONFIG = {"secondScheduler": {"enabled": True, "config": "apiVersion: kubescheduler.config.k8s.io/v1\n"}}
@@ -85,7 +90,7 @@ MANIFESTS_ALL = {**SECOND_SCHEDULER, **CERT_MANAGER, **CREATE_NAMESPACE}
 """What `kubectl apply -k` of manifests/, manifests/cert-manager/ and manifests/second-scheduler/ makes."""
 EVERYTHING = {
     **MANIFESTS_ALL,
-    "monitoring": {**POD_MONITOR["monitoring"], **SERVICE_MONITOR["monitoring"]},
+    "monitoring": {**POD_MONITOR["monitoring"], **SERVICE_MONITOR["monitoring"], **DASHBOARD["monitoring"]},
 }
 
 SCENARIOS: dict[str, Values] = {
@@ -99,6 +104,8 @@ SCENARIOS: dict[str, Values] = {
     "own-prometheus": OWN_PROMETHEUS,
     "pod-monitor": POD_MONITOR,
     "service-monitor": SERVICE_MONITOR,
+    "dashboard": DASHBOARD,
+    "dashboard-in-grafanas-namespace": DASHBOARD_IN_GRAFANAS_NAMESPACE,
     "one-replica": ONE_REPLICA,
     "own-image": OWN_IMAGE,
     "own-scheduler-config": OWN_SCHEDULER_CONFIG,
@@ -518,6 +525,19 @@ def test_the_service_monitor_scrapes_metrics_through_a_service_of_every_replica(
     assert not selected <= find(bodies, "Service", "gpu-extender")["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint == {"port": "health", "path": "/metrics", "interval": "30s"}
+
+
+def test_the_dashboard_is_a_config_map_grafanas_sidecar_loads() -> None:
+    configmap = find(render("dashboard"), "ConfigMap", "gpu-extender-dashboard")
+    assert configmap["metadata"]["namespace"] == NAMESPACE
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1", "the grafana chart's sidecar label"
+    assert configmap["data"] == {"gpu-extender.json": DASHBOARD_FILE.read_text()}, "the repository's dashboard"
+
+
+def test_the_dashboard_can_go_to_grafanas_namespace_with_its_annotations() -> None:
+    configmap = find(render("dashboard-in-grafanas-namespace"), "ConfigMap", "gpu-extender-dashboard")
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "GPU"}
 
 
 def test_one_replica_has_no_disruption_budget_to_block_drains() -> None:
