@@ -178,7 +178,12 @@ def _certs(arguments: argparse.Namespace) -> int:
 def _demo(arguments: argparse.Namespace) -> int:
     from extender.tools.demo import run_demo
 
-    return run_demo(pods=arguments.pods, seed=arguments.seed, cluster_file=arguments.cluster or None)
+    return run_demo(
+        pods=arguments.pods,
+        seed=arguments.seed,
+        cluster_file=arguments.cluster or None,
+        protocol=settings_module.Protocol(arguments.protocol),
+    )
 
 
 def _inspect(arguments: argparse.Namespace) -> int:
@@ -219,6 +224,13 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--pods", type=int, default=100, help="How many pods in the burst.")
     demo.add_argument("--seed", type=int, default=7, help="Seed of the burst's pod sizes.")
     demo.add_argument("--cluster", default="", help="Cluster file to use instead of the bundled one.")
+    demo.add_argument(
+        "--protocol",
+        choices=[protocol.value for protocol in settings_module.Protocol],
+        default=settings_module.Protocol.GPUSHARE.value,
+        help="Device plugin the cluster runs: gpushare (GiB of GPU memory), or hami (HAMi's: memory in MiB or a "
+        "share, compute, several GPUs, GPU models; its own bundled cluster).",
+    )
     demo.set_defaults(run=_demo)
 
     certs = commands.add_parser(

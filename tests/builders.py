@@ -13,11 +13,11 @@ import orjson
 from extender.core.binding import BindContext, BindRequest, RecentPods, bind
 from extender.core.cache import Cache, pod_record
 from extender.core.devices import Device
-from extender.core.holds import Allocation
+from extender.core.holds import Allocation, Grant
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
 from extender.core.protocols.gpushare import Profile
-from extender.core.protocols.hami import Hami
+from extender.core.protocols.hami import Hami, encode
 
 PROFILE = Profile()
 _uids = itertools.count(1)
@@ -205,3 +205,17 @@ def make_hami_cluster(*nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] =
     cluster = Cache(HAMI)
     cluster.replace(list(nodes), list(pods))
     return cluster
+
+
+def running_hami_pod(name: str, node: str, gpu: int, mem: int, cores: int) -> dict[str, Any]:
+    """A pod HAMi's plugin has allocated `mem` MiB and `cores` % on GPU `gpu` of `node` (make_hami_node's UUIDs)."""
+    pod = make_hami_pod(name, mem=mem, cores=cores)
+    pod["spec"]["nodeName"] = node
+    pod["status"]["phase"] = "Running"
+    pod["metadata"]["annotations"] |= {
+        "hami.io/vgpu-node": node,
+        "hami.io/vgpu-time": "1800000000",
+        "hami.io/vgpu-devices-allocated": encode(((Grant(gpu, mem, cores, f"GPU-{node}-{gpu}"),),), {}),
+        "hami.io/bind-phase": "success",
+    }
+    return pod

@@ -245,12 +245,14 @@ def _refusal(
         reason = f"{label}needs a GPU to itself ({need}); every GPU here that could hold it runs a pod"
         return Judgement(Verdict.FAILED, reason, cause)
     if cause is Cause.COMPUTE:
-        best = max(ever, key=lambda p: (devices[p].cores - usage.cores[p], -devices[p].index))
+        short = [p for p, blocker in zip(ever, causes, strict=True) if blocker is Cause.COMPUTE]
+        best = max(short, key=lambda p: (devices[p].cores - usage.cores[p], -devices[p].index))
         most = max(0, devices[best].cores - usage.cores[best])
         detail = f"the most free is {most} % (GPU {devices[best].index} of {total})"
         what = f"{cores} % of a GPU's compute" if cores else "a GPU with compute left"
         return Judgement(Verdict.FAILED, f"{label}needs {what}; {detail}", cause)
-    best = max(ever, key=lambda p: (devices[p].capacity - usage.memory[p], -devices[p].index))
+    short = [p for p, blocker in zip(ever, causes, strict=True) if blocker is Cause.MEMORY]
+    best = max(short, key=lambda p: (devices[p].capacity - usage.memory[p], -devices[p].index))
     most = max(0, devices[best].capacity - usage.memory[best])
     detail = f"largest free is {most} {unit} (GPU {devices[best].index} of {total})"
     return Judgement(

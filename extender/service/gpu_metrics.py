@@ -6,6 +6,16 @@ families is written here directly rather than through `prometheus_client`'s metr
 x 8 GPUs that is 200,000 samples, which the library's per-sample objects took seconds to build (measured in
 `make bench`).
 
+**What only some device plugins track** (HAMi: compute, 100 a card; pod slots, its split count; the GPU's
+model; its node lock) has families of its own, written for the GPUs (and nodes) that have it and for no other:
+`extender_gpu_cores_capacity`, `_cores_used`, `extender_gpu_slots`, `_slots_used`, and per node
+`extender_node_locked` (for a protocol with a node lock). The `model` label is on those new per-GPU families
+only, never on the memory families: a gpushare scrape stays byte for byte what it was (and costs what it did),
+the memory series keep one identity whichever protocol serves them, and every HAMi GPU has the compute and
+slot series, so `* on(node, gpu) group_left(model) extender_gpu_cores_capacity` adds the model to any other
+per-GPU family. (An empty `model=""` on every family would be the same series to Prometheus, but 80,000 more
+label pairs to write per scrape at 16,000 GPUs, for nothing.)
+
 Cardinality: per-GPU series (`extender_gpu_*`) are exported while the cache holds at most `gpu_series_limit`
 GPUs; beyond that only the per-node and cluster-wide families, so a large cluster cannot flood Prometheus by
 surprise (`--gpu-metrics`: `auto`, `gpu`, `node`, `off`).
@@ -84,6 +94,14 @@ GPU_FAMILIES = (
     ("extender_gpu_pods", "Pods and reservations holding memory on each GPU."),
     ("extender_gpu_healthy", "1 when the GPU is healthy, 0 when the device plugin or an operator marked it not."),
 )
+CORE_FAMILIES = (
+    ("extender_gpu_cores_capacity", "Compute of each GPU whose plugin tracks it (100: a whole card), by model."),
+    ("extender_gpu_cores_used", "Compute held on each GPU (observed and reserved), in % of a card, by model."),
+)
+SLOT_FAMILIES = (
+    ("extender_gpu_slots", "Most container uses each GPU may run at once (HAMi's split count), by model."),
+    ("extender_gpu_slots_used", "Container uses held on each GPU (observed and reserved), by model."),
+)
 NODE_FAMILIES = (
     ("extender_node_gpu_largest_free", "The most free memory on one GPU of the node that can take a pod now."),
     ("extender_node_gpu_memory_free", "Free GPU memory on the node's GPUs that can take a pod now."),
@@ -92,27 +110,36 @@ NODE_FAMILIES = (
         "Free GPU memory on the node in pieces smaller than the recent demand at the quantile (extender_demand_size).",
     ),
 )
+LOCK_FAMILY = (
+    "extender_node_locked",
+    "1 while the device plugin's node lock (HAMi's hami.io/mutex.lock) holds the node for a pod it has not "
+    "allocated yet, 0 otherwise.",
+)
 
 
 def render(cache: Cache, demands: RecentDemands, series: GpuSeries, gpu_series_limit: int) -> bytes:
     """The exposition text of the GPU families, read from the cache now, in one go (tests, benchmarks)."""
     steps = _render(cache, demands, series, gpu_series_limit)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    while (text := _step(steps)) is None:
+        pass
+    return text
 
 
 async def render_yielding(cache: Cache, demands: RecentDemands, series: GpuSeries, gpu_series_limit: int) -> bytes:
     """`render`, giving the event loop a turn after every `SLICE` nodes (what /metrics serves)."""
     steps = _render(cache, demands, series, gpu_series_limit)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    while (text := _step(steps)) is None:
         await asyncio.sleep(0)
+    return text
+
+
+def _step(steps: Generator[None, None, bytes]) -> bytes | None:
+    """Render one slice; the text once the last is done."""
+    try:
+        next(steps)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    return None
 
 
 def _render(
@@ -124,14 +151,16 @@ def _render(
     gpus = sum(len(state.devices) for state in nodes)
     per_gpu = series is GpuSeries.GPU or (series is GpuSeries.AUTO and gpus <= gpu_series_limit)
     per_node = series is not GpuSeries.OFF
+    locks = per_node and cache.protocol.node_lock is not None
     sizes = [(label, demands.quantile(fraction)) for label, fraction in QUANTILES]
-    families = [*GPU_FAMILIES, *NODE_FAMILIES]
+    families = [*GPU_FAMILIES, *CORE_FAMILIES, *SLOT_FAMILIES, *NODE_FAMILIES, LOCK_FAMILY]
     chunks: list[list[bytes]] = [[] for _ in families]
     """Per family, its samples one slice of nodes at a time (joined per slice: the final join copies chunks)."""
     available: list[int] = []
     for start in range(0, len(nodes), SLICE):
-        gpu_rows: list[list[str]] = [[] for _ in GPU_FAMILIES]
+        gpu_rows: list[list[str]] = [[] for _ in (*GPU_FAMILIES, *CORE_FAMILIES, *SLOT_FAMILIES)]
         node_rows: list[list[str]] = [[] for _ in NODE_FAMILIES]
+        lock_rows: list[str] = []
         for state in nodes[start : start + SLICE]:
             free = _available(state)
             available += free
@@ -139,7 +168,9 @@ def _render(
                 _gpu_rows(gpu_rows, state)
             if per_node:
                 _node_rows(node_rows, state, free, sizes)
-        for family, rows in zip(chunks, [*gpu_rows, *node_rows], strict=True):
+            if locks:
+                lock_rows.append(f'extender_node_locked{{node="{_label(state.name)}"}} {int(state.lock is not None)}')
+        for family, rows in zip(chunks, [*gpu_rows, *node_rows, lock_rows], strict=True):
             if rows:
                 family.append(("\n".join(rows) + "\n").encode())
         yield
@@ -164,11 +195,21 @@ def _gpu_rows(rows: list[list[str]], state: NodeState) -> None:
             if position is not None:
                 holders[position] += 1
     node = _label(state.name)
+    memory_rows, (cores, cores_used, slots, slots_used) = rows[: len(GPU_FAMILIES)], rows[len(GPU_FAMILIES) :]
     for position, device in enumerate(state.devices):
         labels = f'{{node="{node}",gpu="{device.index}"}} '
         values = (device.capacity, state.used[position], state.free[position], holders[position], int(device.healthy))
-        for (name, _), row, value in zip(GPU_FAMILIES, rows, values, strict=True):
+        for (name, _), row, value in zip(GPU_FAMILIES, memory_rows, values, strict=True):
             row.append(f"{name}{labels}{value}")
+        if not (device.cores or device.slots):
+            continue
+        labels = f'{{node="{node}",gpu="{device.index}",model="{_label(device.model)}"}} '
+        if device.cores:
+            cores.append(f"extender_gpu_cores_capacity{labels}{device.cores}")
+            cores_used.append(f"extender_gpu_cores_used{labels}{state.used_cores[position]}")
+        if device.slots:
+            slots.append(f"extender_gpu_slots{labels}{device.slots}")
+            slots_used.append(f"extender_gpu_slots_used{labels}{state.used_slots[position]}")
 
 
 def _node_rows(rows: list[list[str]], state: NodeState, free: list[int], sizes: list[tuple[str, int]]) -> None:

@@ -3,17 +3,20 @@ report's lines.
 
 It exists so the report can be read (and tested) apart from the HTTP that produced it. Pure functions over
 the decisions and the decoded /inspect report: it must never send a request, read the cache, or print.
+What the report draws follows what /inspect carries: memory for every GPU; compute, pod slots and the model
+beside it where the device plugin tracks them (HAMi), so a gpushare report is drawn as it always was.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from collections.abc import Mapping
 
 from extender.core.objects import Raw
 from extender.tools.demo_burst import BurstPod
 from extender.tools.demo_scheduler import Decision
-from extender.tools.inspect import BAR_WIDTH, bar, count
+from extender.tools.inspect import BAR_WIDTH, bar, count, short_model
 
 Placement = tuple[str, tuple[int, ...]]
 """Where /inspect shows a pod: its node and the indexes of the GPUs it holds."""
@@ -22,6 +25,8 @@ VERBS = ("filter", "prioritize", "bind", "inspect")
 """The order of the latency lines."""
 WIDTH = 100
 """Columns the report fits in."""
+SMALL_BAR = 10
+"""Characters inside the fill bars of a GPU that tracks compute too (two bars share the line)."""
 
 
 # --- what /inspect shows ----------------------------------------------------------------------------------
@@ -37,13 +42,24 @@ def placements(inspection: Raw) -> dict[str, Placement]:
     return {uid: (node, tuple(sorted(indexes))) for uid, (node, indexes) in found.items()}
 
 
+def tracks_more(inspection: Raw) -> bool:
+    """Whether any GPU tracks compute or pod slots besides memory (HAMi)."""
+    return any("cores" in device or "slots" in device for node in inspection["nodes"] for device in node["devices"])
+
+
 def over_capacity(inspection: Raw) -> list[str]:
-    """Every GPU holding more than its capacity (or memory on a GPU the node lacks), as messages."""
+    """Every GPU holding more than its capacity in memory, compute or pod slots (or memory on a GPU the node
+    lacks), as messages."""
     problems = []
     for node in inspection["nodes"]:
         for device in node["devices"]:
+            gpu = f"{node['name']} GPU {device['index']}"
             if device["used"] > device["capacity"]:
-                problems.append(f"{node['name']} GPU {device['index']}: used {device['used']} > {device['capacity']}")
+                problems.append(f"{gpu}: used {device['used']} > {device['capacity']}")
+            if "cores" in device and device["used_cores"] > device["cores"]:
+                problems.append(f"{gpu}: compute used {device['used_cores']} % > {device['cores']} %")
+            if "slots" in device and device["used_slots"] > device["slots"]:
+                problems.append(f"{gpu}: {device['used_slots']} pods > its {device['slots']} slots")
         if node.get("stray"):
             problems.append(f"{node['name']}: {node['stray']} held on GPUs it does not have")
     return problems
@@ -60,6 +76,35 @@ def misplaced(burst: list[BurstPod], decisions: Mapping[str, Decision], where: M
     return problems
 
 
+def unasked(burst: list[BurstPod], decisions: Mapping[str, Decision], inspection: Raw) -> list[str]:
+    """Every bound pod that /inspect shows holding other than it asked, as messages: the number of GPUs, the
+    memory and compute on each, a GPU of its `use-gputype` (HAMi's pods)."""
+    held: dict[str, list[tuple[Raw, Raw]]] = {}
+    for node in inspection["nodes"]:
+        for device in node["devices"]:
+            for holder in device["pods"]:
+                held.setdefault(holder["uid"], []).append((device, holder))
+    problems = []
+    for pod in burst:
+        if not decisions[pod.uid].node:
+            continue
+        gpus = held.get(pod.uid, [])
+        if len(gpus) != pod.gpus:
+            problems.append(f"{pod.key} asked {count(pod.gpus, 'GPU')} and holds {len(gpus)}")
+        for device, holder in gpus:
+            asked = (pod.memory_on(device["capacity"]), min(pod.cores, 100))
+            if (holder["memory"], holder.get("cores", 0)) != asked:
+                problems.append(
+                    f"{pod.key} holds {holder['memory']} and {holder.get('cores', 0)} % on GPU {device['index']}, "
+                    f"asked {asked[0]} and {asked[1]} %"
+                )
+            if pod.gpu_type.upper() not in str(device.get("model", "")).upper():
+                problems.append(
+                    f"{pod.key} asked for a {pod.gpu_type} GPU and holds GPU {device['index']}, a {device.get('model')}"
+                )
+    return problems
+
+
 # --- the report -------------------------------------------------------------------------------------------
 
 
@@ -68,8 +113,19 @@ def fit(line: str) -> str:
     return line if len(line) <= WIDTH else line[: WIDTH - 3] + "..."
 
 
+def wrap(line: str, indent: int) -> list[str]:
+    """The line as it is when it fits in `WIDTH` columns, else broken between words, each further line indented
+    by `indent` (a reason is worth reading whole)."""
+    if len(line) <= WIDTH:
+        return [line]
+    return textwrap.wrap(line, WIDTH, subsequent_indent=" " * indent, break_on_hyphens=False) or [line]
+
+
 def fill_table(inspection: Raw) -> list[str]:
-    """One line per GPU of every listed node: capacity, used, free, a fill bar, the percent used, pods."""
+    """One line per GPU of every listed node: capacity, used, free, a fill bar, the percent used, pods (or, where
+    GPUs track compute and slots too, `dimension_table`)."""
+    if tracks_more(inspection):
+        return dimension_table(inspection)
     unit = inspection.get("unit", "GiB")
     fill = "fill"
     lines = [f"  {'node':<13} {'GPU':>3} {'capacity':>9} {'used':>5} {'free':>5}  {fill:<{BAR_WIDTH + 7}} {'pods':>4}"]
@@ -92,6 +148,70 @@ def fill_table(inspection: Raw) -> list[str]:
                 f"{bar(used, capacity)} {percent:>4} {len(device['pods']):>4}"
             )
     return [fit(line) for line in lines]
+
+
+def dimension_table(inspection: Raw) -> list[str]:
+    """One line per GPU of every listed node: its model, then used/capacity and a fill bar for memory and for
+    compute, and pods against its slots; `cordoned` or `unhealthy` when it takes no new pods."""
+    nodes = [node for node in inspection["nodes"] if node["known"]]
+    devices = [device for node in nodes for device in node["devices"]]
+    name = max([4, *(len(node["name"]) for node in nodes)])
+    model = max([5, *(len(short_model(str(device.get("model", "")))) for device in devices)])
+    digits = max([1, *(len(str(device["capacity"])) for device in devices)])
+    memory_cell, compute_cell = 2 * digits + 1 + 1 + SMALL_BAR + 2, 3 + 1 + 3 + 1 + SMALL_BAR + 2
+    memory_head = f"memory {inspection.get('unit', '')}".rstrip()
+    lines = [
+        f"  {'node':<{name}} {'GPU':>3}  {'model':<{model}}  {memory_head:<{memory_cell}}  "
+        f"{'compute %':<{compute_cell}}  pods"
+    ]
+    for node in nodes:
+        if not node["devices"]:
+            problem = f": {node['problem']}" if node["problem"] else ""
+            lines.extend(wrap(f"  {node['name']:<{name}} {'-':>3}  no GPUs{problem}", name + 9))
+            continue
+        for position, device in enumerate(node["devices"]):
+            used, capacity = device["used"], device["capacity"]
+            memory = f"{used:>{digits}}/{capacity:<{digits}} {bar(used, capacity, SMALL_BAR)}"
+            compute = "-"
+            if "cores" in device:
+                cores, used_cores = device["cores"], device["used_cores"]
+                compute = f"{used_cores:>3}/{cores:<3} {bar(used_cores, cores, SMALL_BAR)}"
+            pods = f"{device['used_slots']:>2}/{device['slots']:<2}" if "slots" in device else str(len(device["pods"]))
+            mark = "  unhealthy" if not device["healthy"] else "  cordoned" if device.get("cordoned") else ""
+            label, kind = node["name"] if position == 0 else "", short_model(str(device.get("model", "")))
+            lines.append(
+                f"  {label:<{name}} {device['index']:>3}  {kind:<{model}}  {memory}  {compute:<{compute_cell}}  "
+                f"{pods}{mark}"
+            )
+    return [fit(line) for line in lines]
+
+
+def _total(inspection: Raw, field: str, tracked: str) -> int:
+    """`field` summed over the GPUs of listed nodes that track `tracked`."""
+    return sum(
+        device[field]
+        for node in inspection["nodes"]
+        if node["known"]
+        for device in node["devices"]
+        if tracked in device
+    )
+
+
+def dimension_lines(before: Raw, after: Raw) -> list[str]:
+    """The summary's lines for compute and pod slots where GPUs track them: in use after the burst against all
+    there is, and before it."""
+    lines = []
+    if _total(after, "cores", "cores"):
+        capacity, used = _total(after, "cores", "cores"), _total(after, "used_cores", "cores")
+        share = f"{100 * used // capacity}% of all GPUs' compute"
+        lines.append(
+            f"  compute   {used} of {capacity} % in use ({share}), {_total(before, 'used_cores', 'cores')} % before"
+        )
+    if _total(after, "slots", "slots"):
+        capacity, used = _total(after, "slots", "slots"), _total(after, "used_slots", "slots")
+        earlier = _total(before, "used_slots", "slots")
+        lines.append(f"  slots     {used} of {capacity} pod slots in use ({100 * used // capacity}%), {earlier} before")
+    return lines
 
 
 def why_not(decision: Decision, nodes: int) -> list[str]:
@@ -131,8 +251,8 @@ def pod_lines(
             lines.append(fit(f"{head}-> {node:<13} GPU {gpus}{retried}"))
             continue
         first, *rest = why_not(decision, nodes)
-        lines.append(fit(f"{head}{first}"))
-        lines.extend(fit(" " * 8 + line) for line in rest)
+        lines.extend(wrap(f"{head}{first}", len(head)))
+        lines.extend(wrapped for line in rest for wrapped in wrap(" " * 8 + line, 10))
     return lines
 
 

@@ -6,7 +6,12 @@ with `--insecure`. The URL is reached directly (proxy variables are ignored: an 
 or through a port-forward). Every failure a user can fix (refused connection, failed TLS verification, an
 unknown node, an answer that is not a report) is an `InspectError`: one line naming the URL, never a stack
 trace. This module only reads: it never changes the extender's state and never imports the server. Its
-drawing of a GPU's fill (`bar`) is the one `extender demo` draws too.
+drawing of a GPU's fill (`bar`) and its short GPU model names (`short_model`) are the ones `extender demo`
+draws too.
+
+What a GPU shows follows what the report carries: memory always; compute (`used_cores/cores %`) and pod slots
+(`used_slots/slots`), the GPU's model and a cordon mark where the device plugin tracks them (HAMi); a node's
+lock where its plugin holds one. A report without them (gpushare) draws exactly the four memory columns.
 """
 
 from __future__ import annotations
@@ -162,9 +167,19 @@ def _age(seconds: Any) -> str:
     return f"{whole // 3600}h ago"
 
 
+def short_model(model: str) -> str:
+    """A GPU's model without the vendor HAMi's plugin puts first: `NVIDIA A100-SXM4-40GB` is `A100-SXM4-40GB`,
+    `NVIDIA-Tesla T4` is `T4`."""
+    short = model.removeprefix("NVIDIA").lstrip(" -").removeprefix("Tesla").lstrip(" -")
+    return short or model
+
+
 def _holder(holder: dict[str, Any], unit: str) -> str:
     state = str(holder.get("state", "?"))
-    text = f"{holder.get('pod', '?')} {holder.get('memory', '?')} {unit} {state}"
+    text = f"{holder.get('pod', '?')} {holder.get('memory', '?')} {unit}"
+    if "cores" in holder:
+        text += f" {holder['cores']} % compute"
+    text += f" {state}"
     if state != "observed":
         text += f" {_age(holder.get('age_seconds'))}"
     return text
@@ -176,10 +191,40 @@ def _whole(value: Any) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Row:
-    """One GPU: the aligned cells, then its holders (one per line)."""
+    """One GPU: the aligned cells (memory's four, then compute and slots where tracked), then its holders (one
+    per line)."""
 
-    cells: tuple[str, str, str, str]
+    cells: tuple[str, ...]
     holders: tuple[str, ...]
+
+
+def _gpu_cell(device: dict[str, Any]) -> str:
+    """`GPU 2`, with its short model where known, and `unhealthy` or `cordoned` when it takes no new pods."""
+    cell = f"GPU {device.get('index', '?')}"
+    if device.get("model"):
+        cell += f" {short_model(str(device['model']))}"
+    if not device.get("healthy", True):
+        cell += " unhealthy"
+    if device.get("cordoned"):
+        cell += " cordoned"
+    return cell
+
+
+def _tracked_cells(device: dict[str, Any]) -> tuple[str, ...]:
+    """Compute and slots, for a GPU whose plugin tracks them ("-" for the one it does not, so columns align)."""
+    if "cores" not in device and "slots" not in device:
+        return ()
+    compute = f"compute {_whole(device.get('used_cores'))}/{_whole(device['cores'])} %" if "cores" in device else "-"
+    slots = f"slots {_whole(device.get('used_slots'))}/{_whole(device['slots'])}" if "slots" in device else "-"
+    return compute, slots
+
+
+def _lock(lock: dict[str, Any]) -> str:
+    held_for = lock.get("pod") or "a pod it does not name"
+    return (
+        f"  node lock held for {held_for}, taken {_age(lock.get('age_seconds'))}: "
+        "new pods bind here once the device plugin releases it"
+    )
 
 
 def _node(node: dict[str, Any], unit: str) -> tuple[list[str], list[_Row]]:
@@ -196,14 +241,15 @@ def _node(node: dict[str, Any], unit: str) -> tuple[list[str], list[_Row]]:
         header.append(f"  problem: {node['problem']}")
     if node.get("stray"):
         header.append(f"  {_whole(node['stray'])} {unit} held on GPUs this node no longer has")
+    if isinstance(node.get("lock"), dict):
+        header.append(_lock(node["lock"]))
     rows = []
     for device in devices:
         used, capacity = _whole(device.get("used")), _whole(device.get("capacity"))
         free = _whole(device["free"]) if "free" in device else max(0, capacity - used)
-        gpu = f"GPU {device.get('index', '?')}" + ("" if device.get("healthy", True) else " unhealthy")
         holders = tuple(_holder(holder, unit) for holder in device.get("pods") or [] if isinstance(holder, dict))
-        cells = (gpu, f"{used}/{capacity} {unit}", f"free {free}", bar(used, capacity))
-        rows.append(_Row(cells, holders or ("-",)))
+        cells = (_gpu_cell(device), f"{used}/{capacity} {unit}", f"free {free}", bar(used, capacity))
+        rows.append(_Row(cells + _tracked_cells(device), holders or ("-",)))
     return header, rows
 
 
@@ -211,14 +257,19 @@ def _lines(nodes: list[dict[str, Any]], unit: str) -> list[str]:
     """Every node's lines, the GPU columns aligned across all nodes, a blank line between nodes."""
     described = [_node(node, unit) for node in nodes]
     every_row = [row for _, rows in described for row in rows]
-    widths = [max((len(row.cells[column]) for row in every_row), default=0) for column in range(4)]
+    columns = max((len(row.cells) for row in every_row), default=0)
+    widths = [
+        max((len(row.cells[column]) for row in every_row if column < len(row.cells)), default=0)
+        for column in range(columns)
+    ]
     lines: list[str] = []
     for header, rows in described:
         if lines:
             lines.append("")
         lines.extend(header)
         for row in rows:
-            prefix = "  " + "  ".join(cell.ljust(width) for cell, width in zip(row.cells, widths, strict=True)) + "  "
+            cells = row.cells + ("",) * (columns - len(row.cells))
+            prefix = "  " + "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)) + "  "
             lines.append(prefix + row.holders[0])
             lines.extend(" " * len(prefix) + holder for holder in row.holders[1:])
     return lines

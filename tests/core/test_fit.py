@@ -109,3 +109,12 @@ def test_ties_break_by_the_lower_index_so_one_state_gives_one_answer() -> None:
     for strategy in Strategy:
         placed = place(one(1000), gpus(4), usage([0, 0, 0, 0]), strategy, "MiB")
         assert isinstance(placed, Placement) and placed.containers[0][0].index == 0
+
+
+def test_the_largest_free_named_is_that_of_a_gpu_short_of_memory_not_one_full_on_compute() -> None:
+    """GPU 0 has the most memory free but no compute left: the reason names GPU 1, whose memory is what is short."""
+    base = usage([0, 35000, 39000], [100, 0, 0], [1, 1, 1])
+    judged = place(one(8192), gpus(3), base, Strategy.BINPACK, "MiB")
+    assert judged == Judgement(
+        Verdict.FAILED, "needs 8192 MiB on one GPU; largest free is 5960 MiB (GPU 1 of 3)", Cause.MEMORY
+    )

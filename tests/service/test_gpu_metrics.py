@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -9,10 +10,26 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from extender.core.cache import Cache
+from extender.core.protocols.hami import lock_value
 from extender.service.gpu_metrics import RecentDemands, render, stranded
 from extender.settings import GpuSeries
-from tests.builders import bound_pod, make_cluster, make_node, make_pod
+from tests.builders import (
+    bound_pod,
+    make_cluster,
+    make_hami_cluster,
+    make_hami_node,
+    make_node,
+    make_pod,
+    running_hami_pod,
+)
 from tests.conftest import ClientFor, make_service
+
+HAMI_FAMILIES = (
+    "extender_gpu_cores_capacity",
+    "extender_gpu_cores_used",
+    "extender_gpu_slots",
+    "extender_gpu_slots_used",
+)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -111,3 +128,60 @@ def test_a_node_without_gpus_is_left_out_and_label_values_are_escaped() -> None:
     assert 'node="odd\\"name"' in text and "cpu-only" not in text
     found: dict[Any, float] = samples(text)
     assert found["extender_gpu_memory_free", (("gpu", "0"), ("node", 'odd"name'))] == 8
+
+
+# --- what only HAMi's plugin tracks: compute, slots, the model, the node lock -----------------------------
+
+
+def hami_cluster_in_use() -> Cache:
+    """gpu-1: 2 A100s, locked now for default/waiting; GPU 0 holds a (10240 MiB, 30 %) and b (4096 MiB, 20 %).
+    gpu-2: 1 L4, empty, not locked."""
+    return make_hami_cluster(
+        make_hami_node("gpu-1", gpus=2, **{"hami.io/mutex.lock": lock_value(time.time(), "default", "waiting")}),
+        make_hami_node("gpu-2", gpus=1, mem=23034, model="NVIDIA L4"),
+        pods=(running_hami_pod("a", "gpu-1", 0, 10240, 30), running_hami_pod("b", "gpu-1", 0, 4096, 20)),
+    )
+
+
+async def test_hami_series_are_what_inspect_shows(client_for: ClientFor) -> None:
+    client = await client_for(make_service(hami_cluster_in_use()))
+    inspection = await (await client.get("/inspect")).json()
+    found = samples(await (await client.get("/metrics")).text())
+    for node in inspection["nodes"]:
+        assert found["extender_node_locked", (("node", node["name"]),)] == int("lock" in node)
+        for device in node["devices"]:
+            labels = (("gpu", str(device["index"])), ("model", device["model"]), ("node", node["name"]))
+            assert found["extender_gpu_cores_capacity", labels] == device["cores"]
+            assert found["extender_gpu_cores_used", labels] == device["used_cores"]
+            assert found["extender_gpu_slots", labels] == device["slots"]
+            assert found["extender_gpu_slots_used", labels] == device["used_slots"]
+            memory_labels = (("gpu", str(device["index"])), ("node", node["name"]))
+            assert found["extender_gpu_memory_used", memory_labels] == device["used"]
+    gpu0 = (("gpu", "0"), ("model", "NVIDIA A100-SXM4-40GB"), ("node", "gpu-1"))
+    assert (found["extender_gpu_cores_used", gpu0], found["extender_gpu_slots_used", gpu0]) == (30 + 20, 2)
+    assert found["extender_node_locked", (("node", "gpu-1"),)] == 1
+    assert found["extender_node_locked", (("node", "gpu-2"),)] == 0
+
+
+def test_a_stale_node_lock_counts_as_not_held() -> None:
+    """HAMi's lock is taken over after the cache's lock timeout (300 s): it no longer holds the node."""
+    stale = lock_value(time.time() - 301, "default", "gone")
+    cache = make_hami_cluster(make_hami_node("gpu-1", gpus=1, **{"hami.io/mutex.lock": stale}))
+    found = samples(render(cache, RecentDemands(), GpuSeries.GPU, 10).decode())
+    assert found["extender_node_locked", (("node", "gpu-1"),)] == 0
+
+
+def test_gpushare_gpus_have_no_compute_slot_or_lock_series() -> None:
+    names = families(cluster_in_use(), GpuSeries.GPU, 10)
+    assert not names & {*HAMI_FAMILIES, "extender_node_locked"}
+    assert "extender_gpu_memory_used" in names
+
+
+@pytest.mark.parametrize(
+    ("series", "per_gpu", "per_node"),
+    [(GpuSeries.GPU, True, True), (GpuSeries.NODE, False, True), (GpuSeries.OFF, False, False)],
+)
+def test_hami_series_follow_the_same_cardinality_cap(series: GpuSeries, per_gpu: bool, per_node: bool) -> None:
+    names = families(hami_cluster_in_use(), series, 100)
+    assert all((family in names) is per_gpu for family in HAMI_FAMILIES)
+    assert ("extender_node_locked" in names) is per_node

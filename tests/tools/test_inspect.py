@@ -16,13 +16,14 @@ import yaml
 from extender import cli
 from extender.app import file_service
 from extender.core.holds import Allocation, Hold, HoldState
+from extender.core.protocols.hami import lock_value
 from extender.service.routing import Request, Response, Router
 from extender.service.tls import server_context
 from extender.service.transport import HttpServer
 from extender.service.verbs import build_server
-from extender.settings import Settings
-from extender.tools.inspect import InspectError, bar, fetch_and_render
-from tests.builders import bound_pod, make_node
+from extender.settings import Protocol, Settings
+from extender.tools.inspect import InspectError, bar, fetch_and_render, short_model
+from tests.builders import bound_pod, make_hami_node, make_node, running_hami_pod
 from tests.conftest import Pki, serve
 
 RESERVED_AGE = 600.0
@@ -177,3 +178,78 @@ async def test_cli_prints_a_fixable_error_in_one_line(
 def test_bar_fills_the_used_share_rounded_up(used: int, capacity: int, filled: int) -> None:
     assert bar(used, capacity).count("#") == filled
     assert len(bar(used, capacity)) == 22
+
+
+# --- what HAMi's plugin tracks besides memory: compute, slots, the model, cordons, the node lock -----------
+
+LOCK_AGE = 120.0
+"""Seconds ago the test node lock was taken: shows as "2m ago", and is within the 300 s lock timeout."""
+
+
+def hami_server(folder: Path) -> HttpServer:
+    """gpu-a100: 2 A100s, GPU 1 cordoned, locked for default/waiting; GPU 0 holds a (10240 MiB, 30 %) and b
+    (4096 MiB, 0 %)."""
+    lock = lock_value(time.time() - LOCK_AGE, "default", "waiting")
+    node = make_hami_node("gpu-a100", gpus=2, **{"hami.io/device-cordon": "GPU-gpu-a100-1", "hami.io/mutex.lock": lock})
+    objects = [node, running_hami_pod("a", "gpu-a100", 0, 10240, 30), running_hami_pod("b", "gpu-a100", 0, 4096, 0)]
+    path = folder / "hami.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}))
+    service, _ = file_service(Settings(protocol=Protocol.HAMI), str(path))
+    return build_server(service)
+
+
+@pytest.fixture
+async def hami_url(tmp_path: Path, pki: Pki) -> AsyncIterator[str]:
+    async for url in serve(hami_server(tmp_path), server_context(pki.server_cert, pki.server_key)):
+        yield url
+
+
+async def test_hami_gpus_show_compute_and_slots_beside_memory(hami_url: str, pki: Pki) -> None:
+    lines = (await inspect(hami_url, ca=pki.ca)).splitlines()
+    assert lines[0] == "gpu-a100  ready  14336/81920 MiB used  2 GPUs"
+    gpu0 = next(line for line in lines if "GPU 0" in line)
+    # the bar: 14336 * 20 / 40960 = 7 of 20
+    cells = ["14336/40960 MiB", "free 26624", "[" + "#" * 7 + "." * 13 + "]", "compute 30/100 %", "slots 2/10"]
+    assert all(cell in gpu0 for cell in cells), gpu0
+    assert gpu0.index("MiB") < gpu0.index("compute") < gpu0.index("slots") < gpu0.index("default/a")
+
+
+async def test_hami_gpus_name_their_model_and_a_cordon(hami_url: str, pki: Pki) -> None:
+    lines = (await inspect(hami_url, ca=pki.ca)).splitlines()
+    assert "  GPU 0 A100-SXM4-40GB  " in next(line for line in lines if "GPU 0" in line)
+    gpu1 = next(line for line in lines if "GPU 1" in line)
+    assert gpu1.startswith("  GPU 1 A100-SXM4-40GB cordoned  0/40960 MiB ")
+    assert all(cell in gpu1 for cell in ("free 0 ", "compute 0/100 %", "slots 0/10"))
+
+
+async def test_hami_columns_align_across_gpus(hami_url: str, pki: Pki) -> None:
+    lines = (await inspect(hami_url, ca=pki.ca)).splitlines()
+    gpu0, gpu1 = (next(line for line in lines if f"GPU {index}" in line) for index in (0, 1))
+    assert gpu0.index("compute") == gpu1.index("compute") and gpu0.index("slots") == gpu1.index("slots")
+
+
+async def test_hami_pods_show_their_compute_share(hami_url: str, pki: Pki) -> None:
+    table = await inspect(hami_url, ca=pki.ca)
+    assert "default/a 10240 MiB 30 % compute observed" in table
+    assert "default/b 4096 MiB 0 % compute observed" in table
+
+
+async def test_a_locked_node_says_for_which_pod_and_since_when(hami_url: str, pki: Pki) -> None:
+    lines = (await inspect(hami_url, node="gpu-a100", ca=pki.ca)).splitlines()
+    assert lines[1] == (
+        "  node lock held for default/waiting, taken 2m ago: new pods bind here once the device plugin releases it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "short"),
+    [
+        ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"),
+        ("NVIDIA H100 80GB HBM3", "H100 80GB HBM3"),
+        ("NVIDIA-Tesla V100-PCIE-32GB", "V100-PCIE-32GB"),  # HAMi prefixes "NVIDIA-" to NVML's "Tesla V100-..."
+        ("NVIDIA-Tesla T4", "T4"),
+        ("NVIDIA", "NVIDIA"),
+    ],
+)
+def test_short_model_drops_the_vendor_hami_puts_first(model: str, short: str) -> None:
+    assert short_model(model) == short
