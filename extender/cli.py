@@ -62,6 +62,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="", help="YAML or JSON file of settings (env: EXTENDER_CONFIG).")
     for field in settings_module.fields():
         help_text = f"{field.metadata['help']} (env: {settings_module.env_name(field)}; default: {field.default})"
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %: "30 % compute" is text
         if isinstance(field.default, bool):
             parser.add_argument(
                 settings_module.flag(field),

@@ -288,3 +288,15 @@ def test_a_programming_error_keeps_its_traceback_instead_of_passing_for_a_user_e
     monkeypatch.setattr(cli, "_scheduler_config", buggy)
     with pytest.raises(ValueError, match="a bug"):
         cli.main(["scheduler-config", "--k8s-version", "1.31"])
+
+
+@pytest.mark.parametrize("command", ["serve", "scheduler-config"])
+def test_help_lists_every_setting_even_those_whose_help_says_percent(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse formats help text with %: a help saying "30 % compute" once crashed `--help`."""
+    with pytest.raises(SystemExit) as stopped:
+        main([command, "--help"])
+    assert stopped.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--protocol" in shown and "--hami-default-cores" in shown and "% compute" in shown

@@ -48,9 +48,11 @@ class BindError(Exception):
     Releasing it at once could give the same memory to another pod while the first one starts on it.
     """
 
-    def __init__(self, message: str, uncertain: bool = False) -> None:
+    def __init__(self, message: str, uncertain: bool = False, refused: bool = False) -> None:
         super().__init__(message)
         self.uncertain = uncertain
+        self.refused = refused
+        """Nothing was written: the node cannot take the pod now (its device plugin's lock is held for another)."""
 
 
 class Binder(Protocol):
@@ -315,6 +317,8 @@ async def _write(
             log.warning("bind of %s to %s failed: %s; reservation kept until the API shows the pod", key, node, error)
             return BindOutcome(Outcome.UNCERTAIN, f"binding {key} to {node} failed: {error}")
         released = ledger.release(request.uid)
+        if error.refused:
+            return _refused(f"pod {key}: {error}")
         log.warning("bind of %s to %s failed: %s%s", key, node, error, "; reservation released" if released else "")
         return BindOutcome(Outcome.FAILED, f"binding {key} to {node} failed: {error}")
     except BaseException:

@@ -55,14 +55,15 @@ class FilterOutcome:
 NOT_IN_CACHE = "node is not in the extender's cache (yet)"
 
 
-def judge(demand: Demand, state: NodeState | None, unit: str) -> Judgement:
-    """Whether the demand fits on the node now, and if not, a reason a person can act on and its cause."""
+def judge(demand: Demand, state: NodeState | None, unit: str, pod: str = "") -> Judgement:
+    """Whether the demand fits on the node now, and if not, a reason a person can act on and its cause. `pod`
+    (`namespace/name`) is the pod asking: a device plugin's lock held for it does not keep it off the node."""
     if state is None or not state.known:
         return Judgement(Verdict.FAILED, NOT_IN_CACHE, Cause.NOT_IN_CACHE)
     if not demand.plain:
-        return _judge_general(demand, state, unit)
+        return _judge_general(demand, state, unit, pod)
     need, count = demand.per_device, demand.devices
-    if state.ready and state.lock is None:
+    if state.ready and (state.lock is None or state.lock.pod == pod):
         if count == 1:
             if state.largest_free >= need:
                 return FITS
@@ -80,7 +81,7 @@ def judge(demand: Demand, state: NodeState | None, unit: str) -> Judgement:
         large = sum(1 for amount in capacity if amount >= need)
         reason = f"needs {count} GPUs with {need} {unit} each; {large} of {total} GPUs here are that large"
         return Judgement(Verdict.UNRESOLVABLE, reason, Cause.TOO_FEW)
-    unavailable = _unavailable(state)
+    unavailable = _unavailable(state, pod)
     if unavailable is not None:
         return unavailable
     if count == 1:
@@ -102,12 +103,12 @@ def _no_gpus(state: NodeState) -> str:
     return f"no GPUs: {state.unreadable}" if state.unreadable else "no GPUs"
 
 
-def _unavailable(state: NodeState) -> Judgement | None:
+def _unavailable(state: NodeState, pod: str) -> Judgement | None:
     """Why a node that could hold the pod takes none now, whatever it asks (not Ready, locked)."""
     if not state.ready:
         return Judgement(Verdict.FAILED, "node is not Ready", Cause.NOT_READY)
     lock = state.lock
-    if lock is not None:
+    if lock is not None and lock.pod != pod:
         holder = f" for pod {lock.pod}" if lock.pod else ""
         reason = f"node is locked{holder} until its device plugin has allocated it (HAMi's node lock); try again soon"
         return Judgement(Verdict.FAILED, reason, Cause.LOCKED)
@@ -119,13 +120,13 @@ def usage_of(state: NodeState) -> Usage:
     return Usage(list(state.used), list(state.used_cores), list(state.used_slots))
 
 
-def _judge_general(demand: Demand, state: NodeState, unit: str) -> Judgement:
+def _judge_general(demand: Demand, state: NodeState, unit: str, pod: str) -> Judgement:
     if not state.devices:
         return Judgement(Verdict.UNRESOLVABLE, _no_gpus(state), Cause.NO_GPUS)
     placed = place(demand, state.devices, usage_of(state), demand.device_strategy or Strategy.BINPACK, unit)
     if isinstance(placed, Judgement):
         return placed
-    return _unavailable(state) or FITS
+    return _unavailable(state, pod) or FITS
 
 
 def all_fit(demand: Demand, names: list[Any], fitting: set[str] | frozenset[str]) -> bool:
@@ -148,7 +149,7 @@ def judged(demand: Demand, unit: str) -> Question[Judgement]:
 
 
 def filter_pod(
-    demand: Demand, names: list[Any], states: Mapping[str, NodeState], cache: Cache, unit: str
+    demand: Demand, names: list[Any], states: Mapping[str, NodeState], cache: Cache, unit: str, pod: str = ""
 ) -> FilterOutcome:
     """The filter verb's decision: which of `names` take the demand, and why each other one does not.
 
@@ -164,7 +165,7 @@ def filter_pod(
     if fitting is not None and all_fit(demand, names, fitting):
         return FilterOutcome(passed=names)
     memo = cache.memo.table(judged(demand, unit)) if own_cache else None
-    return filter_nodes(demand, checked_names(names), states, unit, fitting, memo)
+    return filter_nodes(demand, checked_names(names), states, unit, fitting, memo, pod)
 
 
 def filter_nodes(
@@ -174,6 +175,7 @@ def filter_nodes(
     unit: str,
     fitting: set[str] | frozenset[str] | None = None,
     memo: dict[str, Judgement] | None = None,
+    pod: str = "",
 ) -> FilterOutcome:
     """Split node names into those that fit and those that do not, with a reason for each of the latter.
 
@@ -181,7 +183,8 @@ def filter_nodes(
     `FitIndex`): membership then decides at C speed, and only the other names are judged (when all are in
     it, the caller need not come here at all: see `all_fit`).
     `memo`, when given, is the cache's table of `judge` answers for this demand (`judged`): a burst of
-    same-sized pods then gets its reasons formatted once per node, not once per request.
+    same-sized pods then gets its reasons formatted once per node, not once per request. The answer on a node
+    locked for `pod` itself is its own, never remembered.
     """
     outcome = FilterOutcome()
     if demand.is_zero:
@@ -196,10 +199,10 @@ def filter_nodes(
     memo = {} if memo is None else memo
     for name in rejected:
         answer = memo.get(name)
-        if answer is None:
+        if answer is None or (answer.cause is Cause.LOCKED and pod):
             state = states.get(name)
-            answer = judge(demand, state, unit)
-            if state is not None:
+            answer = judge(demand, state, unit, pod)
+            if state is not None and (state.lock is None or state.lock.pod != pod):
                 memo[name] = answer
         verdict, reason, cause = answer
         if verdict is Verdict.FITS:

@@ -146,7 +146,8 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
         return _not_ready_filter(args, service)
     service.recent.remember(args.Pod)
     service.metrics.demands.record(demand.per_device)
-    outcome = filter_pod(demand, names, _states(args, service), service.cache, service.cache.protocol.unit)
+    unit, pod = service.cache.protocol.unit, pod_key(args.Pod)
+    outcome = filter_pod(demand, names, _states(args, service), service.cache, unit, pod)
     recheck = service.source.recheck
     if outcome.failed and recheck is not None:
         stale = suspects(args.Pod, outcome.failed, service.cache, service.preemptions)
@@ -183,7 +184,8 @@ async def _filter_rechecked(
             len(stale),
         )
     # Judged again in any case: binds and watch events went on during the reads.
-    outcome = filter_pod(demand, names, _states(args, service), service.cache, service.cache.protocol.unit)
+    unit, pod = service.cache.protocol.unit, pod_key(args.Pod)
+    outcome = filter_pod(demand, names, _states(args, service), service.cache, unit, pod)
     return _filter_reply(args, demand, names, outcome, service)
 
 

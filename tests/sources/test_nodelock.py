@@ -4,6 +4,8 @@ are hami-scheduler's (pkg/util/nodelock/nodelock.go at v2.10.0, NOTES.md §5).""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from extender.core.binding import BindContext, BindError, BindRequest, RecentPods, bind
@@ -23,8 +25,13 @@ STAMP = "2026-08-21T10:00:00Z"
 
 def locker(kube: KubeClient, changes: list[tuple[str, NodeLock | None]] | None = None) -> NodeLocker:
     record = changes.append if changes is not None else None
-    return NodeLocker(
-        kube, LOCK, 300.0, on_change=lambda node, lock: record((node, lock)) if record else None, clock=lambda: NOW
+    return NodeLocker(  # waits 0.3 s for a lock held for another pod (2 s in production: nodelock.WAIT)
+        kube,
+        LOCK,
+        300.0,
+        on_change=lambda node, lock: record((node, lock)) if record else None,
+        clock=lambda: NOW,
+        wait=0.3,
     )
 
 
@@ -48,6 +55,19 @@ async def test_a_lock_held_for_another_existing_pod_is_contention(api: ApiDouble
     with pytest.raises(BindError, match="locked for pod default/other until HAMi's device plugin has allocated it"):
         await locker(kube).acquire("gpu-1", "default", "p")
     assert lock_on(api) == "2026-08-21T09:59:00Z,default,other", "nothing written"
+
+
+async def test_a_lock_released_while_the_bind_waits_is_taken(api: ApiDouble, kube: KubeClient) -> None:
+    """kube-scheduler filters the next pod before the previous bind's lock exists: the bind waits for the device
+    plugin to release the lock (about a second) instead of failing into the scheduler's error backoff."""
+    api.add_node(make_hami_node(**{LOCK: "2026-08-21T09:59:59Z,default,other"}))
+    api.add_pod(make_hami_pod("other", mem=1000))
+    waiting = asyncio.create_task(locker(kube).acquire("gpu-1", "default", "p"))
+    await asyncio.sleep(0.15)
+    assert not waiting.done()
+    release_as_the_plugin(api, "gpu-1")
+    await waiting
+    assert lock_on(api) == f"{STAMP},default,p"
 
 
 @pytest.mark.parametrize(

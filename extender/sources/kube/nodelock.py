@@ -4,8 +4,9 @@ HAMi's device plugin, asked by kubelet to allocate GPUs to a container, finds th
 annotation (`hami.io/mutex.lock: <RFC3339>,<namespace>,<name>`) and releases the lock once the pod's GPUs are
 allocated. So a bind to a HAMi node takes the lock first, as hami-scheduler does (`pkg/util/nodelock`,
 NOTES.md §5): read the node; a lock held for another pod that still exists, and younger than `timeout`, is
-contention (the bind fails at once, saying so; the scheduler tries another node or again later: the filter
-already refuses nodes the cache sees locked); a lock of this pod is kept; a stale one, or one whose pod is
+waited for (`WAIT` seconds at most: the plugin releases it within about a second), then contention (the bind
+is refused, saying so; the scheduler tries another node or again later: the filter already refuses nodes the
+cache sees locked); a lock of this pod is kept; a stale one, or one whose pod is
 gone, is taken over; the write is a merge patch that carries the node's resourceVersion, so of two writers
 only one wins (a 409 reads the node again). If the binding then fails, the lock is released, but only while
 it is still ours.
@@ -16,6 +17,7 @@ before the watch shows the annotation.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +33,17 @@ from extender.sources.kube.client import Conflict, KubeClient, KubeError, NotFou
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 5
-"""Reads and writes of the lock before giving up on a node that keeps changing (hami's DefaultStrategy: 5)."""
+"""Writes of the lock before giving up on a node that keeps changing (hami's DefaultStrategy: 5)."""
+WAIT = 2.0
+"""Seconds a bind waits for a lock held for another pod to be released before it is refused. The plugin
+releases it at kubelet's admission, usually within a second; kube-scheduler filters the next pods before the
+lock exists, so without a wait they pass a node, their binds fail, and each waits out the scheduler's error
+backoff (1 s doubling to 10 s: measured in tests/e2e/test_hami.py). Two seconds leave room for the API calls
+within kube-scheduler's 5 s httpTimeout."""
+POLL = 0.1
+"""Seconds between two reads of a locked node while waiting (hami-scheduler's PodGroup retry: 100 ms)."""
+MARGIN = 0.5
+"""Seconds of leadership kept in hand for writing the lock and the Binding after a wait."""
 
 
 def node_path(name: str) -> str:
@@ -48,7 +60,14 @@ class NodeLocker:
         timeout: float,
         on_change: Callable[[str, NodeLock | None], None] | None = None,
         clock: Callable[[], float] = time.time,
+        wait: float = WAIT,
+        time_left: Callable[[], float | None] = lambda: None,
     ) -> None:
+        self.wait = wait
+        self.time_left = time_left
+        """Seconds this replica surely may still bind (its lease's renew deadline; None: no limit): a wait for
+        the lock ends `MARGIN` before, refused, rather than be cut off by the leadership guard as if the binding
+        might have landed."""
         self.client = client
         self.key = key
         self.timeout = timeout
@@ -57,15 +76,24 @@ class NodeLocker:
         self.clock = clock
 
     async def acquire(self, node: str, namespace: str, name: str) -> None:
-        """Hold the node's lock for the pod, or raise BindError saying who holds it (nothing is written then)."""
+        """Hold the node's lock for the pod, or raise BindError saying who holds it (nothing is written then).
+        A lock held for another pod is waited for, `WAIT` seconds at most."""
         holder = objects.key(namespace, name)
-        for _ in range(ATTEMPTS):
+        left = self.time_left()  # the guard's deadline for this bind is set now: the wait must end before it
+        budget = self.wait if left is None else min(self.wait, max(0.0, left - MARGIN))
+        waited, writes = 0.0, 0
+        while writes < ATTEMPTS:
             current = await self._read(node)
             lock = read_lock(objects.annotations_of(current).get(self.key))
             if lock is not None:
                 if lock.pod == holder:
                     return
-                await self._refuse_unless_abandoned(node, lock)
+                if not await self._abandoned(lock):
+                    if waited + POLL > budget:
+                        raise self._contention(node, lock)
+                    await asyncio.sleep(POLL)
+                    waited += POLL
+                    continue
             now = self.clock()
             patch = {
                 "metadata": {
@@ -73,6 +101,7 @@ class NodeLocker:
                     "resourceVersion": objects.meta(current).get("resourceVersion"),
                 }
             }
+            writes += 1
             try:
                 await self.client.merge_patch(node_path(node), patch)
             except Conflict:
@@ -125,23 +154,28 @@ class NodeLocker:
             raise BindError(f"reading node {node}: the API answered no object")
         return current
 
-    async def _refuse_unless_abandoned(self, node: str, lock: NodeLock) -> None:
-        """Return when the lock may be taken over (older than the timeout, or its pod is gone), else raise."""
-        age = self.clock() - lock.since
-        if age > self.timeout:
-            return
-        if lock.pod:
-            namespace, _, name = lock.pod.partition("/")
-            try:
-                await self.client.get(pod_path(namespace, name))
-            except NotFound:
-                return
-            except KubeError:
-                pass  # cannot tell: the lock stands
+    async def _abandoned(self, lock: NodeLock) -> bool:
+        """Whether the lock may be taken over: older than the timeout, or its pod is gone."""
+        if self.clock() - lock.since > self.timeout:
+            return True
+        if not lock.pod:
+            return False
+        namespace, _, name = lock.pod.partition("/")
+        try:
+            await self.client.get(pod_path(namespace, name))
+        except NotFound:
+            return True
+        except KubeError:
+            pass  # cannot tell: the lock stands
+        return False
+
+    def _contention(self, node: str, lock: NodeLock) -> BindError:
         holder = f" for pod {lock.pod}" if lock.pod else ""
-        raise BindError(
+        age = self.clock() - lock.since
+        return BindError(
             f"node {node} is locked{holder} until HAMi's device plugin has allocated it ({age:.0f} s so far); "
-            "try again soon"
+            "try again soon",
+            refused=True,
         )
 
     def _changed(self, node: str, lock: NodeLock | None) -> None:

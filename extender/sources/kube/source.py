@@ -84,7 +84,13 @@ class KubeSource:
         """Told when the API's news frees room on nodes (a pod deleted or finished; a node added or changed): the
         nodes, and since when a refusal there may have been the cache's lag (Unix time; see `core/requeue.py`)."""
         lock = cluster.protocol.node_lock
-        locker = NodeLocker(client, lock, cluster.lock_timeout, on_change=cluster.take_lock) if lock else None
+        locker = (
+            NodeLocker(
+                client, lock, cluster.lock_timeout, on_change=cluster.take_lock, time_left=self.binding_time_left
+            )
+            if lock
+            else None
+        )
         self.binder = KubeBinder(client, observe=cluster.apply_pod, locker=locker)
         self.events = EventRecorder(client, options.identity)
         self.elector = (
