@@ -62,6 +62,7 @@ from tests.e2e.deviceplugin import (
     lock_holder,
 )
 from tests.e2e.extender_process import ExtenderProcess, TLSFiles
+from tests.e2e.scheduler import Scheduler, running_scheduler
 
 pytestmark = pytest.mark.e2e
 
@@ -253,36 +254,10 @@ def extender(
         control_plane.request("DELETE", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods/{SELF}")
 
 
-def scheduler_config(extender: ExtenderProcess) -> str:
-    """What `extender scheduler-config --protocol hami` prints for this extender, under our schedulerName."""
-    tls = extender.tls
-    command = [
-        sys.executable, "-m", "extender", "scheduler-config", "--k8s-version", "1.34", "--url", extender.url,
-        "--protocol", "hami",
-        "--scheduler-ca-file", str(tls.ca),
-        "--scheduler-cert-file", str(tls.client_cert), "--scheduler-key-file", str(tls.client_key),
-        "--scheduler-name", SCHEDULER_NAME,
-    ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
-
-
-@dataclass(slots=True)
-class Scheduler:
-    popen: subprocess.Popen[bytes]
-    control_plane: ControlPlane
-
-    def log(self) -> str:
-        return self.control_plane.scheduler_log(self.popen)
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-
 @pytest.fixture(scope="module")
 def scheduler(control_plane: ControlPlane, extender: ExtenderProcess) -> Iterator[Scheduler]:
-    popen = control_plane.start_scheduler(scheduler_config(extender))
-    yield Scheduler(popen, control_plane)
-    control_plane.stop_scheduler(popen)
+    with running_scheduler(control_plane, extender, SCHEDULER_NAME, "--protocol", "hami") as running:
+        yield running
 
 
 @pytest.fixture
