@@ -174,8 +174,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--wiring",
         action="append",
         choices=sorted(WIRINGS),
-        help="How the extender is wired in (repeatable): full = filter, prioritize, preempt and bind, what ships "
-        "(default).",
+        help="How the extender is wired in (repeatable): full = filter, prioritize, preempt and bind (default); "
+        "filter-bind = no prioritize, kube-scheduler's NodeResourcesFit binpacks the nodes on the GPU memory resource.",
     )
     parser.add_argument("--workdir", type=Path, help="Keep each run's logs here (default: a temporary directory).")
     parser.add_argument("--keep", action="store_true", help="Keep the temporary directory even when all passed.")

@@ -48,10 +48,10 @@ from tests.e2e.extender_process import ExtenderProcess, TLSFiles
 
 ALONE = "alone"
 """kube-scheduler with no extender: NodeResourcesFit counts aliyun.com/gpu-mem against the node totals."""
-WIRINGS: dict[str, tuple[str, ...]] = {"full": ()}
+WIRINGS: dict[str, tuple[str, ...]] = {"full": (), "filter-bind": ("--wiring", "filter-bind")}
 """How the extender can be wired in, by name: the extra `extender scheduler-config` flags that render it.
-`full` is filter, prioritize, preempt and bind, what ships. A wiring `scheduler-config` cannot render yet has no
-entry here."""
+`full` is filter, prioritize, preempt and bind (the default); `filter-bind` leaves prioritize out, and
+kube-scheduler's NodeResourcesFit scores the nodes by MostAllocated on the GPU memory resource."""
 
 NAMESPACE = "default"
 """Where the pods go; a fresh control plane per run, so nothing else is in it."""

@@ -101,10 +101,10 @@ def _serve(arguments: argparse.Namespace) -> int:
 
 
 def _scheduler_config(arguments: argparse.Namespace) -> int:
-    from extender.tools.schedconfig import render
+    from extender.tools.schedconfig import Wiring, render
 
     current = _settings(arguments, check=False)
-    sys.stdout.write(render(current, arguments.k8s_version))
+    sys.stdout.write(render(current, arguments.k8s_version, Wiring(arguments.wiring)))
     return 0
 
 
@@ -218,6 +218,13 @@ def parser() -> argparse.ArgumentParser:
         description="KubeSchedulerConfiguration (v1 from 1.25, v1beta3 for 1.23-1.24) or, below 1.23, a Policy file.",
     )
     config.add_argument("--k8s-version", required=True, help="Kubernetes minor version of the scheduler, e.g. 1.31.")
+    config.add_argument(
+        "--wiring",
+        choices=("full", "filter-bind"),
+        default="full",
+        help="full: filter, prioritize, preempt and bind (default); filter-bind: no prioritize, kube-scheduler's "
+        "NodeResourcesFit scores the nodes on the GPU resource nodes advertise (1.23 and later).",
+    )
     _add_settings_flags(config)
     config.set_defaults(run=_scheduler_config)
 

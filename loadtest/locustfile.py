@@ -19,8 +19,9 @@ For each pod:
 
 A request fails (and the run with it) on a connection error or timeout (`--http-timeout`, the scheduler's
 `httpTimeout`), any status but 200, a body that is not the contract's, an `Error` in a filter reply, a filter
-answering a name it was not asked, a prioritize reply that does not score exactly the nodes asked within 0..10
-(checked in full on one reply in `FULL_CHECK_EVERY`; the others are only read for the best host), or a bind
+answering a name it was not asked, a prioritize reply that scores a node not asked, one twice, or out of 0..10
+(a node left out scores 0, as kube-scheduler counts it; checked in full on one reply in `FULL_CHECK_EVERY`; the
+others are only read for the best host), or a bind
 `Error` other than a lost race. Every request is counted, and checked; latencies are kept at full resolution
 (Locust's own table rounds to whole milliseconds) for the requests that start after `--warmup` seconds, when
 connections are open and the server's per-node memos are filled, since the targets are about a sustained pace.
@@ -67,7 +68,7 @@ CONFLICT = "no longer fits"
 kube-scheduler answers by scheduling the pod again; any other bind `Error` is a failure of the run."""
 MAX_ERROR_SAMPLES = 10
 FULL_CHECK_EVERY = 20
-"""One prioritize reply in this many is decoded and checked in full (every host asked, scores 0..10); the
+"""One prioritize reply in this many is decoded and checked in full (only hosts asked, scores 0..10); the
 others are read for the best host only (`workload.best_host_encoded`), which keeps the client's CPU down."""
 
 
@@ -291,7 +292,7 @@ class Scheduler(FastHttpUser):
                 return None
             run.prioritized += 1
             if run.prioritized % FULL_CHECK_EVERY:
-                best = workload.best_host_encoded(response.content or b"", len(passed), run.rng)
+                best = workload.best_host_encoded(response.content or b"", passed, run.rng)
                 if best is not None:
                     return best
             try:
@@ -301,10 +302,10 @@ class Scheduler(FastHttpUser):
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as problem:
                 response.failure(f"not a HostPriorityList: {problem!r}: {(response.text or '')[:300]}")
                 return None
-            if hosts != set(passed) or not scores_valid:
-                response.failure(f"scores for other hosts or out of 0..10: {(response.text or '')[:300]}")
+            if not hosts <= set(passed) or len(hosts) != len(priorities) or not scores_valid:
+                response.failure(f"scores for other hosts, twice or out of 0..10: {(response.text or '')[:300]}")
                 return None
-            return workload.best_host(priorities, run.rng)
+            return workload.best_host(priorities, passed, run.rng)
 
     def _bind(self, pod: Pod, node: str) -> None:
         run = RUN

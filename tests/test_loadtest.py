@@ -119,30 +119,41 @@ def test_the_best_score_wins_and_ties_are_drawn_among_the_best_only() -> None:
     priorities = [{"Host": "a", "Score": 3}, {"Host": "b", "Score": 7}, {"Host": "c", "Score": 7}]
     rng = random.Random(1)
 
-    picks = {best_host(priorities, rng) for _ in range(50)}
+    picks = {best_host(priorities, ["a", "b", "c", "d"], rng) for _ in range(50)}
 
     assert picks == {"b", "c"}
 
 
+def test_hosts_left_out_of_the_reply_score_0() -> None:
+    rng = random.Random(1)
+
+    assert {best_host([], ["a", "b"], rng) for _ in range(50)} == {"a", "b"}
+    assert {best_host([{"Host": "a", "Score": 0}], ["a", "b"], rng) for _ in range(50)} == {"a", "b"}
+
+
 def test_reading_the_encoded_reply_agrees_with_decoding_it() -> None:
-    priorities = [{"Host": f"gpu-node-{n:04d}", "Score": n % 11} for n in range(1, 200)]
+    priorities = [{"Host": f"gpu-node-{n:04d}", "Score": n % 11} for n in range(1, 200) if n % 11]
     body = orjson.dumps(priorities)
 
-    picks = {best_host_encoded(body, len(priorities), random.Random(seed)) for seed in range(40)}
+    picks = {best_host_encoded(body, ["gpu-node-0000"], random.Random(seed)) for seed in range(40)}
 
     assert picks == {entry["Host"] for entry in priorities if entry["Score"] == 10}
+
+
+def test_an_empty_encoded_reply_draws_among_every_host_asked() -> None:
+    assert {best_host_encoded(b"[]", ["a", "b"], random.Random(seed)) for seed in range(40)} == {"a", "b"}
 
 
 @pytest.mark.parametrize(
     "body",
     [
         b'[{"Score":7,"Host":"a"}]',  # another key order: decode it in full
-        b'[{"Host":"a","Score":7},{"Host":"b","Score":3}]',  # more entries than asked
+        b'[{"Host":"a","Score":0}]',  # a host at 0 ties with those left out
         b'[{"Host":"a","Score":70}]',  # no score within 0..10
     ],
 )
 def test_a_reply_in_another_form_is_left_to_the_full_decoder(body: bytes) -> None:
-    assert best_host_encoded(body, 1, random.Random(1)) is None
+    assert best_host_encoded(body, ["a"], random.Random(1)) is None
 
 
 def test_percentile_is_nearest_rank() -> None:

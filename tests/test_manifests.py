@@ -32,7 +32,7 @@ from extender import settings as settings_module
 from extender.service.pages import build_health_server
 from extender.settings import Settings
 from extender.sources.kube.writes import LEADER_LABEL
-from extender.tools.schedconfig import go_duration, render
+from extender.tools.schedconfig import Wiring, go_duration, render
 from tests.builders import make_cluster
 from tests.conftest import make_service
 
@@ -45,13 +45,14 @@ newest, bundles the schemas of 1.25 to 1.37 and no older ones, so these are the 
 be checked offline. What differs below 1.25 is in manifests/README.md ("Kubernetes versions")."""
 
 SCHEDULER_CONFIGS = {
-    "second-scheduler/kube-scheduler-config.yaml": ("1.34", "gpu-scheduler"),
-    "default-scheduler/kube-scheduler-config.yaml": ("1.34", "default-scheduler"),
-    "default-scheduler/kube-scheduler-config-v1beta3.yaml": ("1.24", "default-scheduler"),
-    "legacy-policy/scheduler-policy.json": ("1.22", "default-scheduler"),
+    "second-scheduler/kube-scheduler-config.yaml": ("1.34", "gpu-scheduler", Wiring.FULL),
+    "default-scheduler/kube-scheduler-config.yaml": ("1.34", "default-scheduler", Wiring.FULL),
+    "default-scheduler/kube-scheduler-config-v1beta3.yaml": ("1.24", "default-scheduler", Wiring.FULL),
+    "default-scheduler/kube-scheduler-config-filter-bind.yaml": ("1.34", "default-scheduler", Wiring.FILTER_BIND),
+    "legacy-policy/scheduler-policy.json": ("1.22", "default-scheduler", Wiring.FULL),
 }
-"""Checked-in outputs of `extender scheduler-config` (path under manifests/ -> version, profile): files for
-kube-scheduler, not API objects."""
+"""Checked-in outputs of `extender scheduler-config` (path under manifests/ -> version, profile, wiring): files
+for kube-scheduler, not API objects."""
 
 EVERY_MINOR = range(19, 35)
 """Every Kubernetes minor `extender scheduler-config` renders for, up to the kube-scheduler the manifests run."""
@@ -516,10 +517,26 @@ def test_the_configured_url_reaches_the_extender_through_its_service() -> None:
 
 @pytest.mark.parametrize("path", sorted(SCHEDULER_CONFIGS))
 def test_checked_in_configuration_is_what_the_command_renders(path: str) -> None:
-    version, scheduler_name = SCHEDULER_CONFIGS[path]
+    version, scheduler_name, wiring = SCHEDULER_CONFIGS[path]
     regenerate = "see manifests/README.md to regenerate it"
     settings = dataclasses.replace(extender_settings(), scheduler_name=scheduler_name)
-    assert (MANIFESTS / path).read_text() == render(settings, version), regenerate
+    assert (MANIFESTS / path).read_text() == render(settings, version, wiring), regenerate
+
+
+def test_the_filter_bind_configuration_leaves_node_scoring_to_node_resources_fit_on_gpu_memory() -> None:
+    document = yaml.safe_load((MANIFESTS / "default-scheduler/kube-scheduler-config-filter-bind.yaml").read_text())
+    (entry,) = document["extenders"]
+    assert (entry["filterVerb"], entry["bindVerb"], entry["preemptVerb"]) == ("filter", "bind", "preempt")
+    assert "prioritizeVerb" not in entry
+    (profile,) = document["profiles"]
+    assert profile["plugins"]["score"]["enabled"] == [
+        {"name": "NodeResourcesFit", "weight": extender_settings().weight}
+    ]
+    (fit,) = profile["pluginConfig"]
+    assert fit["args"]["scoringStrategy"] == {
+        "type": "MostAllocated",
+        "resources": [{"name": "aliyun.com/gpu-mem", "weight": 1}],
+    }
 
 
 @pytest.fixture

@@ -9,8 +9,13 @@ This is where the ledger's rules meet I/O (DESIGN §3). Under the node's lock, i
    to the same node, the same allocation is written again, so whichever binding lands carries the devices the
    cache counts; to another node, it is released and the pod decided afresh, unless that binding may still
    land.
-4. **A new allocation:** the policy chooses devices, the ledger reserves them (check and record in one step),
-   and the `Binder` (the file source's, or the API's) writes the annotations and the binding.
+4. **A new allocation:** the policy chooses devices and the ledger reserves them (check and record in one
+   step).
+Then, with the node's lock released, the `Binder` (the file source's, or the API's) writes the annotations
+and the binding. The decision needs no await, so the lock orders decisions, not writes: binds to one node
+(binpack sends consecutive pods to the same node) write concurrently, each with the memory its reservation
+took, which the next decision counts as used. What stays ordered is one pod on one node: a second bind of the
+same pod to the same node waits for the first to finish, then finds it settled.
 Any failure releases the reservation before the reply, except one after which the binding may have landed.
 The outcome is a value (`BindOutcome`) that the verb answers and counts.
 
@@ -20,6 +25,7 @@ The Binder does I/O; this module only awaits it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 from collections.abc import Callable
@@ -64,7 +70,7 @@ class Binder(Protocol):
 class Guard:
     """What a replica asks before and while it binds: may it bind at all (synced, leading), and for how long
     is it sure to stay allowed (its lease's renew deadline). Checked again once the node's lock is held: a
-    bind that queued behind a slow one may find the lease lost meanwhile."""
+    bind that queued (behind another bind of the same pod) may find the lease lost meanwhile."""
 
     refusal: Callable[[], str | None] = lambda: None
     """Why this replica may not bind now (not synced, not the leader); None when it may."""
@@ -180,26 +186,50 @@ class BindContext:
     guard: Guard = UNGUARDED
 
 
+@dataclass(frozen=True, slots=True)
+class Write:
+    """A decision to write: the pod as known, what it holds on the node (None: nothing, it asks no device),
+    and the node's state the annotations are read from."""
+
+    pod: Raw
+    hold: Hold | None
+    state: NodeState
+
+
+def _one_pod_on_node(request: BindRequest) -> str:
+    """The name of the lock that orders binds of one pod to one node. Never a node's name: node names have no
+    "/"."""
+    return f"{request.node}/{request.uid}"
+
+
 async def bind(request: BindRequest, context: BindContext) -> BindOutcome:
     """Bind the pod (the steps in the module's docstring).
 
-    Binds to one node queue on its lock. A bind of a pod while another bind of the same pod runs (to
-    another node: the scheduler gave up on the first after its timeout) is refused, so the second can
-    never undo the first's reservation while the first may still succeed.
+    The decision is taken under the node's lock and the write after it is released. A bind of a pod while
+    another bind of the same pod runs to another node (the scheduler gave up on the first after its timeout)
+    is refused, so the second can never undo the first's reservation while the first may still succeed; to
+    the same node it waits for the first (the pod's lock on that node), then answers as that one settled.
     """
     ledger = context.ledger
-    async with ledger.locked(request.node):
-        refusal = context.guard.refusal()
-        if refusal is not None:
-            return _refused(refusal)
-        running = ledger.running_bind(request.uid)
-        if running is not None:
-            return _refused(f"pod {request.key}: a bind to {running} is still running")
-        with ledger.in_flight(request.uid, request.node):
-            return await _bind_locked(request, context)
+    async with ledger.locked(_one_pod_on_node(request)):
+        with contextlib.ExitStack() as running:
+            async with ledger.locked(request.node):
+                refusal = context.guard.refusal()
+                if refusal is not None:
+                    return _refused(refusal)
+                other = ledger.running_bind(request.uid)
+                if other is not None:
+                    return _refused(f"pod {request.key}: a bind to {other} is still running")
+                running.enter_context(ledger.in_flight(request.uid, request.node))
+                decided = _decide(request, context)
+            if isinstance(decided, BindOutcome):
+                return decided
+            return await _write(request, context, decided)
 
 
-async def _bind_locked(request: BindRequest, context: BindContext) -> BindOutcome:
+def _decide(request: BindRequest, context: BindContext) -> BindOutcome | Write:
+    """Steps 1 to 4, without an await: the outcome when nothing is to be written, else what to write (the
+    reservation, if any, already recorded)."""
     known = _known(request, context)
     if isinstance(known, BindOutcome):
         return known
@@ -210,13 +240,13 @@ async def _bind_locked(request: BindRequest, context: BindContext) -> BindOutcom
     if record.demand is None:
         return _refused(f"pod {request.key}: {record.unreadable}")
     if record.demand.is_zero:
-        return await _write(request, context, pod, None, state)
+        return Write(pod, None, state)
     hold = context.cache.hold_of(request.uid)
     if hold is not None and not hold.observed:
-        earlier = await _earlier_decision(request, context, pod, hold, state)
+        earlier = _earlier_decision(request, context, pod, hold, state)
         if earlier is not None:
             return earlier
-    return await _new_allocation(request, context, pod, record.demand, state)
+    return _new_allocation(request, context, pod, record.demand, state)
 
 
 def _known(request: BindRequest, context: BindContext) -> tuple[Raw, PodRecord, NodeState] | BindOutcome:
@@ -253,13 +283,13 @@ def _settled(request: BindRequest, record: PodRecord, cache: Cache) -> BindOutco
     return _refused(f"pod {request.key} is already bound to {bound_to}, not {request.node}")
 
 
-async def _earlier_decision(
+def _earlier_decision(
     request: BindRequest, context: BindContext, pod: Raw, hold: Hold, state: NodeState
-) -> BindOutcome | None:
+) -> BindOutcome | Write | None:
     """A reservation made before this bind (before a restart, or by a binding that failed uncertainly): to the
     same node, write it again; to another node, release it (None: decide afresh), unless it may still land."""
     if hold.allocation.node == request.node:
-        return await _write(request, context, pod, hold, state)
+        return Write(pod, hold, state)
     if context.ledger.still_uncertain(request.uid):
         return _refused(
             f"pod {request.key}: an earlier binding to {hold.allocation.node} may have landed; waiting for the API "
@@ -269,10 +299,10 @@ async def _earlier_decision(
     return None
 
 
-async def _new_allocation(
+def _new_allocation(
     request: BindRequest, context: BindContext, pod: Raw, demand: Demand, state: NodeState
-) -> BindOutcome:
-    """Choose devices by policy, reserve them (check and record in one step), write them."""
+) -> BindOutcome | Write:
+    """Choose devices by policy and reserve them (check and record in one step)."""
     key, node = request.key, request.node
     placed = choose(demand, state, context.policy)
     if placed is None:
@@ -283,10 +313,13 @@ async def _new_allocation(
     refusal = context.ledger.reserve(allocation)
     if refusal is not None:
         return _refused(f"pod {key}: {refusal}")
-    log.info(
-        "reserved %s on %s GPU %s (%s in all)", key, node, ",".join(map(str, allocation.indexes)), allocation.memory
-    )
-    return await _write(request, context, pod, context.cache.hold_of(request.uid), state)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("reserved %s on %s GPU %s (%s in all)", key, node, _indexes(allocation), allocation.memory)
+    return Write(pod, context.cache.hold_of(request.uid), state)
+
+
+def _indexes(allocation: Allocation) -> str:
+    return ",".join(map(str, allocation.indexes))
 
 
 def _annotations(hold: Hold | None, state: NodeState, protocol: DeviceProtocol) -> dict[str, str]:
@@ -297,16 +330,14 @@ def _annotations(hold: Hold | None, state: NodeState, protocol: DeviceProtocol) 
     return protocol.allocation_annotations(hold.allocation, state.devices, hold.since)
 
 
-async def _write(
-    request: BindRequest, context: BindContext, pod: Raw, hold: Hold | None, state: NodeState
-) -> BindOutcome:
+async def _write(request: BindRequest, context: BindContext, write: Write) -> BindOutcome:
     """Write the annotations and the binding (within the guard's time); settle the reservation by the result."""
     key, node, ledger = request.key, request.node, context.ledger
-    annotations = _annotations(hold, state, context.cache.protocol)
+    annotations = _annotations(write.hold, write.state, context.cache.protocol)
     try:
         try:
             async with asyncio.timeout(context.guard.time_left()):
-                await context.binder.bind(pod, node, annotations)
+                await context.binder.bind(write.pod, node, annotations)
         except TimeoutError:
             raise BindError(
                 "this replica's leadership ran out while the binding was under way", uncertain=True
@@ -325,4 +356,9 @@ async def _write(
         ledger.release(request.uid)
         raise
     ledger.mark_bound(request.uid)
+    if write.hold is None:
+        log.info("bound %s to %s (no GPU)", key, node)
+    else:
+        allocation = write.hold.allocation
+        log.info("bound %s to %s GPU %s (%s in all)", key, node, _indexes(allocation), allocation.memory)
     return BOUND

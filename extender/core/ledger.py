@@ -2,8 +2,9 @@
 
 The rules live here and nowhere else:
 - `reserve` re-checks free memory and records the hold in one step (no await in between), so two binds can
-  never take the same memory; callers also hold `locked(node)` across their I/O so binds to one node queue,
-  and mark the bind `in_flight` so no second bind of the same pod starts meanwhile.
+  never take the same memory; callers hold `locked(node)` while they decide and reserve (not across the API
+  write that follows, so binds to one node do not queue behind each other's API calls), and mark the bind
+  `in_flight` so no second bind of the same pod starts meanwhile.
 - `release` undoes a reservation after any failure and marks the pod abandoned (its annotations alone no
   longer reserve); an observed allocation is never released from here.
 - `expire` frees reservations the API has not confirmed within the TTL, except those whose bind is running.

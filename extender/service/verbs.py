@@ -25,7 +25,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from extender.core import contract, objects
-from extender.core.binding import BindContext, BindRequest, Guard, bind
+from extender.core.binding import BindContext, BindRequest, Guard, Outcome, bind
 from extender.core.cache import NodeState, PodRecord
 from extender.core.devices import Demand
 from extender.core.objects import Raw, pod_key, pod_priority
@@ -226,7 +226,8 @@ async def _bind(request: Request, service: Service) -> VerbResult:
     outcome = await bind(target, context)
     service.metrics.binds.labels(outcome.outcome.value).inc()
     if outcome.ok:
-        log.info("bound %s to %s", target.key, target.node)
+        if outcome.outcome is Outcome.ALREADY_BOUND:  # a new binding is logged by `bind`, with its GPUs
+            log.info("bind %s to %s: already bound there", target.key, target.node)
         service.preemptions.forget(target.uid)
         service.requeue.bound(target.uid)
     else:

@@ -109,9 +109,10 @@ class Scheduler:
             return
         node = passed[0]
         if len(passed) > 1:
-            scores = await self.call("POST", "/prioritize", args)
-            best = max(entry["Score"] for entry in scores)
-            node = min(entry["Host"] for entry in scores if entry["Score"] == best)
+            # A node the reply leaves out scores 0, as kube-scheduler counts it.
+            scores = {entry["Host"]: entry["Score"] for entry in await self.call("POST", "/prioritize", args)}
+            best = max(scores.get(name, 0) for name in passed)
+            node = min(name for name in passed if scores.get(name, 0) == best)
         task = asyncio.create_task(self._bind(decision, node), name=f"bind {pod.key}")
         self._binds.add(task)
         task.add_done_callback(self._binds.discard)

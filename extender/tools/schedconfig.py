@@ -15,6 +15,17 @@ Which format a version gets (checked against the Kubernetes sources and KEP-785)
   been out of support since 2021; nothing older was checked.
 
 Any other version (older, unparsable, another major) is a `SettingsError` naming the value and the range.
+
+Two wirings (`Wiring`), measured with `make bench-e2e` (README, "End to end"):
+- `full`, the default: filter, prioritize, preempt and bind. Our prioritize scores each node by the fill of the
+  GPUs the pod would get and of the node, so the node choice binpacks GPUs, not only node totals.
+- `filter-bind` (1.23 and later): filter, preempt and bind, no prioritize. kube-scheduler's own
+  `NodeResourcesFit` scores the nodes, `MostAllocated` (binpack) or `LeastAllocated` (spread) on the managed
+  resources nodes advertise, with our weight: one HTTPS call fewer per pod. What it gives up: the scheduler
+  sees node totals only, so of two nodes equally full it cannot prefer the one whose GPUs the pod would fill;
+  and the profile's `NodeResourcesFit` no longer scores cpu and memory, so pods asking no GPU get no score
+  from it. The devices on the chosen node are still ours to choose, at bind.
+
 This module renders text only: it never reads the environment, touches files or talks to a cluster, and it
 never emits `insecure: true` (an HTTPS extender without a CA is refused instead, because kube-scheduler
 silently skips verifying the extender's certificate when no CA is configured).
@@ -22,6 +33,7 @@ silently skips verifying the extender's certificate when no CA is configured).
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from typing import Any
@@ -29,6 +41,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from extender.core.devices import Strategy
 from extender.settings import Settings, SettingsError
 
 OLDEST_MINOR = 19
@@ -41,7 +54,21 @@ SUPPORTED = f"1.{OLDEST_MINOR} to 1.22 as a Policy file, 1.23 and 1.24 as v1beta
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+][0-9A-Za-z.+-]*)?$")
 
+
+class Wiring(enum.StrEnum):
+    """Which verbs kube-scheduler calls, and who scores the nodes (the module's docstring says what each gives)."""
+
+    FULL = "full"
+    FILTER_BIND = "filter-bind"
+
+
+FIRST_FILTER_BIND = FIRST_V1BETA3
+"""Kubernetes 1.23: the oldest we render `filter-bind` for. The config API has `NodeResourcesFitArgs.scoringStrategy`
+from v1beta2 (1.22), but we render 1.22 as a Policy file, whose `priorities` would replace every default."""
+
 VERBS = {"filterVerb": "filter", "prioritizeVerb": "prioritize", "preemptVerb": "preempt", "bindVerb": "bind"}
+SCORING = {Strategy.BINPACK: "MostAllocated", Strategy.SPREAD: "LeastAllocated"}
+"""kube-scheduler's NodeResourcesFit scoring strategy for our node strategy (the same arithmetic, per node)."""
 
 
 def kubernetes_minor(k8s_version: str) -> int:
@@ -80,7 +107,8 @@ def _check(settings: Settings) -> bool:
         raise SettingsError(f"url {settings.url!r} must be http:// or https:// with a host")
     if settings.weight <= 0:
         raise SettingsError(
-            f"weight must be > 0 (kube-scheduler requires it with a prioritize verb), not {settings.weight}"
+            f"weight must be > 0 (kube-scheduler requires it of a prioritize verb and of a score plugin), not "
+            f"{settings.weight}"
         )
     if settings.http_timeout <= 0 or round(settings.http_timeout * 1e9) <= 0:
         raise SettingsError(f"http_timeout must be positive, not {settings.http_timeout}")
@@ -97,10 +125,15 @@ def _check(settings: Settings) -> bool:
     return https
 
 
-def extender_entry(settings: Settings, legacy_policy: bool) -> dict[str, Any]:
-    """The `extenders[]` entry: the config API's keys, or the legacy Policy's (`enableHttps`, nanoseconds)."""
+def extender_entry(settings: Settings, legacy_policy: bool, wiring: Wiring = Wiring.FULL) -> dict[str, Any]:
+    """The `extenders[]` entry: the config API's keys, or the legacy Policy's (`enableHttps`, nanoseconds).
+    Without a prioritize verb there is no weight: kube-scheduler reads it only for prioritize."""
     https = _check(settings)
-    entry: dict[str, Any] = {"urlPrefix": settings.url, **VERBS, "weight": settings.weight}
+    entry: dict[str, Any] = {"urlPrefix": settings.url}
+    if wiring is Wiring.FILTER_BIND:
+        entry |= {key: verb for key, verb in VERBS.items() if key != "prioritizeVerb"}
+    else:
+        entry |= {**VERBS, "weight": settings.weight}
     entry["enableHttps" if legacy_policy else "enableHTTPS"] = https
     if https:
         tls = {"caFile": settings.scheduler_ca_file}
@@ -124,14 +157,40 @@ def extender_entry(settings: Settings, legacy_policy: bool) -> dict[str, Any]:
     return entry
 
 
-def _config_api(settings: Settings, minor: int, api_version: str) -> str:
+def node_scoring_profile(settings: Settings) -> dict[str, Any]:
+    """The `filter-bind` profile: NodeResourcesFit scores the nodes by the managed resources nodes advertise
+    (gpushare: the GPU memory; HAMi: nvidia.com/gpu) and nothing else, with the weight our prioritize would have
+    had (ours: score 0..10 x weight x 10; a plugin's: 0..100 x weight), so it outweighs the default score
+    plugins as much as our prioritize does."""
+    resources = [{"name": name, "weight": 1} for name in settings.device_protocol.advertised_resources]
+    scoring = {"type": SCORING[settings.node_strategy], "resources": resources}
+    return {
+        "schedulerName": settings.scheduler_name,
+        "plugins": {"score": {"enabled": [{"name": "NodeResourcesFit", "weight": settings.weight}]}},
+        "pluginConfig": [{"name": "NodeResourcesFit", "args": {"scoringStrategy": scoring}}],
+    }
+
+
+def _config_api(settings: Settings, minor: int, api_version: str, wiring: Wiring) -> str:
     if not settings.scheduler_name:
         raise SettingsError("scheduler_name is empty: the profile needs a schedulerName")
-    entry = extender_entry(settings, legacy_policy=False)
+    entry = extender_entry(settings, legacy_policy=False, wiring=wiring)
     document: dict[str, Any] = {"apiVersion": api_version, "kind": "KubeSchedulerConfiguration"}
     if settings.scheduler_kubeconfig:
         document["clientConnection"] = {"kubeconfig": settings.scheduler_kubeconfig}
-    document |= {"profiles": [{"schedulerName": settings.scheduler_name}], "extenders": [entry]}
+    resource, url = settings.memory_resource, settings.url
+    if wiring is Wiring.FILTER_BIND:
+        profile = node_scoring_profile(settings)
+        scored_on = ", ".join(settings.device_protocol.advertised_resources)
+        what = (
+            f"# Pods asking for {resource} are then filtered and bound by {url};\n"
+            f"# kube-scheduler's NodeResourcesFit scores the nodes, {SCORING[settings.node_strategy]} on {scored_on} "
+            "(wiring filter-bind).\n"
+        )
+    else:
+        profile = {"schedulerName": settings.scheduler_name}
+        what = f"# Pods asking for {resource} are then filtered, scored and bound by {url}.\n"
+    document |= {"profiles": [profile], "extenders": [entry]}
     left = (
         "leaderElection is\n# left at its default here).\n"
         if settings.scheduler_kubeconfig
@@ -139,9 +198,7 @@ def _config_api(settings: Settings, minor: int, api_version: str) -> str:
     )
     header = (
         f"# kube-scheduler configuration for Kubernetes 1.{minor} ({api_version}), from `extender scheduler-config`.\n"
-        "# Start kube-scheduler with --config=<this file>, merged with your own settings ("
-        + left
-        + f"# Pods asking for {settings.memory_resource} are then filtered, scored and bound by {settings.url}.\n"
+        "# Start kube-scheduler with --config=<this file>, merged with your own settings (" + left + what
     )
     if "tlsConfig" in entry:
         header += "# The tlsConfig files are paths on the scheduler's host: mount them there.\n"
@@ -162,11 +219,16 @@ def _policy(settings: Settings, minor: int) -> str:
     return json.dumps(document, indent=2) + "\n"
 
 
-def render(settings: Settings, k8s_version: str) -> str:
-    """The configuration text for a kube-scheduler of `k8s_version` (see the module docstring for which)."""
+def render(settings: Settings, k8s_version: str, wiring: Wiring = Wiring.FULL) -> str:
+    """The configuration text for a kube-scheduler of `k8s_version` and this wiring (see the module docstring)."""
     minor = kubernetes_minor(k8s_version)
     if minor >= FIRST_V1:
-        return _config_api(settings, minor, "kubescheduler.config.k8s.io/v1")
+        return _config_api(settings, minor, "kubescheduler.config.k8s.io/v1", wiring)
     if minor >= FIRST_V1BETA3:
-        return _config_api(settings, minor, "kubescheduler.config.k8s.io/v1beta3")
+        return _config_api(settings, minor, "kubescheduler.config.k8s.io/v1beta3", wiring)
+    if wiring is not Wiring.FULL:
+        raise SettingsError(
+            f"wiring {wiring.value} needs kube-scheduler 1.{FIRST_FILTER_BIND} or later (NodeResourcesFit's "
+            f"scoringStrategy); 1.{minor} gets a Policy file: use the full wiring"
+        )
     return _policy(settings, minor)

@@ -239,6 +239,65 @@ async def test_a_second_bind_of_a_pod_to_another_node_while_the_first_runs_is_re
     assert not cluster.overcommitted()
 
 
+async def test_binds_to_one_node_write_at_once_and_never_overcommit() -> None:
+    """Binpack sends consecutive pods to one node: their decisions and reservations are taken in turn, but
+    their writes overlap, each holding the memory its reservation took; a third finds what is left."""
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
+    pods = [make_pod(f"p{i}", gpu_mem=6) for i in range(3)]  # 16 GiB: room for two of them
+    for pod in pods:
+        cluster.apply_pod(pod)
+    writing: list[str] = []
+    release = asyncio.Event()
+
+    class HeldApi(FileBinder):
+        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+            writing.append(pod["metadata"]["name"])
+            await release.wait()
+            await super().bind(pod, node, annotations)
+
+    ledger, recent, policy = Ledger(cluster, 60, FakeClock()), RecentPods(), PolicyConfig()
+    binder = HeldApi(cluster, pods)
+    binds = [asyncio.create_task(bind_error(request_for(pod), cluster, ledger, policy, binder, recent)) for pod in pods]
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert binds[2].done(), "the third is answered while the first two are still writing"
+    assert binds[2].result().startswith("pod default/p2 no longer fits on n1")
+    assert writing == ["p0", "p1"]
+    assert cluster.nodes["n1"].used == [12] and not cluster.overcommitted()
+    release.set()
+    assert await asyncio.gather(*binds[:2]) == ["", ""]
+    assert cluster.nodes["n1"].used == [12] and not cluster.overcommitted()
+
+
+async def test_a_second_bind_of_a_pod_to_the_same_node_waits_for_the_first_then_finds_it_bound() -> None:
+    """The scheduler may bind a pod again to the same node while the first bind is still writing: the second
+    waits for the first and succeeds without writing again."""
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
+    pod = make_pod("p", gpu_mem=10)
+    cluster.apply_pod(pod)
+    started, release = asyncio.Event(), asyncio.Event()
+    writes: list[str] = []
+
+    class HeldApi(FileBinder):
+        async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+            writes.append(node)
+            started.set()
+            await release.wait()
+            await super().bind(pod, node, annotations)
+
+    ledger, recent, policy = Ledger(cluster, 60, FakeClock()), RecentPods(), PolicyConfig()
+    binder = HeldApi(cluster, [pod])
+    first = asyncio.create_task(bind_error(request_for(pod), cluster, ledger, policy, binder, recent))
+    await started.wait()
+    second = asyncio.create_task(bind_error(request_for(pod), cluster, ledger, policy, binder, recent))
+    await asyncio.sleep(0)
+    assert not second.done()
+    release.set()
+    assert (await first, await second) == ("", "")
+    assert writes == ["n1"]
+    assert cluster.nodes["n1"].used == [10]
+
+
 async def test_annotations_left_by_a_failed_bind_do_not_reserve_again() -> None:
     """The patch succeeded, the binding did not: the reservation is released, and the watch event that
     shows the annotated (still unbound) pod must not bring it back until the TTL."""

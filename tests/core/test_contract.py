@@ -43,7 +43,10 @@ def check_well_formed(verb: str, request: dict[str, Any], reply: Any) -> None:
         assert sorted(judged) == sorted(sent), "every node sent is answered exactly once"
     elif verb == "prioritize":
         scores = contract.HostPriorityList.validate_python(reply)
-        assert [entry.Host for entry in scores] == _sent_names(request)
+        sent = _sent_names(request)
+        hosts = [entry.Host for entry in scores]
+        assert hosts == [name for name in sent if name in set(hosts)], "only nodes sent, each once, in their order"
+        assert all(entry.Score > 0 for entry in scores), "a node left out scores 0: one listed is above it"
     elif verb == "bind":
         contract.ExtenderBindingResult.model_validate(reply)
     elif verb == "preempt":

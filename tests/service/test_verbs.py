@@ -115,16 +115,29 @@ async def test_an_unknown_node_name_is_a_reason_not_a_failure(client_for: Client
     assert reply["Error"] == ""
 
 
-async def test_prioritize_scores_every_node_sent(client_for: ClientFor) -> None:
+async def test_prioritize_leaves_out_the_nodes_that_score_0(client_for: ClientFor) -> None:
     cluster = make_cluster(make_node("empty"), make_node("half"), pods=(bound_pod("a", "half", (0,), 8),))
     client = await client_for(make_service(cluster))
     response = await client.post("/prioritize", data=orjson.dumps(filter_body(names=["empty", "half", "ghost"])))
-    # empty: device 4*10//16=2, node 4*10//32=1 -> 1; half: device 12*10//16=7, node 12*10//32=3 -> 5.
-    assert await response.json() == [
-        {"Host": "empty", "Score": 1},
-        {"Host": "half", "Score": 5},
-        {"Host": "ghost", "Score": 0},
-    ]
+    # empty: device 4*10//16=2, node 4*10//32=1 -> 1; half: device 12*10//16=7, node 12*10//32=3 -> 5; ghost: 0,
+    # which kube-scheduler gives any node the reply leaves out.
+    assert await response.json() == [{"Host": "empty", "Score": 1}, {"Host": "half", "Score": 5}]
+
+
+async def test_prioritize_takes_the_lowest_score_off_every_node_and_leaves_out_those_at_it(
+    client_for: ClientFor,
+) -> None:
+    """kube-scheduler adds the same amount less to every node: the ranking is the same, the reply shorter."""
+    cluster = make_cluster(
+        make_node("empty"), make_node("empty-too"), make_node("half"), pods=(bound_pod("a", "half", (0,), 8),)
+    )
+    client = await client_for(make_service(cluster))
+    body = filter_body(make_pod("q", gpu_mem=4), names=["empty", "half", "empty-too"])
+    response = await client.post("/prioritize", data=orjson.dumps(body))
+    # empty and empty-too score 1, half 5 (as above): 1 off each, and the two at 1 are left out.
+    assert await response.json() == [{"Host": "half", "Score": 4}]
+    alike = await client.post("/prioritize", data=orjson.dumps({**body, "NodeNames": ["empty", "empty-too"]}))
+    assert await alike.json() == []
 
 
 async def test_an_unexpected_failure_is_a_500_with_a_message_and_the_reservation_is_released(
@@ -212,11 +225,9 @@ async def test_prioritize_answers_follow_the_cache_after_a_bind(client_for: Clie
     await client.post("/filter", data=orjson.dumps(filter_body(pod)))
     assert await (await client.post("/bind", data=orjson.dumps(bind_body(pod)))).json() == {"Error": ""}
     after = await (await client.post("/prioritize", data=body)).json()
-    # n1 now holds 8: a 4 GiB pod there fills (8+4)*10//16 = 7 on device and node; n2 stays 4*10//16 = 2.
-    assert (before, after) == (
-        [{"Host": "n1", "Score": 2}, {"Host": "n2", "Score": 2}],
-        [{"Host": "n1", "Score": 7}, {"Host": "n2", "Score": 2}],
-    )
+    # Both empty first: 4*10//16 = 2 each, alike, so neither is listed. n1 now holds 8: a 4 GiB pod there fills
+    # (8+4)*10//16 = 7 on device and node; n2 stays at 2, the lowest, taken off n1's 7.
+    assert (before, after) == ([], [{"Host": "n1", "Score": 5}])
 
 
 @pytest.mark.parametrize("verb", ["filter", "prioritize"])

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from extender import cli
+from extender.core.devices import Strategy
 from extender.settings import Settings, SettingsError
-from extender.tools.schedconfig import go_duration, kubernetes_minor, render
+from extender.tools.schedconfig import Wiring, go_duration, kubernetes_minor, render
 
 # minor -> (apiVersion, kind) the scheduler of that minor reads
 CONFIG_API = {minor: ("kubescheduler.config.k8s.io/v1", "KubeSchedulerConfiguration") for minor in range(25, 36)}
@@ -237,3 +238,58 @@ def test_hamis_protocol_renders_its_managed_resources_only_nvidia_gpu_counted_by
         {"name": "nvidia.com/gpucores", "ignoredByScheduler": True},
     ]
     assert config["profiles"][0]["schedulerName"] == "hami-scheduler"
+
+
+FILTER_BIND_MINORS = sorted(CONFIG_API)
+
+
+@pytest.mark.parametrize("minor", FILTER_BIND_MINORS)
+def test_filter_bind_calls_every_verb_but_prioritize_and_gives_no_extender_weight(minor: int) -> None:
+    entry = only_extender(parse(render(SETTINGS, f"1.{minor}", Wiring.FILTER_BIND), minor))
+    assert (entry["filterVerb"], entry["bindVerb"], entry["preemptVerb"]) == ("filter", "bind", "preempt")
+    assert "prioritizeVerb" not in entry and "weight" not in entry
+    assert entry["managedResources"] == [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}]
+    assert entry["nodeCacheCapable"] is True
+
+
+@pytest.mark.parametrize("minor", FILTER_BIND_MINORS)
+def test_filter_bind_binpacks_nodes_with_node_resources_fit_on_gpu_memory_alone_at_our_weight(minor: int) -> None:
+    """Our prioritize adds up to 10 x weight x 10 to a node; NodeResourcesFit at that weight, up to 100 x weight."""
+    (profile,) = parse(render(SETTINGS, f"1.{minor}", Wiring.FILTER_BIND), minor)["profiles"]
+    assert profile == {
+        "schedulerName": "default-scheduler",
+        "plugins": {"score": {"enabled": [{"name": "NodeResourcesFit", "weight": 3}]}},
+        "pluginConfig": [
+            {
+                "name": "NodeResourcesFit",
+                "args": {
+                    "scoringStrategy": {
+                        "type": "MostAllocated",
+                        "resources": [{"name": "aliyun.com/gpu-mem", "weight": 1}],
+                    }
+                },
+            }
+        ],
+    }
+
+
+def test_filter_bind_spreads_with_least_allocated_when_nodes_are_spread() -> None:
+    settings = dataclasses.replace(SETTINGS, node_strategy=Strategy.SPREAD)
+    document = yaml.safe_load(render(settings, "1.34", Wiring.FILTER_BIND))
+    scoring = document["profiles"][0]["pluginConfig"][0]["args"]["scoringStrategy"]
+    assert scoring["type"] == "LeastAllocated"
+
+
+def test_filter_bind_says_who_scores_in_its_header() -> None:
+    header = [line for line in render(SETTINGS, "1.34", Wiring.FILTER_BIND).splitlines() if line.startswith("#")]
+    assert any("NodeResourcesFit scores the nodes, MostAllocated on aliyun.com/gpu-mem" in line for line in header)
+
+
+@pytest.mark.parametrize("minor", sorted(POLICY))
+def test_filter_bind_is_refused_for_a_policy_file(minor: int) -> None:
+    with pytest.raises(SettingsError, match=f"needs kube-scheduler 1.23 or later.*1.{minor} gets a Policy file"):
+        render(SETTINGS, f"1.{minor}", Wiring.FILTER_BIND)
+
+
+def test_the_full_wiring_is_the_default() -> None:
+    assert render(SETTINGS, "1.34") == render(SETTINGS, "1.34", Wiring.FULL)
