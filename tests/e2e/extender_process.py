@@ -18,15 +18,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
-from tests.e2e.controlplane import LOG_TAIL_LINES, ControlPlaneError, free_port
+from tests.e2e.controlplane import LOG_TAIL_LINES, ControlPlaneError, eventually, free_port
 
 STARTUP_TIMEOUT = 30.0
 
@@ -195,3 +196,19 @@ class ExtenderProcess:
         if status != 200:
             raise self.failure(f"answered {status} to /metrics")
         return str(reply)
+
+
+async def assert_agrees(extender: ExtenderProcess, differences: Callable[[], Awaitable[list[str]]]) -> None:
+    """`differences()` (the extender's view against the API's) comes empty within 10 s, allowing the extender's
+    watch a moment to catch up; else the test fails listing them, with the extender's log."""
+    found: list[str] = []
+
+    async def agreed() -> bool:
+        nonlocal found
+        found = await differences()
+        return not found
+
+    try:
+        await eventually(agreed, timeout=10, what="the extender's /inspect equal to the API")
+    except AssertionError:
+        pytest.fail("extender /inspect differs from the API:\n" + "\n".join(found) + "\n\n" + extender.tail())

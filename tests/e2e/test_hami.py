@@ -61,7 +61,7 @@ from tests.e2e.deviceplugin import (
     decode_entries,
     lock_holder,
 )
-from tests.e2e.extender_process import ExtenderProcess, TLSFiles
+from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees
 from tests.e2e.scheduler import Scheduler, running_scheduler
 
 pytestmark = pytest.mark.e2e
@@ -808,17 +808,12 @@ async def inspect_differences(extender: ExtenderProcess, state: State) -> list[s
 
 
 async def assert_extender_agrees(control_plane: ControlPlane, extender: ExtenderProcess) -> None:
-    differences: list[str] = []
+    """The extender's view equals the API's (allowing its watch a moment to catch up)."""
 
-    async def agreed() -> bool:
-        nonlocal differences
-        differences = await inspect_differences(extender, await api_state(control_plane))
-        return not differences
+    async def differences() -> list[str]:
+        return await inspect_differences(extender, await api_state(control_plane))
 
-    try:
-        await eventually(agreed, timeout=10, what="the extender's /inspect equal to the API")
-    except AssertionError:
-        pytest.fail("extender /inspect differs from the API:\n" + "\n".join(differences) + "\n\n" + extender.tail())
+    await assert_agrees(extender, differences)
 
 
 def assert_allocated_once(state: State, test: str, plugin: DevicePluginDouble) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ import pytest
 
 from extender.tools.certs import write_certificates
 from tests.e2e.controlplane import EXTENDER_NAMESPACE, GPU_MEM, ApiError, ControlPlane, eventually
-from tests.e2e.extender_process import ExtenderProcess, TLSFiles
+from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees
 from tests.e2e.scheduler import Scheduler, running_scheduler
 
 pytestmark = pytest.mark.e2e
@@ -350,17 +350,11 @@ async def inspect_differences(extender: ExtenderProcess, state: Placement) -> li
 
 async def assert_extender_agrees(control_plane: ControlPlane, extender: ExtenderProcess) -> None:
     """The extender's view equals the API's (allowing its watch a moment to catch up)."""
-    differences: list[str] = []
 
-    async def agreed() -> bool:
-        nonlocal differences
-        differences = await inspect_differences(extender, await api_placement(control_plane))
-        return not differences
+    async def differences() -> list[str]:
+        return await inspect_differences(extender, await api_placement(control_plane))
 
-    try:
-        await eventually(agreed, timeout=10, what="the extender's /inspect equal to the API")
-    except AssertionError:
-        pytest.fail("extender /inspect differs from the API:\n" + "\n".join(differences) + "\n\n" + extender.tail())
+    await assert_agrees(extender, differences)
 
 
 async def events_of(control_plane: ControlPlane, pod: dict[str, Any], reason: str) -> list[str]:
