@@ -55,6 +55,7 @@ BUILD_SCRIPT = Path(__file__).parent / "build.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
 
 EXTENDER_USER = "gpu-extender"
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
 EXTENDER_NAMESPACE = "gpu-extender"
 """Where the extender keeps its leader-election Lease."""
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
@@ -384,29 +385,39 @@ class ControlPlane:
         self.request(
             "POST", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/serviceaccounts", {"metadata": {"name": "default"}}
         )
-        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        self.grant(
+            EXTENDER_USER,
+            EXTENDER_RULES,
+            {
+                EXTENDER_NAMESPACE: LEASE_RULES,
+                "kube-system": UNHEALTHY_RULES,  # gpushare's unhealthy-gpu-<node> ConfigMaps
+            },
+        )
+
+    def grant(
+        self, name: str, cluster_rules: list[dict[str, Any]], namespaced: dict[str, list[dict[str, Any]]]
+    ) -> list[str]:
+        """Give the extender user `cluster_rules` cluster-wide and, in each namespace of `namespaced`, its rules:
+        roles and bindings named `name`. Returns their paths, the bindings first (the order to delete them in)."""
         subject = [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": EXTENDER_USER}]
-        self.request("POST", f"{rbac}/clusterroles", {"metadata": {"name": EXTENDER_USER}, "rules": EXTENDER_RULES})
-        role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": EXTENDER_USER}
+        role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
+        self.request("POST", f"{RBAC}/clusterroles", {"metadata": {"name": name}, "rules": cluster_rules})
         self.request(
             "POST",
-            f"{rbac}/clusterrolebindings",
-            {"metadata": {"name": EXTENDER_USER}, "roleRef": role_ref, "subjects": subject},
+            f"{RBAC}/clusterrolebindings",
+            {"metadata": {"name": name}, "roleRef": role_ref, "subjects": subject},
         )
-        leases = f"{rbac}/namespaces/{EXTENDER_NAMESPACE}"
-        self.request("POST", f"{leases}/roles", {"metadata": {"name": EXTENDER_USER}, "rules": LEASE_RULES})
-        self.request(
-            "POST",
-            f"{leases}/rolebindings",
-            {"metadata": {"name": EXTENDER_USER}, "roleRef": role_ref | {"kind": "Role"}, "subjects": subject},
-        )
-        system = f"{rbac}/namespaces/kube-system"  # gpushare's unhealthy-gpu-<node> ConfigMaps
-        self.request("POST", f"{system}/roles", {"metadata": {"name": EXTENDER_USER}, "rules": UNHEALTHY_RULES})
-        self.request(
-            "POST",
-            f"{system}/rolebindings",
-            {"metadata": {"name": EXTENDER_USER}, "roleRef": role_ref | {"kind": "Role"}, "subjects": subject},
-        )
+        created = [f"{RBAC}/clusterrolebindings/{name}", f"{RBAC}/clusterroles/{name}"]
+        for namespace, rules in namespaced.items():
+            roles = f"{RBAC}/namespaces/{namespace}"
+            self.request("POST", f"{roles}/roles", {"metadata": {"name": name}, "rules": rules})
+            self.request(
+                "POST",
+                f"{roles}/rolebindings",
+                {"metadata": {"name": name}, "roleRef": role_ref | {"kind": "Role"}, "subjects": subject},
+            )
+            created[:0] = [f"{roles}/rolebindings/{name}", f"{roles}/roles/{name}"]
+        return created
 
     # ---- kube-scheduler --------------------------------------------------------------------------------
 

@@ -41,7 +41,6 @@ import yaml
 from extender.tools.certs import write_certificates
 from tests.e2e.controlplane import (
     EXTENDER_NAMESPACE,
-    EXTENDER_USER,
     MANIFESTS,
     ApiError,
     ControlPlane,
@@ -182,9 +181,6 @@ def hami_nodes(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
         control_plane.request("DELETE", f"/api/v1/nodes/{name}")
 
 
-RBAC = "/apis/rbac.authorization.k8s.io/v1"
-
-
 def overlay_rules() -> list[dict[str, Any]]:
     """The rules `manifests/hami/` adds to the extender's ClusterRole (node patch, for the lock): the tier grants
     exactly what the overlay grants, read from the one place it is written."""
@@ -200,32 +196,13 @@ def overlay_rules() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def hami_rights(control_plane: ControlPlane) -> Iterator[None]:
     """The extender user's rights for HAMi: what manifests/hami/ adds, and a Lease of its own for this module."""
-    subject = [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": EXTENDER_USER}]
-    name = "e2e-hami-extender"
-    control_plane.request("POST", f"{RBAC}/clusterroles", {"metadata": {"name": name}, "rules": overlay_rules()})
-    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
-    control_plane.request(
-        "POST", f"{RBAC}/clusterrolebindings", {"metadata": {"name": name}, "roleRef": role_ref, "subjects": subject}
-    )
     lease_rules = [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
          "verbs": ["get", "update"]},
     ]  # fmt: skip
-    roles = f"{RBAC}/namespaces/{EXTENDER_NAMESPACE}"
-    control_plane.request("POST", f"{roles}/roles", {"metadata": {"name": name}, "rules": lease_rules})
-    control_plane.request(
-        "POST",
-        f"{roles}/rolebindings",
-        {"metadata": {"name": name}, "roleRef": role_ref | {"kind": "Role"}, "subjects": subject},
-    )
+    created = control_plane.grant("e2e-hami-extender", overlay_rules(), {EXTENDER_NAMESPACE: lease_rules})
     yield
-    for path in (
-        f"{roles}/rolebindings/{name}",
-        f"{roles}/roles/{name}",
-        f"{RBAC}/clusterrolebindings/{name}",
-        f"{RBAC}/clusterroles/{name}",
-        f"/apis/coordination.k8s.io/v1/namespaces/{EXTENDER_NAMESPACE}/leases/{LEASE_NAME}",
-    ):
+    for path in (*created, f"/apis/coordination.k8s.io/v1/namespaces/{EXTENDER_NAMESPACE}/leases/{LEASE_NAME}"):
         try:
             control_plane.request("DELETE", path)
         except ApiError as error:
