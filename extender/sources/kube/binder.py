@@ -61,17 +61,16 @@ class KubeBinder:
     async def bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
         namespace, name = objects.namespace(pod), objects.name(pod)
         if self.locker is None or not annotations:
-            await self._bind(pod, node, annotations)
+            await self._bind(namespace, name, objects.uid(pod), node, annotations)
             return
         await self.locker.acquire(node, namespace, name)
         try:
-            await self._bind(pod, node, annotations)
+            await self._bind(namespace, name, objects.uid(pod), node, annotations)
         except BaseException:
             await self.locker.release(node, namespace, name)
             raise
 
-    async def _bind(self, pod: Raw, node: str, annotations: dict[str, str]) -> None:
-        namespace, name, uid = objects.namespace(pod), objects.name(pod), objects.uid(pod)
+    async def _bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None:
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -102,10 +101,10 @@ class KubeBinder:
             raise BindError(f"pod {namespace}/{name} no longer exists") from None
         except KubeError as error:
             raise BindError(f"{failure}; reading the pod back failed too: {error}", uncertain=ambiguous) from None
-        meta, spec = current.get("metadata") or {}, current.get("spec") or {}
-        if meta.get("uid") != uid:
-            raise BindError(f"pod {namespace}/{name} was recreated (uid {meta.get('uid')}, not {uid})")
-        bound_to = spec.get("nodeName") or ""
+        found = objects.uid(current)
+        if found != uid:
+            raise BindError(f"pod {namespace}/{name} was recreated (uid {found}, not {uid})")
+        bound_to = (current.get("spec") or {}).get("nodeName") or ""
         if bound_to == node:
             log.info("binding %s/%s to %s: %s, but the pod is bound there: success", namespace, name, node, failure)
             if self.observe is not None:

@@ -33,8 +33,6 @@ from extender.sources.kube.client import Conflict, KubeClient, KubeError, NotFou
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMINGS = LeaseTimings()
-
 
 def _record(spec: dict[str, Any]) -> tuple[Any, ...]:
     """What a candidate watches for change in a Lease (client-go's observedRecord)."""
@@ -50,7 +48,7 @@ class LeaderElector:
         namespace: str,
         name: str,
         identity: str,
-        timings: LeaseTimings = DEFAULT_TIMINGS,
+        timings: LeaseTimings,
         on_change: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,

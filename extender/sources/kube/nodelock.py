@@ -58,7 +58,7 @@ class NodeLocker:
         client: KubeClient,
         key: str,
         timeout: float,
-        on_change: Callable[[str, NodeLock | None], None] | None = None,
+        on_change: Callable[[str, NodeLock | None], None],
         clock: Callable[[], float] = time.time,
         wait: float = WAIT,
         time_left: Callable[[], float | None] = lambda: None,
@@ -95,22 +95,15 @@ class NodeLocker:
                     waited += POLL
                     continue
             now = self.clock()
-            patch = {
-                "metadata": {
-                    "annotations": {self.key: lock_value(now, namespace, name)},
-                    "resourceVersion": objects.meta(current).get("resourceVersion"),
-                }
-            }
             writes += 1
             try:
-                await self.client.merge_patch(node_path(node), patch)
-            except Conflict:
-                continue  # the node changed since we read it (another writer may have locked it): read again
+                if not await self._write(node, current, lock_value(now, namespace, name)):
+                    continue  # the node changed since we read it (another writer may have locked it): read again
             except KubeError as error:
                 raise BindError(f"locking node {node} for its device plugin: {error}") from None
             if lock is not None:
                 log.info("took over the lock on node %s from pod %s (stale or gone)", node, lock.pod or "unknown")
-            self._changed(node, NodeLock(now, holder))
+            self.on_change(node, NodeLock(now, holder))
             return
         raise BindError(f"locking node {node} for its device plugin: the node kept changing; try again")
 
@@ -127,21 +120,29 @@ class NodeLocker:
             lock = read_lock(objects.annotations_of(current).get(self.key))
             if lock is None or (lock.pod and lock.pod != holder):
                 return
-            patch = {
-                "metadata": {
-                    "annotations": {self.key: None},
-                    "resourceVersion": objects.meta(current).get("resourceVersion"),
-                }
-            }
             try:
-                await self.client.merge_patch(node_path(node), patch)
-            except Conflict:
-                continue
+                if not await self._write(node, current, None):
+                    continue
             except KubeError as error:
                 log.warning("releasing the lock on node %s: %s", node, error)
                 return
-            self._changed(node, None)
+            self.on_change(node, None)
             return
+
+    async def _write(self, node: str, current: dict[str, object], value: str | None) -> bool:
+        """Set the lock annotation to `value` (None: remove it) if the node is still as `current` read it; False
+        when it changed since (409 Conflict). Other API failures are raised."""
+        patch = {
+            "metadata": {
+                "annotations": {self.key: value},
+                "resourceVersion": objects.meta(current).get("resourceVersion"),
+            }
+        }
+        try:
+            await self.client.merge_patch(node_path(node), patch)
+        except Conflict:
+            return False
+        return True
 
     async def _read(self, node: str) -> dict[str, object]:
         try:
@@ -177,7 +178,3 @@ class NodeLocker:
             "try again soon",
             refused=True,
         )
-
-    def _changed(self, node: str, lock: NodeLock | None) -> None:
-        if self.on_change is not None:
-            self.on_change(node, lock)

@@ -24,6 +24,7 @@ from extender.core import objects
 from extender.core.binding import BindRequest
 from extender.core.cache import TERMINAL_PHASES, Cache, PodRecord
 from extender.core.objects import Raw, as_object
+from extender.core.protocols import DeviceProtocol
 from extender.core.recheck import TIMEOUT, Answer
 from extender.core.requeue import RECOVERY, WATCH_LAG
 from extender.settings import LeaseTimings
@@ -53,13 +54,13 @@ class KubeOptions:
     """This replica's pod (in `lease_namespace`), labelled `LEADER_LABEL` while it leads; "" for none."""
 
 
-def configmaps_kind(namespace: str) -> Kind[Raw]:
-    """The ConfigMaps of one namespace, each reduced to its name and data."""
+Unhealthy = tuple[str, frozenset[int]] | None
+"""What one ConfigMap says: the node it names and the GPU indexes it lists; None for other ConfigMaps."""
 
-    def slim(configmap: Raw) -> Raw:
-        return {"metadata": {"name": objects.name(configmap)}, "data": as_object(configmap.get("data"))}
 
-    return Kind("configmaps", f"/api/v1/namespaces/{namespace}/configmaps", slim)
+def configmaps_kind(namespace: str, protocol: DeviceProtocol) -> Kind[Unhealthy]:
+    """The ConfigMaps of one namespace, each reduced, as soon as it is decoded, to the unhealthy GPUs it lists."""
+    return Kind("configmaps", f"/api/v1/namespaces/{namespace}/configmaps", protocol.unhealthy_gpus)
 
 
 class KubeSource:
@@ -74,7 +75,13 @@ class KubeSource:
         self.pods = Informer(client, pods_kind(cluster.protocol), self._apply_pod, self._replace_pods, options.watch)
         namespace = cluster.protocol.unhealthy_namespace
         self.unhealthy = (
-            Informer(client, configmaps_kind(namespace), self._apply_unhealthy, self._replace_unhealthy, options.watch)
+            Informer(
+                client,
+                configmaps_kind(namespace, cluster.protocol),
+                self._apply_unhealthy,
+                self._replace_unhealthy,
+                options.watch,
+            )
             if namespace
             else None
         )
@@ -140,20 +147,16 @@ class KubeSource:
         freed = [name for name, state in self.cluster.nodes.items() if state.used_total < used.get(name, 0)]
         self._freed(freed, self.pods)
 
-    def _apply_unhealthy(self, configmap: Raw, deleted: bool) -> None:
-        found = self.cluster.protocol.unhealthy_gpus(configmap)
-        if found is not None:
-            node, indexes = found
-            self.cluster.apply_unhealthy(node, None if deleted else indexes)
-            self._freed([node], self.unhealthy or self.nodes)
+    def _apply_unhealthy(self, found: Unhealthy, deleted: bool) -> None:
+        if found is None:
+            return
+        node, indexes = found
+        self.cluster.apply_unhealthy(node, None if deleted else indexes)
+        if self.unhealthy is not None:  # always: only the unhealthy informer calls this
+            self._freed([node], self.unhealthy)
 
-    def _replace_unhealthy(self, configmaps: list[Raw]) -> None:
-        listed = {}
-        for configmap in configmaps:
-            found = self.cluster.protocol.unhealthy_gpus(configmap)
-            if found is not None:
-                listed[found[0]] = found[1]
-        self.cluster.replace_unhealthy(listed)
+    def _replace_unhealthy(self, listed: list[Unhealthy]) -> None:
+        self.cluster.replace_unhealthy(dict(found for found in listed if found is not None))
 
     def _apply_node(self, node: Raw, deleted: bool) -> None:
         self.cluster.apply_node(node, deleted)
