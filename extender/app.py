@@ -65,8 +65,9 @@ def listener_limits(settings: Settings, max_connections: int) -> Limits:
     )
 
 
-def file_service(settings: Settings, path: str) -> tuple[Service, FileSource]:
-    """A service whose cache is the cluster file at `path` and whose binds update it in memory."""
+def file_service(settings: Settings, path: str) -> Service:
+    """A service whose cache is the cluster file at `path` and whose binds update it in memory (its `source`
+    is the `FileSource` that does)."""
     objects = load_cluster_file(path)
     cache = Cache(settings.device_protocol, settings.node_lock_timeout)
     cache.replace(objects.nodes, objects.pods)
@@ -80,7 +81,7 @@ def file_service(settings: Settings, path: str) -> tuple[Service, FileSource]:
         len(cache.pods),
         sum(len(state.devices) for state in cache.nodes.values()),
     )
-    return build_service(settings, cache, source, None), source
+    return build_service(settings, cache, source, None)
 
 
 def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:

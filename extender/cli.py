@@ -89,7 +89,7 @@ def _serve(arguments: argparse.Namespace) -> int:
     tls = server_tls(current)  # before loading anything: a bad certificate fails at once
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         if current.cluster:
-            service, _ = file_service(current, current.cluster)
+            service = file_service(current, current.cluster)
             runner.run(serve(service, current, tls))
         else:
             try:

@@ -33,6 +33,10 @@ JITTER = 1.2
 """client-go's JitterFactor: a wait of `retry_period` becomes one in [retry_period, 2.2 x retry_period)."""
 _PROFILE = Profile()
 
+HEALTH_MAX_CONNECTIONS = 64
+"""Connections to the health port: the kubelet's probes and Prometheus take one or two each; whoever else
+reaches the port (a NetworkPolicy limits who does) cannot take the file descriptors the verbs need."""
+
 
 class SettingsError(UserError):
     """A setting that is missing, malformed or inconsistent; the message names it and its source."""
@@ -79,8 +83,6 @@ class LeaseTimings:
         if self.renew_deadline <= JITTER * self.retry_period:
             deadline, period = self.renew_deadline, self.retry_period
             return f"renew_deadline ({deadline}) must be greater than {JITTER} x retry_period ({period})"
-        if self.retry_period <= 0:
-            return f"retry_period must be positive, not {self.retry_period}"
         return None
 
 
@@ -113,7 +115,7 @@ class Settings:
     max_connections: int = _doc(
         "Open connections on the verbs' port at most; one more is closed at once, logged and counted.", default=512
     )
-    health_max_connections: int = _doc("Open connections on the health port at most.", default=64)
+    health_max_connections: int = _doc("Open connections on the health port at most.", default=HEALTH_MAX_CONNECTIONS)
     header_timeout: float = _doc(
         "Seconds from a request's first byte to the end of its head; a slower head gets 408 and is closed.",
         default=10.0,

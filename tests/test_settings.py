@@ -90,3 +90,13 @@ def test_settings_are_frozen() -> None:
     settings = Settings()
     with pytest.raises(AttributeError):
         settings.port = 1  # type: ignore[misc]
+
+
+def test_the_listener_limits_settings_default_to_the_transports_own_defaults() -> None:
+    """settings sits below service (DESIGN §6), so its defaults are written as numbers, not as the constants of
+    `service/limits.py`: this keeps the two from drifting apart."""
+    from extender.app import listener_limits
+    from extender.service.limits import Limits
+
+    settings = Settings()
+    assert listener_limits(settings, settings.max_connections) == Limits()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from extender.service.limits import SLICE_BYTES
-from extender.service.routing import Request, Response, Route, json_error
+from extender.service.routing import Request, Response, Route, internal_error, json_error
 
 if TYPE_CHECKING:
     from extender.service.transport import HttpServer
@@ -90,14 +90,14 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not its subclasses
         server = self.server
         server.handshaking.pop(self, None)
-        if len(server.connections) >= server.max_connections:
+        if len(server.connections) >= server.limits.max_connections:
             self.closing = True
             self.transport.close()
-            server.refusals.add(server.now, server.max_connections, server.port)
+            server.refusals.add(server.now, server.limits.max_connections, server.port)
             return
         server.connections.add(self)
         self.idle_since = server.now
-        self.transport.set_write_buffer_limits(high=server.write_buffer_limit)
+        self.transport.set_write_buffer_limits(high=server.limits.write_buffer_limit)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -133,11 +133,12 @@ class Connection(asyncio.Protocol):
     def _advance(self) -> None:
         self.scheduled = False
         server = self.server
+        limits = server.limits
         queue = self.queue
         handled = 0
         while not self.closing:
             while queue and not self.busy and not self.write_paused:
-                if handled == server.requests_per_turn:
+                if handled == limits.requests_per_turn:
                     self._schedule()
                     self._update_reading()
                     return
@@ -152,7 +153,7 @@ class Connection(asyncio.Protocol):
                     return
             if self.unparsed is None or self.refusing or self.write_paused:
                 break
-            if len(queue) >= server.max_pipelined or self.queued_bytes >= server.max_body_bytes:
+            if len(queue) >= limits.max_pipelined or self.queued_bytes >= server.max_body_bytes:
                 break
             self._feed()
         if self.read_paused or self.unparsed is not None or self.write_paused or self.refusing:
@@ -180,7 +181,7 @@ class Connection(asyncio.Protocol):
             end = data.find(b"\r\n\r\n", since, start + SLICE_BYTES)
             size = end + 4 - start if end >= 0 else SLICE_BYTES
             so_far = self.head_bytes if self.head_started is not None else 0
-            if so_far + min(size, available) > self.server.max_header_bytes:
+            if so_far + min(size, available) > self.server.limits.max_header_bytes:
                 self._refuse(self._head_too_large())
                 return
         if available <= size:
@@ -295,7 +296,7 @@ class Connection(asyncio.Protocol):
         return json_error(413, f"request body is over the limit of {self.server.max_body_bytes} bytes")
 
     def _head_too_large(self) -> Response:
-        return json_error(431, f"request headers are over the limit of {self.server.max_header_bytes} bytes")
+        return json_error(431, f"request headers are over the limit of {self.server.limits.max_header_bytes} bytes")
 
     def _stop(self, response: Response) -> None:
         """From a parser callback: refuse, and stop the parser where it is."""
@@ -317,25 +318,25 @@ class Connection(asyncio.Protocol):
         """Enforce the deadlines (called by the server's tick): the client's, unless the server is behind."""
         if self.closing or self.transport is None:
             return
-        server = self.server
+        limits = self.server.limits
         if self.write_paused:
-            if now - self.write_paused_at > server.write_timeout:
-                self._give_up(f"its client read no reply for {server.write_timeout:g} s")
+            if now - self.write_paused_at > limits.write_timeout:
+                self._give_up(f"its client read no reply for {limits.write_timeout:g} s")
                 self.transport.abort()  # what it never read goes too
             return
         if self.read_paused:
             return
         if self.body_started is not None:
-            if now - self.body_started > server.body_timeout + self.body_size / server.body_min_rate:
-                self._give_up(f"its request body came slower than {server.body_min_rate} bytes/s")
+            if now - self.body_started > limits.body_timeout + self.body_size / limits.body_min_rate:
+                self._give_up(f"its request body came slower than {limits.body_min_rate} bytes/s")
                 self._refuse(json_error(408, "the request body came too slowly"))
                 self._advance()
         elif self.head_started is not None:
-            if now - self.head_started > server.header_timeout:
-                self._give_up(f"its request head took longer than {server.header_timeout:g} s")
-                self._refuse(json_error(408, f"the request head took longer than {server.header_timeout:g} s"))
+            if now - self.head_started > limits.header_timeout:
+                self._give_up(f"its request head took longer than {limits.header_timeout:g} s")
+                self._refuse(json_error(408, f"the request head took longer than {limits.header_timeout:g} s"))
                 self._advance()
-        elif not self.busy and not self.queue and now - self.idle_since > server.idle_timeout:
+        elif not self.busy and not self.queue and now - self.idle_since > limits.idle_timeout:
             self.close()
 
     def _give_up(self, why: str) -> None:
@@ -354,7 +355,7 @@ class Connection(asyncio.Protocol):
         try:
             response = route.handler(request)
         except Exception as error:
-            response = _unexpected(route, error)
+            response = internal_error(f"{route.method} {route.path}", error, log)
         if not isinstance(response, Response):
             self._later(route, response, mode)
             return
@@ -378,7 +379,7 @@ class Connection(asyncio.Protocol):
         try:
             response = await pending
         except Exception as error:
-            response = _unexpected(route, error)
+            response = internal_error(f"{route.method} {route.path}", error, log)
         self.busy = False
         self._write(response, mode)  # discarded if the client has gone meanwhile
         self._advance()
@@ -420,8 +421,3 @@ class Connection(asyncio.Protocol):
 
 
 _PHRASES = {status.value: status.phrase.encode() for status in http.HTTPStatus}
-
-
-def _unexpected(route: Route, error: Exception) -> Response:
-    log.error("%s %s: unexpected failure", route.method, route.path, exc_info=error)
-    return json_error(500, f"internal error in {route.method} {route.path}: {type(error).__name__}: {error}")

@@ -20,10 +20,7 @@ from extender.core.recheck import Preemptions, Recheck
 from extender.core.requeue import Requeue
 from extender.service.limits import Limits
 from extender.service.metrics import Count, Metrics
-
-HEALTH_MAX_CONNECTIONS = 64
-"""Connections to the health port: the kubelet's probes and Prometheus take one or two each; whoever else
-reaches the port (a NetworkPolicy limits who does) cannot take the file descriptors the verbs need."""
+from extender.settings import HEALTH_MAX_CONNECTIONS
 
 
 class Source(Protocol):

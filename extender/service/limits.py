@@ -1,6 +1,6 @@
 """The HTTP edge's limits: every deadline, size and cap of the transport, each with the precedent that sizes
-it written right above it (h11's habit). Each is a keyword argument of `HttpServer` whose default is the
-constant of the same name; why each exists is in `transport.py`'s docstring.
+it written right above it (h11's habit). Each is the default of the `Limits` field of the same name, which
+`HttpServer` is built with; why each exists is in `transport.py`'s docstring.
 """
 
 from __future__ import annotations
@@ -79,3 +79,6 @@ class Limits:
     idle_timeout: float = IDLE_TIMEOUT
     write_timeout: float = WRITE_TIMEOUT
     handshake_timeout: float = HANDSHAKE_TIMEOUT
+    max_pipelined: int = MAX_PIPELINED
+    requests_per_turn: int = REQUESTS_PER_TURN
+    write_buffer_limit: int = WRITE_BUFFER_LIMIT

@@ -142,6 +142,6 @@ def build_health_server(service: Service) -> HttpServer:
     router = Router()
     for path, page in PROBES:
         router.add("GET", path, functools.partial(page, service))
-    server = HttpServer.with_limits(router, 64 * 1024, service.health_limits)
+    server = HttpServer(router, 64 * 1024, service.health_limits)
     service.metrics.add_listener("health", server)
     return server

@@ -4,6 +4,7 @@ path find their handler. Plain values; the transport (`transport.py`, `connectio
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,13 @@ class Response:
 
 def json_error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Response:
     return Response(status, orjson.dumps({"Error": message}), headers=headers)
+
+
+def internal_error(where: str, error: Exception, log: logging.Logger) -> Response:
+    """The 500 for what a handler raised at `where` (a verb, or a method and path): its traceback logged on
+    `log`, its one-line message answered, never the traceback."""
+    log.error("%s: unexpected failure", where, exc_info=error)
+    return json_error(500, f"internal error in {where}: {type(error).__name__}: {error}")
 
 
 Handler = Callable[[Request], "Response | Awaitable[Response]"]

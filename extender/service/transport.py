@@ -29,8 +29,8 @@ closes; ALPN offers only http/1.1), compression, more than one response to a req
 traceback: a handler that raises is logged and answered 500 with a one-line JSON error. Above all it never
 lets one client hold the event loop or grow memory without bound (DESIGN §8): the extender sits on
 kube-scheduler's critical path, so a stalled loop stalls every GPU pod in the cluster. Hence these limits,
-each a keyword argument of HttpServer whose default is the constant of the same name below, where its
-precedent is written:
+each a field of the `Limits` HttpServer is built with, whose default is the constant of the same name in
+`limits.py`, where its precedent is written:
 
 - Work per turn of the loop: what a client sent is fed to the parser a slice at a time, each ending where a
   head or a body ends, so one feed completes one request; at most `requests_per_turn` requests are answered
@@ -78,24 +78,12 @@ import ssl
 import time
 
 from extender.service.connection import Connection
-from extender.service.limits import (
-    BODY_MIN_RATE,
-    BODY_TIMEOUT,
-    HANDSHAKE_TIMEOUT,
-    HEADER_TIMEOUT,
-    IDLE_TIMEOUT,
-    LOG_EVERY,
-    MAX_CONNECTIONS,
-    MAX_HEADER_BYTES,
-    MAX_PIPELINED,
-    REQUESTS_PER_TURN,
-    WRITE_BUFFER_LIMIT,
-    WRITE_TIMEOUT,
-    Limits,
-)
+from extender.service.limits import LOG_EVERY, Limits
 from extender.service.routing import Background, Router
 
 log = logging.getLogger(__name__)
+
+DEFAULT_LIMITS = Limits()
 
 
 class _Tally:
@@ -122,43 +110,22 @@ class _Tally:
 class HttpServer:
     """Serves a Router. Mutable: its connections, tasks in flight, background tasks and counters.
 
-    Every limit is a keyword argument whose default is the module constant of the same name (and reason).
-    The counters (`refused_connections`, `handshake_failures`, `timed_out`) are plain ints for the service's
-    metrics to read.
+    Every limit but `max_body_bytes` is a field of `limits`, whose default is the constant of the same name
+    (and reason) in `limits.py`. The counters (`refused_connections`, `handshake_failures`, `timed_out`) are
+    plain ints for the service's metrics to read.
     """
 
     def __init__(
         self,
         router: Router,
         max_body_bytes: int,
-        idle_timeout: float = IDLE_TIMEOUT,
+        limits: Limits = DEFAULT_LIMITS,
         background: tuple[Background, ...] = (),
-        *,
-        max_connections: int = MAX_CONNECTIONS,
-        max_header_bytes: int = MAX_HEADER_BYTES,
-        header_timeout: float = HEADER_TIMEOUT,
-        body_timeout: float = BODY_TIMEOUT,
-        body_min_rate: float = BODY_MIN_RATE,
-        write_timeout: float = WRITE_TIMEOUT,
-        handshake_timeout: float = HANDSHAKE_TIMEOUT,
-        max_pipelined: int = MAX_PIPELINED,
-        requests_per_turn: int = REQUESTS_PER_TURN,
-        write_buffer_limit: int = WRITE_BUFFER_LIMIT,
     ) -> None:
         self.router = router
         self.max_body_bytes = max_body_bytes
-        self.idle_timeout = idle_timeout
+        self.limits = limits
         self.background = background
-        self.max_connections = max_connections
-        self.max_header_bytes = max_header_bytes
-        self.header_timeout = header_timeout
-        self.body_timeout = body_timeout
-        self.body_min_rate = body_min_rate
-        self.write_timeout = write_timeout
-        self.handshake_timeout = handshake_timeout
-        self.max_pipelined = max_pipelined
-        self.requests_per_turn = requests_per_turn
-        self.write_buffer_limit = write_buffer_limit
         self.connections: set[Connection] = set()
         self.handshaking: dict[Connection, float] = {}
         """TLS connections accepted whose handshake has not finished, and when they were accepted."""
@@ -171,30 +138,18 @@ class HttpServer:
         self.now = time.monotonic()
         """The clock of the deadlines, read once a tick: deadlines hold to within a tick."""
         self.date = email.utils.formatdate(usegmt=True).encode()
-        self.tick = min(1.0, min(idle_timeout, header_timeout, body_timeout, write_timeout, handshake_timeout) / 2)
+        deadlines = (
+            limits.idle_timeout,
+            limits.header_timeout,
+            limits.body_timeout,
+            limits.write_timeout,
+            limits.handshake_timeout,
+        )
+        self.tick = min(1.0, min(deadlines) / 2)
         """Seconds between two checks of the deadlines: a second, or less when a deadline is shorter (tests)."""
         self._server: asyncio.Server | None = None
         self._chores: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    @classmethod
-    def with_limits(
-        cls, router: Router, max_body_bytes: int, limits: Limits, background: tuple[Background, ...] = ()
-    ) -> HttpServer:
-        """A server whose deadlines and caps are `limits` (the rest at their defaults)."""
-        return cls(
-            router,
-            max_body_bytes,
-            limits.idle_timeout,
-            background,
-            max_connections=limits.max_connections,
-            max_header_bytes=limits.max_header_bytes,
-            header_timeout=limits.header_timeout,
-            body_timeout=limits.body_timeout,
-            body_min_rate=limits.body_min_rate,
-            write_timeout=limits.write_timeout,
-            handshake_timeout=limits.handshake_timeout,
-        )
 
     @property
     def refused_connections(self) -> int:
@@ -226,7 +181,7 @@ class HttpServer:
             port,
             ssl=context,
             backlog=1024,
-            ssl_handshake_timeout=self.handshake_timeout if tls else None,
+            ssl_handshake_timeout=self.limits.handshake_timeout if tls else None,
         )
         self._chores = [loop.create_task(self._tick(), name="http-tick")]
         self._chores += [
@@ -252,18 +207,18 @@ class HttpServer:
             for connection in list(self.connections):
                 connection.expire(now)
             self._expire_handshakes(now)
-            self.refusals.flush(now, self.max_connections, self.port)
-            self.failed_handshakes.flush(now, self.handshake_timeout, self.port)
+            self.refusals.flush(now, self.limits.max_connections, self.port)
+            self.failed_handshakes.flush(now, self.limits.handshake_timeout, self.port)
 
     def _expire_handshakes(self, now: float) -> None:
         """Handshakes unfinished past their timeout (plus a tick) have failed: asyncio has closed them unseen."""
-        late = now - self.handshake_timeout - self.tick
+        late = now - self.limits.handshake_timeout - self.tick
         if not self.handshaking or min(self.handshaking.values()) > late:
             return
         for connection, accepted in list(self.handshaking.items()):
             if accepted <= late:
                 del self.handshaking[connection]
-                self.failed_handshakes.add(now, self.handshake_timeout, self.port)
+                self.failed_handshakes.add(now, self.limits.handshake_timeout, self.port)
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop accepting, let requests in flight finish (up to `grace` seconds), close every connection."""

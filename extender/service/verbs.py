@@ -35,7 +35,7 @@ from extender.core.recheck import Recheck, suspects
 from extender.core.resources import InvalidPod
 from extender.service import pages
 from extender.service.context import Service
-from extender.service.routing import Request, Response, Router, json_error
+from extender.service.routing import Request, Response, Router, internal_error, json_error
 from extender.service.transport import HttpServer
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,7 @@ def _respond(service: Service, name: str, started: float, result: VerbResult | E
         log.info("%s: %d %s", name, result.status, result.message)
         response, outcome = json_error(result.status, result.message), "bad_request"
     elif isinstance(result, Exception):
-        log.error("%s: unexpected failure", name, exc_info=result)
-        message = f"internal error in {name}: {type(result).__name__}: {result}"
-        response, outcome = json_error(500, message), "error"
+        response, outcome = internal_error(name, result, log), "error"
     else:
         body, error = result
         response, outcome = Response(200, orjson.dumps(body)), ("error" if error else "ok")
@@ -146,14 +144,19 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
         return _not_ready_filter(args, service)
     service.recent.remember(args.Pod)
     service.metrics.demands.record(demand.per_device)
-    unit, pod = service.cache.protocol.unit, pod_key(args.Pod)
-    outcome = filter_pod(demand, names, _states(args, service), service.cache, unit, pod)
+    outcome = _judge(args, demand, names, service)
     recheck = service.source.recheck
     if outcome.failed and recheck is not None:
         stale = suspects(args.Pod, outcome.failed, service.cache, service.preemptions)
         if stale:
             return _filter_rechecked(args, demand, names, service, recheck, stale)
     return _filter_reply(args, demand, names, outcome, service)
+
+
+def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service) -> FilterOutcome:
+    """Which of the nodes named the pod fits, by the cache as it is now (`policy.filter_pod`)."""
+    unit, pod = service.cache.protocol.unit, pod_key(args.Pod)
+    return filter_pod(demand, names, _states(args, service), service.cache, unit, pod)
 
 
 def _not_ready_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult:
@@ -184,8 +187,7 @@ async def _filter_rechecked(
             len(stale),
         )
     # Judged again in any case: binds and watch events went on during the reads.
-    unit, pod = service.cache.protocol.unit, pod_key(args.Pod)
-    outcome = filter_pod(demand, names, _states(args, service), service.cache, unit, pod)
+    outcome = _judge(args, demand, names, service)
     return _filter_reply(args, demand, names, outcome, service)
 
 
@@ -287,6 +289,6 @@ def build_server(service: Service) -> HttpServer:
     async def expiry_sweep() -> None:
         await _expiry_sweep(service)
 
-    server = HttpServer.with_limits(router, service.max_body_bytes, service.limits, (expiry_sweep,))
+    server = HttpServer(router, service.max_body_bytes, service.limits, (expiry_sweep,))
     service.metrics.add_listener("verbs", server)
     return server

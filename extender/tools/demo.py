@@ -90,7 +90,7 @@ async def _play(
         env={},
     )
     tls = server_tls(settings)
-    service, _ = file_service(settings, str(cluster_path))
+    service = file_service(settings, str(cluster_path))
     async with serving(service, settings, tls) as listeners:
         connector = aiohttp.TCPConnector(ssl=_client_context(files))
         async with aiohttp.ClientSession(connector=connector) as session:
@@ -108,7 +108,7 @@ async def _drive(
     protocol: Protocol,
 ) -> int:
     hami = protocol is Protocol.HAMI
-    scheduler = Scheduler(session, url, [])
+    scheduler = Scheduler(session, url)
     before = await scheduler.call("GET", "/inspect")
     known = [node for node in before["nodes"] if node["known"]]
     scheduler.node_names = [node["name"] for node in known]

@@ -81,20 +81,27 @@ class BurstPod:
         return self.memory // self.gpus if self.memory else capacity * self.percent // 100
 
 
-def make_burst(count: int, seed: int) -> list[BurstPod]:
-    """`count` pods of mixed sizes, the same for the same seed: mostly one GPU, a few spanning two, and (from
-    four pods up) a few asking more than any GPU has."""
+def _specials(count: int, seed: int) -> tuple[random.Random, list[int], list[int]]:
+    """The burst's random source for `seed`, and which pods (by number) ask more than any GPU has and which
+    span several GPUs: none below four pods, else about one in 30 and one in 15."""
     rng = random.Random(seed)
     never = 0 if count < 4 else max(1, count // 30)
     split = 0 if count < 4 else max(1, count // 15)
     special = rng.sample(range(count), never + split)
+    return rng, special[:never], special[never:]
+
+
+def make_burst(count: int, seed: int) -> list[BurstPod]:
+    """`count` pods of mixed sizes, the same for the same seed: mostly one GPU, a few spanning two, and (from
+    four pods up) a few asking more than any GPU has."""
+    rng, never, split = _specials(count, seed)
     sizes, weights = zip(*SIZES, strict=True)
     pods = []
     for number in range(count):
         memory, gpus = rng.choices(sizes, weights)[0], 1
-        if number in special[:never]:
+        if number in never:
             memory = NEVER_FITS
-        elif number in special[never:]:
+        elif number in split:
             gpus = 2
             memory = gpus * rng.choice(SPLIT_SIZES)
         uid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
@@ -106,10 +113,7 @@ def make_hami_burst(count: int, seed: int) -> list[BurstPod]:
     """`count` HAMi pods, the same for the same seed: mostly one GPU (MiB, a share of its memory, MiB on a
     chosen model, or a whole GPU), and (from four pods up) a few over several GPUs and a few asking more memory
     than any GPU has."""
-    rng = random.Random(seed)
-    never = 0 if count < 4 else max(1, count // 30)
-    split = 0 if count < 4 else max(1, count // 15)
-    special = rng.sample(range(count), never + split)
+    rng, never, split = _specials(count, seed)
     kinds, kind_weights = zip(*HAMI_KINDS, strict=True)
     sizes, size_weights = zip(*HAMI_MEMORY, strict=True)
     shares, share_weights = zip(*HAMI_CORES, strict=True)
@@ -117,9 +121,9 @@ def make_hami_burst(count: int, seed: int) -> list[BurstPod]:
     for number in range(count):
         name, uid = f"burst-{number + 1:03d}", str(uuid.UUID(int=rng.getrandbits(128), version=4))
         cores = rng.choices(shares, share_weights)[0]
-        if number in special[:never]:
+        if number in never:
             pod = BurstPod(name, uid, HAMI_NEVER_FITS, cores=cores, protocol=Protocol.HAMI)
-        elif number in special[never:]:
+        elif number in split:
             gpus, each, cores = rng.choice(HAMI_SPLIT)
             percent = 0 if each else 100  # whole GPUs: all of each one's memory
             pod = BurstPod(name, uid, gpus * each, gpus, percent=percent, cores=cores, protocol=Protocol.HAMI)

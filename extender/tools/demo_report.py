@@ -32,14 +32,22 @@ SMALL_BAR = 10
 # --- what /inspect shows ----------------------------------------------------------------------------------
 
 
-def placements(inspection: Raw) -> dict[str, Placement]:
-    """Pod UID -> (node, device indexes), from GET /inspect."""
-    found: dict[str, tuple[str, list[int]]] = {}
+def holdings(inspection: Raw) -> dict[str, list[tuple[str, Raw, Raw]]]:
+    """Pod UID -> what /inspect shows it holding: (node name, device, the device's entry for the pod) per GPU."""
+    held: dict[str, list[tuple[str, Raw, Raw]]] = {}
     for node in inspection["nodes"]:
         for device in node["devices"]:
             for holder in device["pods"]:
-                found.setdefault(holder["uid"], (node["name"], []))[1].append(device["index"])
-    return {uid: (node, tuple(sorted(indexes))) for uid, (node, indexes) in found.items()}
+                held.setdefault(holder["uid"], []).append((node["name"], device, holder))
+    return held
+
+
+def placements(inspection: Raw) -> dict[str, Placement]:
+    """Pod UID -> (node, device indexes), from GET /inspect."""
+    return {
+        uid: (gpus[0][0], tuple(sorted(device["index"] for _, device, _ in gpus)))
+        for uid, gpus in holdings(inspection).items()
+    }
 
 
 def tracks_more(inspection: Raw) -> bool:
@@ -79,11 +87,7 @@ def misplaced(burst: list[BurstPod], decisions: Mapping[str, Decision], where: M
 def unasked(burst: list[BurstPod], decisions: Mapping[str, Decision], inspection: Raw) -> list[str]:
     """Every bound pod that /inspect shows holding other than it asked, as messages: the number of GPUs, the
     memory and compute on each, a GPU of its `use-gputype` (HAMi's pods)."""
-    held: dict[str, list[tuple[Raw, Raw]]] = {}
-    for node in inspection["nodes"]:
-        for device in node["devices"]:
-            for holder in device["pods"]:
-                held.setdefault(holder["uid"], []).append((device, holder))
+    held = holdings(inspection)
     problems = []
     for pod in burst:
         if not decisions[pod.uid].node:
@@ -91,7 +95,7 @@ def unasked(burst: list[BurstPod], decisions: Mapping[str, Decision], inspection
         gpus = held.get(pod.uid, [])
         if len(gpus) != pod.gpus:
             problems.append(f"{pod.key} asked {count(pod.gpus, 'GPU')} and holds {len(gpus)}")
-        for device, holder in gpus:
+        for _, device, holder in gpus:
             asked = (pod.memory_on(device["capacity"]), min(pod.cores, 100))
             if (holder["memory"], holder.get("cores", 0)) != asked:
                 problems.append(
@@ -201,14 +205,15 @@ def dimension_lines(before: Raw, after: Raw) -> list[str]:
     """The summary's lines for compute and pod slots where GPUs track them: in use after the burst against all
     there is, and before it."""
     lines = []
-    if _total(after, "cores", "cores"):
-        capacity, used = _total(after, "cores", "cores"), _total(after, "used_cores", "cores")
+    cores, slots = _total(after, "cores", "cores"), _total(after, "slots", "slots")
+    if cores:
+        capacity, used = cores, _total(after, "used_cores", "cores")
         share = f"{100 * used // capacity}% of all GPUs' compute"
         lines.append(
             f"  compute   {used} of {capacity} % in use ({share}), {_total(before, 'used_cores', 'cores')} % before"
         )
-    if _total(after, "slots", "slots"):
-        capacity, used = _total(after, "slots", "slots"), _total(after, "used_slots", "slots")
+    if slots:
+        capacity, used = slots, _total(after, "used_slots", "slots")
         earlier = _total(before, "used_slots", "slots")
         lines.append(f"  slots     {used} of {capacity} pod slots in use ({100 * used // capacity}%), {earlier} before")
     return lines

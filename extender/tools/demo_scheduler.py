@@ -48,10 +48,11 @@ class Decision:
 class Scheduler:
     """Plays kube-scheduler against the service: pods one at a time, binds in the background. Mutable."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, node_names: list[str]) -> None:
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
         self.session = session
         self.url = url
-        self.node_names = node_names
+        self.node_names: list[str] = []
+        """The nodes each filter names (NodeNames); set once /inspect has listed them."""
         self.latency: dict[str, list[float]] = {}
         self.overlapped = 0
         """Filters sent while at least one earlier bind was still in flight."""

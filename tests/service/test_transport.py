@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 import orjson
 import pytest
 
+from extender.service.limits import Limits
 from extender.service.routing import Request, Response, Router
 from extender.service.transport import HttpServer
 
@@ -52,7 +53,7 @@ async def server() -> AsyncIterator[HttpServer]:
 
     router.add("POST", "/sometimes", sometimes)
     router.add("GET", "/explode", explode)
-    server = HttpServer(router, max_body_bytes=LIMIT, idle_timeout=1.0)
+    server = HttpServer(router, max_body_bytes=LIMIT, limits=Limits(idle_timeout=1.0))
     server.gate = gate  # type: ignore[attr-defined]
     await server.start("127.0.0.1", 0)
     yield server

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trustme
 
-from extender.service.limits import MAX_PIPELINED, SLICE_BYTES
+from extender.service.limits import MAX_PIPELINED, SLICE_BYTES, Limits
 from extender.service.routing import Request, Response, Router
 from extender.service.transport import HttpServer
 from tests.service.test_transport import read_response
@@ -63,9 +63,7 @@ async def server(calls: Calls) -> AsyncIterator[HttpServer]:
     router.add("GET", "/other", other)
     router.add("GET", "/slow", slow)
     router.add("POST", "/upload", lambda request: Response(200, b"{}"))
-    server = HttpServer(
-        router,
-        max_body_bytes=1024,
+    limits = Limits(
         idle_timeout=5.0,
         header_timeout=DEADLINE,
         body_timeout=DEADLINE,
@@ -73,6 +71,7 @@ async def server(calls: Calls) -> AsyncIterator[HttpServer]:
         write_timeout=DEADLINE,
         max_connections=8,
     )
+    server = HttpServer(router, max_body_bytes=1024, limits=limits)
     server.gate = gate  # type: ignore[attr-defined]
     await server.start("127.0.0.1", 0)
     yield server
@@ -125,7 +124,7 @@ async def test_replies_a_client_does_not_read_stop_its_reading_and_stay_bounded(
     (connection,) = server.connections
     assert connection.transport is not None
     buffered = connection.transport.get_write_buffer_size()
-    assert buffered <= server.write_buffer_limit + server.requests_per_turn * (len(REPLY) + 200)
+    assert buffered <= server.limits.write_buffer_limit + server.limits.requests_per_turn * (len(REPLY) + 200)
     assert len(connection.queue) <= MAX_PIPELINED + SLICE_BYTES // SHORTEST_REQUEST
     assert calls.cheap < len(FLOOD) // len(FLOOD_REQUEST)
     answered = calls.cheap
@@ -156,7 +155,7 @@ async def test_requests_queued_by_a_client_that_has_gone_are_not_answered(server
     await asyncio.sleep(0.01)
     server.gate.set()  # type: ignore[attr-defined]
     await eventually(lambda: not server.connections)
-    assert calls.cheap <= server.requests_per_turn
+    assert calls.cheap <= server.limits.requests_per_turn
 
 
 async def test_a_flood_from_a_client_that_closed_is_mostly_not_processed(server: HttpServer, calls: Calls) -> None:
@@ -208,8 +207,8 @@ async def test_connections_over_the_cap_are_closed_at_once_counted_and_logged_on
 ) -> None:
     """D4: before, connections were unlimited, and refusing them was silent."""
     caplog.set_level(logging.WARNING, "extender.service.transport")
-    held = [await connect(server) for _ in range(server.max_connections)]
-    await eventually(lambda: len(server.connections) == server.max_connections)
+    held = [await connect(server) for _ in range(server.limits.max_connections)]
+    await eventually(lambda: len(server.connections) == server.limits.max_connections)
     for _ in range(3):
         reader, writer = await connect(server)
         assert await asyncio.wait_for(reader.read(), 5) == b""
@@ -233,7 +232,7 @@ async def tls_server() -> AsyncIterator[tuple[HttpServer, trustme.CA]]:
     context.verify_mode = ssl.CERT_REQUIRED  # mutual TLS, as the verbs port
     router = Router()
     router.add("GET", "/other", lambda request: Response(200, b"{}"))
-    server = HttpServer(router, max_body_bytes=1024, handshake_timeout=DEADLINE)
+    server = HttpServer(router, max_body_bytes=1024, limits=Limits(handshake_timeout=DEADLINE))
     await server.start("127.0.0.1", 0, context)
     yield server, ca
     await server.stop(grace=1.0)

@@ -39,7 +39,7 @@ def write_cluster(path: Path, *items: dict[str, Any]) -> str:
 
 def test_bundled_cluster_loads_with_twelve_nodes_and_no_overcommitted_gpu() -> None:
     with resources.as_file(BUNDLED) as path:
-        service, _ = file_service(SETTINGS, str(path))
+        service = file_service(SETTINGS, str(path))
     cluster = service.cache
     assert sum(1 for state in cluster.nodes.values() if state.known) == 12
     assert cluster.overcommitted() == []
@@ -48,7 +48,7 @@ def test_bundled_cluster_loads_with_twelve_nodes_and_no_overcommitted_gpu() -> N
 
 def test_bundled_cluster_has_a_node_with_heterogeneous_devices_and_a_failed_one() -> None:
     with resources.as_file(BUNDLED) as path:
-        service, _ = file_service(SETTINGS, str(path))
+        service = file_service(SETTINGS, str(path))
     mixed = service.cache.nodes["gpu-mixed-1"]
     assert [(device.capacity, device.healthy) for device in mixed.devices] == [
         (24, True),
@@ -60,7 +60,7 @@ def test_bundled_cluster_has_a_node_with_heterogeneous_devices_and_a_failed_one(
 
 def test_bundled_cluster_counts_running_pods_and_frees_the_succeeded_one() -> None:
     with resources.as_file(BUNDLED) as path:
-        service, _ = file_service(SETTINGS, str(path))
+        service = file_service(SETTINGS, str(path))
     nodes = service.cache.nodes
     assert nodes["gpu-h100-1"].used[:2] == [80, 80]
     assert nodes["gpu-v100-1"].used == [16, 16, 0, 0]  # one pod over two GPUs: 32 GiB split
@@ -156,7 +156,7 @@ def test_demo_exits_non_zero_when_a_gpu_holds_more_than_it_has(
 
 def hami_cache() -> Cache:
     with resources.as_file(BUNDLED_HAMI) as path:
-        service, _ = file_service(HAMI_SETTINGS, str(path))
+        service = file_service(HAMI_SETTINGS, str(path))
     return service.cache
 
 

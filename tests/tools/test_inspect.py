@@ -43,7 +43,7 @@ def write_cluster(folder: Path) -> str:
 
 
 def extender_server(tmp_path: Path) -> HttpServer:
-    service, _ = file_service(Settings(), write_cluster(tmp_path))
+    service = file_service(Settings(), write_cluster(tmp_path))
     waiting = Allocation.uniform("uid-waiting", "default/waiting", "gpu-node-1", (1,), 8)
     service.cache.hold(Hold(waiting, HoldState.RESERVED, since=time.time() - RESERVED_AGE))
     return build_server(service)
@@ -194,7 +194,7 @@ def hami_server(folder: Path) -> HttpServer:
     objects = [node, running_hami_pod("a", "gpu-a100", 0, 10240, 30), running_hami_pod("b", "gpu-a100", 0, 4096, 0)]
     path = folder / "hami.yaml"
     path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}))
-    service, _ = file_service(Settings(protocol=Protocol.HAMI), str(path))
+    service = file_service(Settings(protocol=Protocol.HAMI), str(path))
     return build_server(service)
 
 
