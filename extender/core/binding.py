@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from extender.core import objects
 from extender.core.cache import Cache, NodeState, PodRecord, pod_record
 from extender.core.devices import Demand
 from extender.core.holds import Allocation, Hold, HoldState
@@ -91,7 +92,7 @@ class BindRequest:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return objects.key(self.namespace, self.name)
 
 
 def slim_pod(pod: Raw) -> Raw:

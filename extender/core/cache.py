@@ -454,10 +454,6 @@ class Cache:
             for uid in list(self.pods):
                 if uid not in listed:
                     self._forget_pod(uid)
-            for uid in list(self._hold_node):
-                hold = self.hold_of(uid)
-                if hold is not None and hold.observed and uid not in listed:
-                    self.release(uid)
             for record in records:
                 self._apply_record(record, False)
 

@@ -123,6 +123,7 @@ class Request:
     percent: int = 0
     """% of each chosen GPU's memory, used when `memory` is 0 (HAMi's gpumem-percentage)."""
     cores: int = 0
+    """Compute on each GPU, at most 100 (the protocols clamp it where they build the request)."""
     init: bool = False
     """An init container: it runs before the others, so it counts at its peak, not added to them."""
 

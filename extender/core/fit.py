@@ -137,7 +137,7 @@ def _blocker(request: Request, selectors: Selectors, device: Device, position: i
         return Cause.EXCLUSIVE
     if device.capacity - usage.memory[position] < request.memory_on(device):
         return Cause.MEMORY
-    cores = min(request.cores, WHOLE_GPU)
+    cores = request.cores
     if device.cores:
         if device.cores - usage.cores[position] < cores:
             return Cause.COMPUTE
@@ -154,7 +154,7 @@ def _could_ever(request: Request, selectors: Selectors, device: Device) -> bool:
         return False
     if device.capacity < request.memory_on(device):
         return False
-    return not (device.cores and device.cores < min(request.cores, WHOLE_GPU))
+    return not (device.cores and device.cores < request.cores)
 
 
 def _place_one(
@@ -177,9 +177,8 @@ def _place_one(
     if selectors.numa_bind:
         serving = _one_numa_node(serving, devices, request.devices)
     if len(serving) >= request.devices:
-        cores = min(request.cores, WHOLE_GPU)
         return [
-            (p, Grant(devices[p].index, request.memory_on(devices[p]), cores, devices[p].uuid))
+            (p, Grant(devices[p].index, request.memory_on(devices[p]), request.cores, devices[p].uuid))
             for p in serving[: request.devices]
         ]
     return _refusal(request, selectors, devices, usage, unit, label, numa=bool(serving) or selectors.numa_bind)
@@ -226,7 +225,6 @@ def _refusal(
         reason = f"{label}needs {count} GPUs with {need} free each on one NUMA node; no NUMA node here has that"
         return Judgement(Verdict.FAILED, reason, Cause.NUMA)
     cause = max((Cause.MEMORY, Cause.COMPUTE, Cause.SLOTS, Cause.EXCLUSIVE), key=causes.count)
-    cores = min(request.cores, WHOLE_GPU)
     if count > 1:
         what = {
             Cause.MEMORY: f"{need} free",
@@ -249,7 +247,7 @@ def _refusal(
         best = max(short, key=lambda p: (devices[p].cores - usage.cores[p], -devices[p].index))
         most = max(0, devices[best].cores - usage.cores[best])
         detail = f"the most free is {most} % (GPU {devices[best].index} of {total})"
-        what = f"{cores} % of a GPU's compute" if cores else "a GPU with compute left"
+        what = f"{request.cores} % of a GPU's compute" if request.cores else "a GPU with compute left"
         return Judgement(Verdict.FAILED, f"{label}needs {what}; {detail}", cause)
     short = [p for p, blocker in zip(ever, causes, strict=True) if blocker is Cause.MEMORY]
     best = max(short, key=lambda p: (devices[p].capacity - usage.memory[p], -devices[p].index))
@@ -265,5 +263,4 @@ def _describe(request: Request, unit: str) -> str:
     memory = (
         f"{request.memory} {unit}" if request.memory or not request.percent else f"{request.percent} % of its memory"
     )
-    cores = min(request.cores, WHOLE_GPU)
-    return f"{memory} and {cores} % compute" if cores else memory
+    return f"{memory} and {request.cores} % compute" if request.cores else memory

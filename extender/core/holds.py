@@ -93,11 +93,6 @@ class Allocation:
         return replace(self, containers=containers)
 
     @property
-    def per_device(self) -> int:
-        """The memory on its first GPU: for a uniform allocation, on each."""
-        return self.uses[0].memory if self.uses else 0
-
-    @property
     def memory(self) -> int:
         return sum(use.memory for use in self.uses)
 

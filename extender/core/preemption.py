@@ -19,14 +19,12 @@ from extender.core.policy import usage_of
 def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allocation]) -> bool:
     """Whether the demand fits on the node once what the victims hold on it is free."""
     usage = usage_of(state)
-    freed = [0] * len(state.devices)
     for allocation in victims:
         if allocation.node != state.name:
             continue
         for use in allocation.uses:
             position = state.position(use.index)
             if position >= 0:
-                freed[position] += use.memory
                 usage.memory[position] -= use.memory
                 usage.cores[position] -= use.cores
                 usage.slots[position] -= use.slots
@@ -36,8 +34,8 @@ def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allo
     need = demand.per_device
     room = sum(
         1
-        for device, used, more in zip(state.devices, state.used, freed, strict=True)
-        if device.usable and device.capacity - (used - more) >= need
+        for device, used in zip(state.devices, usage.memory, strict=True)
+        if device.usable and device.capacity - used >= need
     )
     return room >= demand.devices and state.ready
 

@@ -130,20 +130,21 @@ def container_amount(pod: Raw, container: Raw, resource: str, kind: str) -> int 
     """The container's amount of one resource, its limit first, then its request; None when it asks none."""
     resources = container.get("resources") or {}
     if not isinstance(resources, dict):
-        raise InvalidPod(f"{_where(pod, container, kind)}: resources must be an object")
+        raise InvalidPod(f"{where(pod, container, kind)}: resources must be an object")
     for section in ("limits", "requests"):
         table = resources.get(section) or {}
         if not isinstance(table, dict):
-            raise InvalidPod(f"{_where(pod, container, kind)}: resources.{section} must be an object")
+            raise InvalidPod(f"{where(pod, container, kind)}: resources.{section} must be an object")
         if resource in table:
             try:
                 return parse_count(table[resource])
             except InvalidQuantity as error:
-                raise InvalidPod(f"{_where(pod, container, kind)}: {section} {resource} {error}") from None
+                raise InvalidPod(f"{where(pod, container, kind)}: {section} {resource} {error}") from None
     return None
 
 
-def _where(pod: Raw, container: Raw, kind: str) -> str:
+def where(pod: Raw, container: Raw, kind: str) -> str:
+    """Names a container in a refusal: "pod <namespace>/<name> <kind> <container name>"."""
     return f"pod {pod_key(pod)} {kind} {container.get('name', '?')}"
 
 

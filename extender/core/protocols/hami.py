@@ -41,6 +41,7 @@ import orjson
 
 from extender.core import objects
 from extender.core.devices import NO_DEMAND, Demand, Device, NodeDevices, NodeLock, Request, Selectors, Strategy
+from extender.core.fit import WHOLE_GPU
 from extender.core.holds import Allocation, Grant
 from extender.core.objects import Raw, as_object
 from extender.core.protocols import NOTHING_RECORDED, Recorded
@@ -52,6 +53,7 @@ from extender.core.resources import (
     container_amount,
     containers,
     parse_count,
+    where,
 )
 
 T = TypeVar("T")
@@ -80,7 +82,6 @@ NODE_POLICY = "hami.io/node-scheduler-policy"
 
 VENDOR = "NVIDIA"
 """The type field of every allocation entry: the plugin's "all allocated?" test looks for it."""
-WHOLE_GPU = 100
 MAX_INT32 = 2**31 - 1
 """HAMi's memory and compute fields are int32 (`ParseInt(s, 10, 32)`)."""
 TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
@@ -156,8 +157,8 @@ class Hami:
             return NO_DEMAND
         annotations = objects.annotations_of(pod)
         selectors = _selectors(annotations)
-        node_strategy = _strategy(annotations.get(NODE_POLICY), NODE_POLICY, objects.pod_key(pod))
-        device_strategy = _gpu_strategy(annotations.get(GPU_POLICY), objects.pod_key(pod))
+        node_strategy = _strategy(annotations.get(NODE_POLICY), NODE_POLICY, pod)
+        device_strategy = _gpu_strategy(annotations.get(GPU_POLICY), pod)
         if len(requests) == 1 and not requests[0].init:
             only = requests[0]
             return Demand(
@@ -184,19 +185,18 @@ class Hami:
         memory = container_amount(pod, container, GPUMEM, kind)
         percent = container_amount(pod, container, GPUMEM_PERCENTAGE, kind)
         cores = container_amount(pod, container, GPUCORES, kind)
-        where = f"pod {objects.pod_key(pod)} {kind} {container.get('name', '?')}"
         if not gpus:
             if any(amount for amount in (memory, percent, cores)):
                 raise InvalidPod(
-                    f"{where} asks {GPUMEM}, {GPUMEM_PERCENTAGE} or {GPUCORES} without {GPU}: kubelet would give it "
-                    f"no GPU. HAMi's admission webhook adds {GPU} to such pods; keep it installed"
+                    f"{where(pod, container, kind)} asks {GPUMEM}, {GPUMEM_PERCENTAGE} or {GPUCORES} without {GPU}: "
+                    f"kubelet would give it no GPU. HAMi's admission webhook adds {GPU} to such pods; keep it installed"
                 )
             return None
         if gpus > MAX_DEVICES:
-            raise InvalidPod(f"{where}: {GPU} {gpus} is more GPUs than any node has")
+            raise InvalidPod(f"{where(pod, container, kind)}: {GPU} {gpus} is more GPUs than any node has")
         mib = (memory or 0) * self.memory_factor
         if mib > MAX_INT32:
-            raise InvalidPod(f"{where}: {GPUMEM} {memory} is more MiB than HAMi can record")
+            raise InvalidPod(f"{where(pod, container, kind)}: {GPUMEM} {memory} is more MiB than HAMi can record")
         share = min(percent or 0, 100)
         if not mib and not share:
             mib = self.default_memory
@@ -377,16 +377,18 @@ def _selectors(annotations: Raw) -> Selectors:
     )
 
 
-def _strategy(value: object, annotation: str, pod: str) -> Strategy | None:
+def _strategy(value: object, annotation: str, pod: Raw) -> Strategy | None:
     if value is None or value == "":
         return None
     try:
         return Strategy(str(value))
     except ValueError:
-        raise InvalidPod(f"pod {pod}: {annotation} {str(value)[:40]!r} is not binpack or spread") from None
+        raise InvalidPod(
+            f"pod {objects.pod_key(pod)}: {annotation} {str(value)[:40]!r} is not binpack or spread"
+        ) from None
 
 
-def _gpu_strategy(value: object, pod: str) -> Strategy | None:
+def _gpu_strategy(value: object, pod: Raw) -> Strategy | None:
     """binpack, spread, mutex (only GPUs no pod uses), or a comma list of them; HAMi's topology-aware and numa
     policies are not supported."""
     chosen = None
