@@ -122,6 +122,13 @@ async def test_prioritize_leaves_out_the_nodes_that_score_0(client_for: ClientFo
     # empty: device 4*10//16=2, node 4*10//32=1 -> 1; half: device 12*10//16=7, node 12*10//32=3 -> 5; ghost: 0,
     # which kube-scheduler gives any node the reply leaves out.
     assert await response.json() == [{"Host": "empty", "Score": 1}, {"Host": "half", "Score": 5}]
+    # Asked again, now from the remembered entries (the ghost is never remembered), a name twice: the same scores.
+    again = await client.post("/prioritize", data=orjson.dumps(filter_body(names=["half", "ghost", "empty", "half"])))
+    assert await again.json() == [
+        {"Host": "half", "Score": 5},
+        {"Host": "empty", "Score": 1},
+        {"Host": "half", "Score": 5},
+    ]
 
 
 async def test_prioritize_takes_the_lowest_score_off_every_node_and_leaves_out_those_at_it(
