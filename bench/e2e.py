@@ -1,5 +1,5 @@
 """`make bench-e2e`: the real kube-scheduler, alone and with `extender serve` wired in, on the e2e tier's control
-plane, in pods bound per second and CPU per pod.
+plane, in pods bound per second and CPU per pod; and, when asked, with the floor wired in instead.
 
 Why it exists: `make bench` and `make loadtest` measure the extender with a client playing the scheduler; this
 measures what a cluster sees. On the e2e tier's control plane (the cached etcd, kube-apiserver and
@@ -10,6 +10,14 @@ and (b) with the extender wired in as it ships: `extender certs` for mTLS, `exte
 scheduler, `extender serve` with the Deployment's flags. Each run gets a fresh control plane. Per run: pods/s
 from the 5th to the 95th percentile bind, the median gap between binds, CPU milliseconds per pod of etcd,
 kube-apiserver, kube-scheduler and the extender (from /proc/<pid>/stat), and the end check.
+
+The floor (`--wiring floor-full` or `floor-filter-bind`) is `bench/floor`, a do-nothing extender in Go that
+binds, wired in as ours is (`full` or `filter-bind`, without preempt): it passes every node, scores none and
+posts each Binding. Why: calling any extender costs kube-scheduler and the API server something (the HTTPS calls,
+the Binding made by another client), and where cores are few that alone slows scheduling; a floor run
+measures that cost, so what ours costs beyond it is what there is to improve. The report gives the connections
+kube-scheduler opened to the floor: its extender client keeps 2 idle connections, so a call made while two are
+in flight opens a new one, and with it a TLS handshake.
 
 Bind times come from a watch on the pods, stamped as each event arrives (time.perf_counter); the
 PodScheduled conditions' lastTransitionTime, which has 1 s resolution, gives a second pace as a cross-check.
@@ -31,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 
 from bench.e2e_figures import GPU_MEMORY, GPUS_PER_NODE, POD_MIX, pod_sizes
-from bench.e2e_run import ALONE, WIRINGS, Run, RunError, RunResult
+from bench.e2e_run import ALONE, FLOORS, WIRINGS, Run, RunError, RunResult
 from devtools.harness import machine
 from tests.e2e.controlplane import binaries_dir, kubernetes_version, missing_binaries
 
@@ -60,7 +68,11 @@ def one(value: float) -> str:
 
 
 def label(wiring: str) -> str:
-    return "kube-scheduler alone" if wiring == ALONE else f"with the extender ({wiring})"
+    if wiring == ALONE:
+        return "kube-scheduler alone"
+    if wiring in FLOORS:
+        return f"with a do-nothing Go binder ({wiring})"
+    return f"with the extender ({wiring})"
 
 
 def run_line(number: int, result: RunResult) -> str:
@@ -128,13 +140,18 @@ def cpu_table(results: list[tuple[int, RunResult]], wirings: Sequence[str]) -> s
 
 
 def extender_lines(results: list[tuple[int, RunResult]]) -> list[str]:
+    """A line per run with an extender: our extender's time in the handler and counts, or the floor's connections."""
     lines = []
     for number, result in results:
         if result.wiring == ALONE:
             continue
+        if result.connections is not None:
+            lines.append(f"- round {number}, {result.wiring}: {result.connections:,} connections opened to the floor")
+            continue
         verbs = ", ".join(f"{verb} {ms:.2f} ms" for verb, ms in sorted(result.verb_ms.items()))
         counts = ", ".join(f"{name} {count:,}" for name, count in sorted(result.extender_counts.items()))
-        lines.append(f"- round {number}, {result.wiring}: mean time in the handler: {verbs or 'no calls'}; {counts}")
+        counted = f"; {counts}" if counts else ""
+        lines.append(f"- round {number}, {result.wiring}: mean time in the handler: {verbs or 'no calls'}{counted}")
     return lines
 
 
@@ -173,9 +190,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--wiring",
         action="append",
-        choices=sorted(WIRINGS),
+        choices=sorted([*WIRINGS, *FLOORS]),
         help="How the extender is wired in (repeatable): full = filter, prioritize, preempt and bind (default); "
-        "filter-bind = no prioritize, kube-scheduler's NodeResourcesFit binpacks the nodes on the GPU memory resource.",
+        "filter-bind = no prioritize, kube-scheduler's NodeResourcesFit binpacks the nodes on the GPU memory resource; "
+        "floor-full and floor-filter-bind = the floor instead, a do-nothing Go extender that binds (bench/floor), "
+        "wired in as full or filter-bind without preempt (needs Go to build it).",
     )
     parser.add_argument("--workdir", type=Path, help="Keep each run's logs here (default: a temporary directory).")
     parser.add_argument("--keep", action="store_true", help="Keep the temporary directory even when all passed.")

@@ -1,5 +1,12 @@
 """One run of `make bench-e2e`: a fresh control plane (the e2e tier's etcd and kube-apiserver), the workload
-created in it, optionally `extender serve` wired in, then kube-scheduler started and every bind timed.
+created in it, optionally `extender serve` or the floor wired in, then kube-scheduler started and every bind
+timed.
+
+The floor (`bench/floor`, a do-nothing extender in Go that binds) is wired in as ours is, over the same mTLS
+with the same verbs but preempt, so a floor run measures what kube-scheduler and the API server spend on any
+extender that binds, on this machine: what ours costs beyond it is its own. The floor counts no GPU memory
+(kube-scheduler's NodeResourcesFit does, as alone) and its annotations are fixed values, so its end check is the
+alone one.
 
 The order is the issue's: Node objects and pending pods first, the extender next (its first list finds them
 all), then kube-scheduler, whose binds a watch on the pods timestamps as they arrive. CPU time is read from
@@ -42,7 +49,7 @@ from bench.e2e_figures import (
     end_check,
     pace,
 )
-from tests.e2e.controlplane import EXTENDER_NAMESPACE, ApiError, ControlPlane, ControlPlaneError, free_port
+from tests.e2e.controlplane import EXTENDER_NAMESPACE, ApiError, ControlPlane, ControlPlaneError, Process, free_port
 from tests.e2e.controlplane import node_manifest as gpu_node
 from tests.e2e.extender_process import ExtenderProcess, TLSFiles
 
@@ -52,6 +59,16 @@ WIRINGS: dict[str, tuple[str, ...]] = {"full": (), "filter-bind": ("--wiring", "
 """How the extender can be wired in, by name: the extra `extender scheduler-config` flags that render it.
 `full` is filter, prioritize, preempt and bind (the default); `filter-bind` leaves prioritize out, and
 kube-scheduler's NodeResourcesFit scores the nodes by MostAllocated on the GPU memory resource."""
+FLOORS: dict[str, str] = {"floor-full": "full", "floor-filter-bind": "filter-bind"}
+"""The floor's wirings, by name, and the wiring of ours each mirrors: kube-scheduler gets that wiring's
+configuration with the floor's verbs in our entry (`floor_config`), so a floor run and a run of ours differ by
+the extender only: `floor-full` is filter, prioritize and bind, `floor-filter-bind` filter and bind."""
+FLOOR_BUILD = Path(__file__).parent / "floor" / "build.sh"
+"""Builds the floor when its source changed (Go's standard library only, no network) and prints its path."""
+FLOOR_STARTUP = 10.0
+"""Seconds for the floor to log that it serves: it starts in milliseconds."""
+FLOOR_CONNECTION = re.compile(rb"\bconn \d+$", re.M)
+"""The line the floor logs for each new connection."""
 
 NAMESPACE = "default"
 """Where the pods go; a fresh control plane per run, so nothing else is in it."""
@@ -82,10 +99,12 @@ class RunResult:
     condition_pace: Pace
     """From the PodScheduled conditions (1 s resolution): a cross-check of `pace`."""
     cpu_ms_per_pod: dict[str, float]
-    """etcd, kube-apiserver, kube-scheduler and (with the extender) extender; also `bench`, this process."""
+    """etcd, kube-apiserver, kube-scheduler and (with the extender or the floor) extender; also `bench`, this
+    process."""
     check: EndCheck
     setup_seconds: float
-    """Starting the control plane and creating the workload (and the extender), not measured further."""
+    """Starting the control plane and creating the workload (and the extender or the floor), not measured
+    further."""
     scheduling_seconds: float
     """From kube-scheduler's start to the last bind."""
     window_seconds: float
@@ -94,6 +113,8 @@ class RunResult:
     """The extender's own mean time in the handler per verb (its latency histogram), for answered calls."""
     extender_counts: dict[str, int] = field(default_factory=dict)
     """Bind outcomes and verb calls that did not answer ok, from the extender's metrics."""
+    connections: int | None = None
+    """Connections kube-scheduler opened to the floor (floor runs only: from the floor's log)."""
 
 
 def proc_cpu(pid: int) -> float:
@@ -152,15 +173,55 @@ def make_certificates(directory: Path) -> TLSFiles:
     )
 
 
-def extender_config(plane: ControlPlane, extender: ExtenderProcess, wiring: str) -> str:
-    """What `extender scheduler-config` prints for this kube-scheduler version and this wiring."""
-    tls = extender.tls
-    return run_command(
-        "scheduler-config", "--k8s-version", plane.version, "--url", extender.url,
+def scheduler_config(version: str, url: str, tls: TLSFiles, wiring: str) -> str:
+    """What `extender scheduler-config` prints for this kube-scheduler version, extender URL and wiring; for a
+    floor wiring, the configuration of the wiring it mirrors, with the floor's verbs."""
+    rendered = run_command(
+        "scheduler-config", "--k8s-version", version, "--url", url,
         "--scheduler-ca-file", str(tls.ca),
         "--scheduler-cert-file", str(tls.client_cert), "--scheduler-key-file", str(tls.client_key),
-        *WIRINGS[wiring],
+        *WIRINGS[FLOORS.get(wiring, wiring)],
     )  # fmt: skip
+    return floor_config(rendered) if wiring in FLOORS else rendered
+
+
+def floor_config(ours: str) -> str:
+    """Our rendered configuration with the floor's verbs in its extender entry: no preempt (the floor has none,
+    and no pod here is ever preempted), and aliyun.com/gpu-mem counted by kube-scheduler whatever ours says
+    (ignoredByScheduler false), since the floor counts nothing. The rest (filter, bind, prioritize and its weight
+    when the wiring has it, TLS, timeout, nodeCacheCapable) stays ours."""
+    config = yaml.safe_load(ours)
+    (entry,) = config["extenders"]
+    entry.pop("preemptVerb", None)
+    entry["managedResources"] = [{"name": PROFILE.memory_resource, "ignoredByScheduler": False}]
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def build_floor() -> Path:
+    """The floor's binary, built by `FLOOR_BUILD` when its source changed; a RunError with the script's last
+    line when it cannot be (no Go toolchain, a compile error)."""
+    done = subprocess.run(["bash", str(FLOOR_BUILD)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"{FLOOR_BUILD} exited with {done.returncode}"]
+        raise RunError(lines[-1])
+    return Path(done.stdout.strip())
+
+
+def connections_opened(log: bytes) -> int:
+    """How many connections the floor accepted, from its log: it writes "conn N" for each."""
+    return len(FLOOR_CONNECTION.findall(log))
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """The floor's process, serving `url` with `extender certs`' files."""
+
+    process: Process
+    url: str
+    tls: TLSFiles
+
+    def connections(self) -> int:
+        return connections_opened(self.process.log.read_bytes())
 
 
 # ---- the API, as admin ---------------------------------------------------------------------------------
@@ -215,14 +276,18 @@ class Run:
         self.workdir = workdir
         self.plane = ControlPlane(binaries, workdir)
         self.extender: ExtenderProcess | None = None
+        self.floor: Floor | None = None
 
     def measure(self) -> RunResult:
+        binary = build_floor() if self.wiring in FLOORS else None  # before the clock: a cold build is not set-up
         started = time.perf_counter()
         try:
             self.plane.start()
             asyncio.run(create_workload(self.plane, self.nodes, self.sizes))
-            if self.wiring != ALONE:
-                self.extender = self._start_extender()
+            if binary is not None:
+                self._start_floor(binary)
+            elif self.wiring != ALONE:
+                self._start_extender()
             setup = time.perf_counter() - started
             return asyncio.run(self._schedule(setup))
         except (ControlPlaneError, ApiError, aiohttp.ClientError, OSError) as error:
@@ -231,13 +296,16 @@ class Run:
             self.stop()
 
     def stop(self) -> None:
+        if self.floor is not None:
+            self.floor.process.stop()
         if self.extender is not None:
             self.extender.stop()
         self.plane.stop()
 
-    def _start_extender(self) -> ExtenderProcess:
+    def _start_extender(self) -> None:
         """`extender serve` with the Deployment's flags: leader election in its namespace, its own pod, the
-        plain health port, JSON logs; mTLS on the verbs with `extender certs`' files."""
+        plain health port, JSON logs; mTLS on the verbs with `extender certs`' files. Kept in `self.extender`
+        before it is waited for, so `stop()` stops it when it never becomes ready."""
         tls = make_certificates(self.workdir / "certs")
         own = {
             "metadata": {"name": EXTENDER_SELF, "namespace": EXTENDER_NAMESPACE},
@@ -248,16 +316,41 @@ class Run:
             "--lease-namespace", EXTENDER_NAMESPACE, "--pod-name", EXTENDER_SELF,
             "--health-port", str(free_port()), "--log-format", "json",
         )  # fmt: skip
-        extender = ExtenderProcess("bench", self.workdir, self.plane.kubeconfig("extender"), tls, flags)
-        extender.start()
-        extender.wait_until(200, timeout=180)
-        return extender
+        self.extender = ExtenderProcess("bench", self.workdir, self.plane.kubeconfig("extender"), tls, flags)
+        self.extender.start()
+        self.extender.wait_until(200, timeout=180)
+
+    def _start_floor(self, binary: Path) -> None:
+        """The floor on a free port with `extender certs`' files, binding as the extender's user (its token in a
+        file, as a service account's is). Kept in `self.floor` before it is waited for, as the extender is."""
+        tls = make_certificates(self.workdir / "certs")
+        token = self.workdir / "floor-token"
+        token.write_text(self.plane.users["extender"].token)
+        port = free_port()
+        argv = [
+            str(binary), "-addr", f"127.0.0.1:{port}",
+            "-tls-cert", str(tls.server_cert), "-tls-key", str(tls.server_key), "-client-ca", str(tls.ca),
+            "-api", self.plane.url, "-api-ca", str(self.plane.ca_file), "-token-file", str(token),
+        ]  # fmt: skip
+        log = self.workdir / "floor.log"
+        with log.open("ab") as output:
+            popen = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.floor = Floor(Process("floor", popen, log), f"https://127.0.0.1:{port}", tls)
+        deadline = time.monotonic() + FLOOR_STARTUP
+        while b" serving " not in log.read_bytes():
+            if popen.poll() is not None:
+                raise self.floor.process.failure(f"exited with code {popen.returncode} before serving")
+            if time.monotonic() > deadline:
+                raise self.floor.process.failure(f"not serving after {FLOOR_STARTUP:.0f} s")
+            time.sleep(0.05)
 
     def _processes(self) -> dict[str, int]:
         assert self.plane.etcd is not None and self.plane.apiserver is not None
         pids = {"etcd": self.plane.etcd.popen.pid, "kube-apiserver": self.plane.apiserver.popen.pid}
         if self.extender is not None and self.extender.popen is not None:
             pids["extender"] = self.extender.popen.pid
+        if self.floor is not None:
+            pids["extender"] = self.floor.process.popen.pid
         return pids
 
     def _cpu(self, pids: dict[str, int]) -> dict[str, float]:
@@ -267,7 +360,7 @@ class Run:
         listed = await self.plane.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")
         binds: dict[str, float] = {}
         watcher = asyncio.create_task(self._watch_binds(listed["metadata"]["resourceVersion"], binds))
-        config = ALONE_CONFIG if self.extender is None else extender_config(self.plane, self.extender, self.wiring)
+        config = self._scheduler_config()
         started = time.perf_counter()
         before = self._cpu(self._processes())
         starting = asyncio.create_task(asyncio.to_thread(self.plane.start_scheduler, with_client_rate(config)))
@@ -289,13 +382,22 @@ class Run:
             pace=pace(binds.values()),
             condition_pace=pace(time for time in map(condition_time, pods) if time is not None),
             cpu_ms_per_pod=cpu_ms_per_pod(before, after, len(binds)),
+            # The floor's annotations are fixed values: its end check is the alone one.
             check=end_check(pods, nodes, with_extender=self.extender is not None),
             setup_seconds=setup,
             scheduling_seconds=max(binds.values(), default=started) - started,
             window_seconds=window,
             verb_ms=verb_ms,
             extender_counts=counts,
+            connections=self.floor.connections() if self.floor is not None else None,
         )
+
+    def _scheduler_config(self) -> str:
+        if self.floor is not None:
+            return scheduler_config(self.plane.version, self.floor.url, self.floor.tls, self.wiring)
+        if self.extender is not None:
+            return scheduler_config(self.plane.version, self.extender.url, self.extender.tls, self.wiring)
+        return ALONE_CONFIG
 
     async def _watch_binds(self, resource_version: str, binds: dict[str, float]) -> None:
         """Note when each pod is first seen bound (spec.nodeName set), on this process's monotonic clock, as the
@@ -338,8 +440,11 @@ class Run:
                 raise process.failure(f"exited with code {process.popen.returncode} while scheduling")
         if self.extender is not None and not self.extender.running():
             raise self.extender.failure("exited while scheduling")
+        if self.floor is not None and self.floor.process.popen.poll() is not None:
+            raise self.floor.process.failure(f"exited with code {self.floor.process.popen.returncode} while scheduling")
 
     async def _extender_figures(self) -> tuple[dict[str, float], dict[str, int]]:
+        """Our extender's time in the handler per verb and its counts, from /metrics; none for alone or the floor."""
         if self.extender is None:
             return {}, {}
         text = await self.extender.metrics()

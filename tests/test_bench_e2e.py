@@ -1,13 +1,20 @@
 """`make bench-e2e`'s arithmetic, without a control plane: the pace from bind times, CPU from /proc samples, the
-end check over pods and nodes, and the issue's table. The runs themselves need the e2e tier's binaries and
-minutes; these check in milliseconds that what they print is computed right."""
+end check over pods and nodes, the issue's table, and the floor's wiring (its kube-scheduler configuration, its
+name on the command line and in the report). The runs themselves need the e2e tier's binaries and minutes; these
+check in milliseconds (the configuration: an `extender scheduler-config` process each) that what they print and
+configure is right."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
-from bench.e2e import cores_busy, pace_table
+import pytest
+import yaml
+
+from bench.e2e import cores_busy, extender_lines, label, pace_table, parse
 from bench.e2e_figures import (
     POD_MIX,
     EndCheck,
@@ -19,8 +26,9 @@ from bench.e2e_figures import (
     pace,
     pod_sizes,
 )
-from bench.e2e_run import ALONE, RunResult
+from bench.e2e_run import ALONE, RunResult, connections_opened, scheduler_config
 from tests.builders import bound_pod, make_node, make_pod
+from tests.e2e.extender_process import TLSFiles
 
 STEADY = [index * 0.01 for index in range(100)]
 """100 binds, one every 10 ms: 100 pods/s."""
@@ -199,3 +207,84 @@ def test_cores_busy_is_the_cpu_of_every_process_over_the_window() -> None:
     # (1.5 + 0.5) ms per pod x 1,000 pods = 2 s of CPU over an 11 s window
     measured = dataclasses.replace(result(ALONE, 100), cpu_ms_per_pod={"etcd": 1.5, "bench": 0.5})
     assert round(cores_busy(measured), 6) == round(2 / 11, 6)
+
+
+# ---- the floor -----------------------------------------------------------------------------------------
+
+TLS = TLSFiles(*(Path("/certs") / name for name in ("ca.crt", "tls.crt", "tls.key", "client.crt", "client.key")))
+FLOOR_URL = "https://127.0.0.1:9443"
+
+
+def rendered(wiring: str) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load(scheduler_config("v1.34.1", FLOOR_URL, TLS, wiring))
+    return config
+
+
+@pytest.mark.parametrize(
+    ("floor", "verbs"),
+    [
+        ("floor-full", {"filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind"}),
+        ("floor-filter-bind", {"filterVerb": "filter", "bindVerb": "bind"}),
+    ],
+)
+def test_the_floor_is_called_for_filter_bind_and_prioritize_when_its_wiring_has_it(
+    floor: str, verbs: dict[str, str]
+) -> None:
+    (entry,) = rendered(floor)["extenders"]
+    assert {key: value for key, value in entry.items() if key.endswith("Verb")} == verbs
+    assert entry["urlPrefix"] == FLOOR_URL
+    assert entry["enableHTTPS"] is True
+    assert entry["tlsConfig"] == {
+        "caFile": "/certs/ca.crt",
+        "certFile": "/certs/client.crt",
+        "keyFile": "/certs/client.key",
+    }
+    assert entry["nodeCacheCapable"] is True
+
+
+def test_kube_scheduler_counts_the_gpu_memory_the_floor_manages() -> None:
+    # the floor counts nothing, so NodeResourcesFit must: ignoredByScheduler false, as when it runs alone
+    (entry,) = rendered("floor-full")["extenders"]
+    assert entry["managedResources"] == [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}]
+    assert entry["weight"] == 5
+
+
+@pytest.mark.parametrize(("floor", "ours"), [("floor-full", "full"), ("floor-filter-bind", "filter-bind")])
+def test_a_floor_wiring_is_ours_without_preempt(floor: str, ours: str) -> None:
+    # the profile (filter-bind's NodeResourcesFit scoring), timeout, weight and TLS: all ours, so only the
+    # extender differs between the two runs
+    expected = rendered(ours)
+    del expected["extenders"][0]["preemptVerb"]
+    assert rendered(floor) == expected
+
+
+def test_the_floor_wirings_are_chosen_with_the_wiring_flag() -> None:
+    arguments = parse(["--wiring", "full", "--wiring", "floor-full", "--wiring", "floor-filter-bind"])
+    assert arguments.wiring == ["full", "floor-full", "floor-filter-bind"]
+    assert parse([]).wiring == ["full"]
+
+
+def test_a_floor_run_is_labelled_apart_from_the_extender() -> None:
+    assert label("floor-full") == "with a do-nothing Go binder (floor-full)"
+    assert label("full") == "with the extender (full)"
+    assert label(ALONE) == "kube-scheduler alone"
+
+
+def test_the_connections_opened_are_the_floor_s_conn_lines() -> None:
+    log = (
+        b"2025/11/24 04:01:00.000001 serving HTTP/1.1 on 127.0.0.1:9443\n"
+        b"2025/11/24 04:01:02.000002 conn 1\n"
+        b"2025/11/24 04:01:02.000003 http: TLS handshake error from 127.0.0.1:5000: EOF\n"
+        b"2025/11/24 04:01:02.000004 conn 2\n"
+    )
+    assert connections_opened(log) == 2
+    assert connections_opened(b"") == 0
+
+
+def test_the_report_gives_a_floor_run_s_connections_and_our_run_s_handler_times() -> None:
+    floor = dataclasses.replace(result("floor-full", 100), connections=1234)
+    ours = dataclasses.replace(result("full", 90), verb_ms={"filter": 0.25}, extender_counts={"bind bound": 3000})
+    assert extender_lines([(1, result(ALONE, 200)), (1, floor), (1, ours)]) == [
+        "- round 1, floor-full: 1,234 connections opened to the floor",
+        "- round 1, full: mean time in the handler: filter 0.25 ms; bind bound 3,000",
+    ]

@@ -1,0 +1,3 @@
+module gpu-extender/bench/floor
+
+go 1.22
