@@ -15,7 +15,8 @@ FILL ?= 0.3
 LOADTEST_ARGS ?=
 
 # `make bench-e2e` settings: Node objects (8 GPUs x 40 GiB each), pending GPU pods, rounds (each runs
-# kube-scheduler alone, then with the extender), and any other flag of python -m bench.e2e.
+# kube-scheduler alone, then each wiring asked: --wiring full, filter-bind, floor-full, floor-filter-bind), and any
+# other flag of python -m bench.e2e.
 E2E_NODES ?= 1000
 E2E_PODS ?= 3000
 E2E_RUNS ?= 1
