@@ -74,10 +74,12 @@ def serve_transport(path: Path, port: int) -> None:
     import uvloop
 
     transport = load_transport(path)
+    # The baseline's transport.py held Router and Response too; since the layout split they live in routing.py.
+    routing = transport if hasattr(transport, "Response") else importlib.import_module("extender.service.routing")
 
     async def main() -> None:
-        router = transport.Router()
-        reply = transport.Response(200, REPLY)
+        router = routing.Router()
+        reply = routing.Response(200, REPLY)
         router.add("POST", "/filter", lambda request: reply)
         server = transport.HttpServer(router, max_body_bytes=32 * 1024 * 1024)
         await server.start(HOST, port)
