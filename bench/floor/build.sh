@@ -12,17 +12,14 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 
-go_bin="$(command -v go || true)"
-if [[ -z "$go_bin" && -x /usr/local/go/bin/go ]]; then
-    go_bin=/usr/local/go/bin/go
-fi
+# shellcheck source=../../tests/cache_dir.sh
+source "$here/../../tests/cache_dir.sh"
+find_go
 if [[ -z "$go_bin" ]]; then
     echo "floor: no Go toolchain (go is neither on PATH nor in /usr/local/go/bin): the floor wirings need one" >&2
     exit 1
 fi
 
-# shellcheck source=../../tests/cache_dir.sh
-source "$here/../../tests/cache_dir.sh"
 open_cache_dir floor
 
 stamp_value="$(cat "$here/main.go" "$here/go.mod" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"

@@ -13,10 +13,9 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 module="$here/k8s"
 
-go_bin="$(command -v go || true)"
-if [[ -z "$go_bin" && -x /usr/local/go/bin/go ]]; then
-    go_bin=/usr/local/go/bin/go
-fi
+# shellcheck source=../cache_dir.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../cache_dir.sh"
+find_go
 if [[ -z "$go_bin" ]]; then
     echo "e2e: no Go toolchain (go is not on PATH): the e2e tier (tests/e2e) will be skipped"
     exit 0
@@ -31,8 +30,6 @@ major_minor="${version#v}"
 major="${major_minor%%.*}"
 minor="${major_minor#*.}"
 minor="${minor%%.*}"
-# shellcheck source=../cache_dir.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../cache_dir.sh"
 open_cache_dir "k8s-$version"
 
 # What `kube-apiserver --version` and the API's /version report; the values of the official v1.34.1 build.

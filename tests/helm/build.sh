@@ -12,17 +12,14 @@ set -euo pipefail
 # Pinned: a helm v3 the module proxy serves. tests/test_chart.py reads this line to find the binary.
 version=v3.22.0
 
-go_bin="$(command -v go || true)"
-if [[ -z "$go_bin" && -x /usr/local/go/bin/go ]]; then
-    go_bin=/usr/local/go/bin/go
-fi
+# shellcheck source=../cache_dir.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../cache_dir.sh"
+find_go
 if [[ -z "$go_bin" ]]; then
     echo "helm: no Go toolchain (go is not on PATH): the chart tests (tests/test_chart.py) will be skipped"
     exit 0
 fi
 
-# shellcheck source=../cache_dir.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../cache_dir.sh"
 open_cache_dir "helm-$version"
 
 # The stamp: this script's hash, so a new version or new link flags rebuild.
