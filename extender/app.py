@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from extender.core.cache import Cache
 from extender.core.ledger import Ledger
 from extender.core.requeue import Requeue
+from extender.core.workload import Workload
 from extender.service.context import Service, Source
 from extender.service.limits import Limits
 from extender.service.metrics import Metrics
@@ -52,6 +53,11 @@ def build_service(settings: Settings, cache: Cache, source: Source, ask: Callabl
     )
 
 
+def build_cache(settings: Settings) -> Cache:
+    """An empty cache for the configured protocol, learning the workload with the configured half-life."""
+    return Cache(settings.device_protocol, settings.node_lock_timeout, workload=Workload(settings.workload_half_life))
+
+
 def listener_limits(settings: Settings, max_connections: int) -> Limits:
     """One listener's deadlines and caps from the settings (`service/limits.py`)."""
     return Limits(
@@ -69,7 +75,7 @@ def file_service(settings: Settings, path: str) -> Service:
     """A service whose cache is the cluster file at `path` and whose binds update it in memory (its `source`
     is the `FileSource` that does)."""
     objects = load_cluster_file(path)
-    cache = Cache(settings.device_protocol, settings.node_lock_timeout)
+    cache = build_cache(settings)
     cache.replace(objects.nodes, objects.pods)
     source = FileSource(cache, objects.pods)
     del objects
@@ -99,7 +105,7 @@ def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
 def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeSource]:
     """A service whose cache follows the API server through `client`, and the source that feeds it (not yet
     started: `await source.start()`)."""
-    cache = Cache(settings.device_protocol, settings.node_lock_timeout)
+    cache = build_cache(settings)
     source = KubeSource(client, cache, kube_options(settings, client.config))
     service = build_service(settings, cache, source, source.requeue if source.requeuer is not None else None)
     source.on_freed = service.requeue.freed

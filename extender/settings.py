@@ -22,10 +22,11 @@ import yaml
 
 from extender.core.devices import Strategy
 from extender.core.errors import UserError
-from extender.core.policy import PolicyConfig
+from extender.core.policy import Narrowing, Policy, PolicyConfig
 from extender.core.protocols import DeviceProtocol
 from extender.core.protocols.gpushare import Profile
 from extender.core.protocols.hami import Hami
+from extender.core.workload import HALF_LIFE
 
 ENV_PREFIX = "EXTENDER_"
 
@@ -224,13 +225,40 @@ class Settings:
     node_devices_annotation: str = _doc(
         "Node annotation: JSON list of devices overriding capacity.", default=_PROFILE.node_devices_annotation
     )
-    # -- policy
-    node_strategy: Strategy = _doc("Node scoring: binpack (fill the fullest node) or spread.", default=Strategy.BINPACK)
-    device_strategy: Strategy = _doc(
-        "Device choice: binpack (fullest GPU that fits) or spread.", default=Strategy.BINPACK
+    model_label: str = _doc(
+        "Node label naming its GPU model (gpushare; GPU feature discovery's by default, ACK's is "
+        "aliyun.accelerator/nvidia_name): pods restricted to models by node affinity on it are placed knowing "
+        "which GPUs they can use. Empty: models unknown.",
+        default=_PROFILE.model_label,
     )
-    node_weight: int = _doc("Weight of node fill in a node's score.", default=1)
-    device_weight: int = _doc("Weight of the chosen GPUs' fill in a node's score.", default=1)
+    # -- policy
+    placement: Policy = _doc(
+        "How nodes and GPUs are chosen: fragmentation (where the GPU capacity left unusable for the pods the "
+        "cluster runs grows least) or fill (by --node-strategy and --device-strategy).",
+        default=Policy.FILL,
+    )
+    narrowing: Narrowing = _doc(
+        "With --placement fragmentation, what the filter passes of the nodes that fit: best (the one best node; "
+        "kube-scheduler then binds there without scoring), ties (every node as good as the best; kube-scheduler's "
+        "scores choose) or off (every node that fits; our prioritize scores them 0-10).",
+        default=Narrowing.BEST,
+    )
+    fragmentation_tolerance: float = _doc(
+        "With --placement fragmentation, GPUs of added fragmentation within which a node counts as good as the best.",
+        default=0.0,
+    )
+    workload_half_life: float = _doc(
+        "Seconds after which a pod seen weighs half in the learned workload the fragmentation policy places for.",
+        default=HALF_LIFE,
+    )
+    node_strategy: Strategy = _doc(
+        "With --placement fill, node scoring: binpack (fill the fullest node) or spread.", default=Strategy.BINPACK
+    )
+    device_strategy: Strategy = _doc(
+        "With --placement fill, device choice: binpack (fullest GPU that fits) or spread.", default=Strategy.BINPACK
+    )
+    node_weight: int = _doc("With --placement fill, weight of node fill in a node's score.", default=1)
+    device_weight: int = _doc("With --placement fill, weight of the chosen GPUs' fill in a node's score.", default=1)
     # -- how kube-scheduler reaches us (scheduler-config)
     url: str = _doc(
         "URL kube-scheduler calls us at (its urlPrefix).", default="https://gpu-extender.gpu-extender.svc:443"
@@ -292,6 +320,9 @@ class Settings:
             device_strategy=self.device_strategy,
             node_weight=self.node_weight,
             device_weight=self.device_weight,
+            policy=self.placement,
+            narrowing=self.narrowing,
+            tolerance=self.fragmentation_tolerance,
         )
 
     @property

@@ -40,7 +40,7 @@ from extender.core.ledger import Ledger
 from extender.core.memo import Lru
 from extender.core.objects import Raw
 from extender.core.objects import uid as pod_uid
-from extender.core.policy import PolicyConfig, choose, judge
+from extender.core.policy import PolicyConfig, ask_of, choose, judge
 from extender.core.protocols import DeviceProtocol
 
 log = logging.getLogger(__name__)
@@ -305,7 +305,7 @@ def _new_allocation(
 ) -> BindOutcome | Write:
     """Choose devices by policy and reserve them (check and record in one step)."""
     key, node = request.key, request.node
-    placed = choose(demand, state, context.policy)
+    placed = choose(demand, state, context.policy, ask_of(pod, demand), context.cache)
     if placed is None:
         return _refused(
             f"pod {key} no longer fits on {node}: {judge(demand, state, context.cache.protocol.unit).reason}"

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field, replace
 
 from extender.core import objects
 from extender.core.devices import Demand, Device, NodeLock
+from extender.core.fragmentation import UNLIMITED, FragmentMemo, GpuRoom, Room
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.memo import FitIndex, NodeMemo
 from extender.core.objects import Raw, as_object, pod_priority
 from extender.core.protocols import DeviceProtocol
-from extender.core.resources import InvalidPod, node_ready
+from extender.core.resources import InvalidPod, node_allocatable, node_ready, pod_request, required_values
+from extender.core.workload import Shape, Workload, shape_of
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -46,10 +48,21 @@ class PodRecord:
     """Succeeded or Failed: it holds nothing any more."""
     priority: int = 0
     """`spec.priority` (set by admission from its PriorityClass): who may be preempted for whom."""
+    cpu: int = 0
+    """Millicores requested, as kube-scheduler counts them on the node."""
+    memory: int = 0
+    """Bytes requested."""
+    models: tuple[str, ...] = ()
+    """GPU models it requires by node affinity on the protocol's model label (empty: any)."""
 
     @property
     def key(self) -> str:
         return objects.key(self.namespace, self.name)
+
+    @property
+    def shape(self) -> Shape | None:
+        """What it asks of a node, for the learned workload (None: no GPU)."""
+        return shape_of(self.demand, self.cpu, self.memory, self.models)
 
 
 def pod_record(pod: Raw, protocol: DeviceProtocol) -> PodRecord:
@@ -64,8 +77,21 @@ def pod_record(pod: Raw, protocol: DeviceProtocol) -> PodRecord:
         demand, unreadable = None, str(error)
     recorded = protocol.recorded(pod, demand)
     finished = as_object(pod.get("status")).get("phase") in TERMINAL_PHASES
+    label = protocol.model_label
     return PodRecord(
-        uid, namespace, name, node, demand, recorded.allocation, recorded.since, unreadable, finished, pod_priority(pod)
+        uid,
+        namespace,
+        name,
+        node,
+        demand,
+        recorded.allocation,
+        recorded.since,
+        unreadable,
+        finished,
+        pod_priority(pod),
+        pod_request(pod, "cpu", scale=3),
+        pod_request(pod, "memory"),
+        required_values(pod, label) if label else (),
     )
 
 
@@ -105,6 +131,14 @@ class NodeState:
     fit_free: int = -1
     """The largest plain one-GPU demand this node takes now: `largest_free`, or -1 when unknown, not Ready or
     locked."""
+    cpu_allocatable: int = 0
+    """Millicores (0: the node reports none; then cpu never limits it here)."""
+    memory_allocatable: int = 0
+    """Bytes (0: unknown, as for cpu)."""
+    cpu_requested: int = 0
+    """Millicores its pods request: bound ones and those we reserved on it (all pods, GPU or not)."""
+    memory_requested: int = 0
+    _room: Room | None = None
 
     def position(self, index: int) -> int:
         """Where device `index` sits in `devices`, or -1."""
@@ -153,6 +187,27 @@ class NodeState:
         else:
             self.largest_free, self.largest_free_index = 0, -1
         self.fit_free = self.largest_free if self.known and self.ready and self.lock is None else -1
+        self._room = None
+
+    def room(self) -> Room:
+        """The node as the fragmentation measure sees it (`fragmentation.Room`), kept until the next change."""
+        room = self._room
+        if room is None:
+            room = self._room = Room(
+                self.cpu_allocatable - self.cpu_requested if self.cpu_allocatable else UNLIMITED,
+                self.memory_allocatable - self.memory_requested if self.memory_allocatable else UNLIMITED,
+                tuple(self.gpu_room(position) for position in range(len(self.devices))),
+            )
+        return room
+
+    def gpu_room(self, position: int, memory: int = 0, cores: int = 0) -> GpuRoom:
+        """One GPU as the measure sees it, after `memory` and `cores` more are taken on it."""
+        device = self.devices[position]
+        free = self.free[position] - memory
+        left = device.cores - self.used_cores[position] - cores if device.cores else -1
+        if left == 0 or (device.slots and self.used_slots[position] + (1 if memory or cores else 0) >= device.slots):
+            free = 0
+        return (max(free, 0), device.capacity, left, device.model)
 
 
 def _marked(devices: tuple[Device, ...], unhealthy: frozenset[int] | None) -> tuple[Device, ...]:
@@ -171,7 +226,11 @@ class Cache:
     """Nodes, pods and holds. Mutable; single-threaded (one asyncio loop), so no operation is interleaved."""
 
     def __init__(
-        self, protocol: DeviceProtocol, lock_timeout: float = 300.0, clock: Callable[[], float] = time.time
+        self,
+        protocol: DeviceProtocol,
+        lock_timeout: float = 300.0,
+        clock: Callable[[], float] = time.time,
+        workload: Workload | None = None,
     ) -> None:
         self.protocol = protocol
         self.lock_timeout = lock_timeout
@@ -194,6 +253,14 @@ class Cache:
         """The GPUs each node offers, before the operators' unhealthy lists are applied."""
         self._unhealthy: dict[str, frozenset[int]] = {}
         """GPU indexes operators marked unhealthy, by node (gpushare's `kube-system/unhealthy-gpu-<node>`)."""
+        self.workload = workload if workload is not None else Workload()
+        """The shapes of the pods seen, learned as each first appears (`workload.py`)."""
+        self.fragments = FragmentMemo()
+        """Fragmentation by node state, for the typical shapes of the last build (`fragmentation.py`)."""
+        self._placed: dict[str, tuple[str, int, int]] = {}
+        """Pod UID -> (node, millicores, bytes) it requests there: bound, or reserved by us."""
+        self._requested: dict[str, list[int]] = {}
+        """Node -> [millicores, bytes] its pods request (`_placed` summed)."""
 
     def _changed(self, state: NodeState) -> None:
         """Recompute a node's summary after any change, and the indexes built on it (once per node at the end
@@ -201,6 +268,7 @@ class Cache:
         if self._batch is not None:
             self._batch[state.name] = state
             return
+        state.cpu_requested, state.memory_requested = self._requested.get(state.name) or (0, 0)
         state.refresh()
         self.fit_index.update(state)
         self.memo.forget(state.name)
@@ -240,6 +308,7 @@ class Cache:
             if not hold.observed:
                 self.reserved[uid] = hold
             self._changed(state)
+            self._account(uid)
 
     def restate(self, hold: Hold) -> None:
         """Swap in the same allocation in another state (the ledger's transitions): the memory counted does
@@ -264,8 +333,10 @@ class Cache:
             return None
         self.reserved.pop(uid, None)
         state = self.nodes[node]
-        hold = state.holds.pop(uid)
-        self._changed(state)
+        with self._batched():
+            hold = state.holds.pop(uid)
+            self._changed(state)
+            self._account(uid)
         self._forget_if_empty(state)
         return hold
 
@@ -303,6 +374,8 @@ class Cache:
         self._offered[name] = found.devices
         state.devices, state.unreadable = _marked(found.devices, self._unhealthy.get(name)), found.unreadable
         state.ready = node_ready(node)
+        state.cpu_allocatable = node_allocatable(node, "cpu", scale=3)
+        state.memory_allocatable = node_allocatable(node, "memory")
         self._set_lock(state, found.lock)
         for uid, hold in list(state.holds.items()):  # GPUs named by UUID before the node told their indexes
             if not hold.allocation.resolved:
@@ -373,6 +446,9 @@ class Cache:
         view = NodeState(name, found.devices, True, node_ready(node), found.unreadable, found.lock)
         if state is not None:
             view.holds = dict(state.holds)
+        view.cpu_allocatable = node_allocatable(node, "cpu", scale=3)
+        view.memory_allocatable = node_allocatable(node, "memory")
+        view.cpu_requested, view.memory_requested = self._requested.get(name) or (0, 0)
         view.refresh()
         return view
 
@@ -393,7 +469,14 @@ class Cache:
         if deleted or record.finished:
             self._forget_pod(uid)
             return
+        if uid not in self.pods:
+            self.workload.observe(record.shape, self.clock())
         self.pods[uid] = record
+        self._settle_record(uid, record)
+        self._account(uid)
+
+    def _settle_record(self, uid: str, record: PodRecord) -> None:
+        """The pod's hold as its record now says (observed, reserved again, or released)."""
         allocation = record.allocation
         current = self.hold_of(uid)
         if allocation is not None and not allocation.resolved and allocation.node in self.nodes:
@@ -424,6 +507,37 @@ class Cache:
         self.pods.pop(uid, None)
         self.abandoned.discard(uid)
         self.release(uid)
+        self._account(uid)
+
+    def _account(self, uid: str) -> None:
+        """Count the pod's cpu and memory where it now runs or is reserved (kube-scheduler counts a pod on its node
+        from the moment it assumes it; we from our reservation or the watch's binding), and nowhere else."""
+        record = self.pods.get(uid)
+        placed = None
+        if record is not None:
+            node = record.node_name or self._hold_node.get(uid, "")
+            if node and (record.cpu or record.memory):
+                placed = (node, record.cpu, record.memory)
+        previous = self._placed.get(uid)
+        if placed == previous:
+            return
+        if previous is not None:
+            del self._placed[uid]
+            self._add_requests(previous, -1)
+        if placed is not None:
+            self._placed[uid] = placed
+            self._add_requests(placed, 1)
+
+    def _add_requests(self, placed: tuple[str, int, int], sign: int) -> None:
+        node, cpu, memory = placed
+        totals = self._requested.setdefault(node, [0, 0])
+        totals[0] += sign * cpu
+        totals[1] += sign * memory
+        if totals == [0, 0]:
+            del self._requested[node]
+        state = self.nodes.get(node)
+        if state is not None:
+            self._changed(state)
 
     def replace(self, nodes: list[Raw], pods: list[Raw]) -> None:
         """Swap in a full listing of nodes and pods (see `replace_nodes`, `replace_pods`)."""

@@ -22,7 +22,7 @@ a GPU's compute; the most free is 20 % (GPU 2 of 4)"), and whether evicting pods
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -97,8 +97,13 @@ class Placement:
     init_containers: int
 
 
+Rank = Callable[[int, Request], float]
+"""How good giving this device (by position) to this request is, lower first: overrides the strategy's order,
+which then only breaks ties (the fragmentation policy's added fragmentation)."""
+
+
 def place(
-    demand: Demand, devices: Sequence[Device], usage: Usage, strategy: Strategy, unit: str
+    demand: Demand, devices: Sequence[Device], usage: Usage, strategy: Strategy, unit: str, rank: Rank | None = None
 ) -> Placement | Judgement:
     """Place every container of the demand on these devices, or say why not (a Judgement that does not fit)."""
     app = usage.copy()
@@ -107,7 +112,7 @@ def place(
     for number, request in enumerate(requests):
         base = usage if request.init else app
         label = f"container {number + 1} of {len(requests)}: " if len(requests) > 1 else ""
-        chosen = _place_one(request, demand.selectors, devices, base, strategy, unit, label)
+        chosen = _place_one(request, demand.selectors, devices, base, strategy, unit, label, rank)
         if isinstance(chosen, Judgement):
             return chosen
         if not request.init:
@@ -165,6 +170,7 @@ def _place_one(
     strategy: Strategy,
     unit: str,
     label: str,
+    rank: Rank | None = None,
 ) -> list[tuple[int, Grant]] | Judgement:
     serving = [
         position
@@ -173,7 +179,10 @@ def _place_one(
     ]
     fuller_first = strategy is Strategy.BINPACK
     sign = -1.0 if fuller_first else 1.0
-    serving.sort(key=lambda p: (sign * _score(devices[p], p, usage), devices[p].index))
+    if rank is None:
+        serving.sort(key=lambda p: (sign * _score(devices[p], p, usage), devices[p].index))
+    else:
+        serving.sort(key=lambda p: (rank(p, request), sign * _score(devices[p], p, usage), devices[p].index))
     if selectors.numa_bind:
         serving = _one_numa_node(serving, devices, request.devices)
     if len(serving) >= request.devices:

@@ -45,6 +45,11 @@ def annotations_of(obj: Raw) -> Raw:
     return as_object(meta(obj).get("annotations"))
 
 
+def labels_of(obj: Raw) -> Raw:
+    """`metadata.labels`, or {}."""
+    return as_object(meta(obj).get("labels"))
+
+
 def key(namespace: str, name: str) -> str:
     """`namespace/name`: how logs, messages and `/inspect` name a pod."""
     return f"{namespace}/{name}"

@@ -10,20 +10,45 @@ API's MaxExtenderPriority); ties in device choice break by device index, so one 
 
 from __future__ import annotations
 
+import enum
 import operator
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from extender.core.cache import Cache, NodeState
 from extender.core.contract import MAX_EXTENDER_PRIORITY, HostPriorityEntry, checked_names, host_priority
-from extender.core.devices import Demand, Strategy
+from extender.core.devices import Demand, Request, Strategy
 from extender.core.fit import FITS, Cause, Judgement, Placement, Usage, Verdict, place
+from extender.core.fragmentation import FragmentMemo, GpuRoom, Room, free_gpus, measure
 from extender.core.holds import Grant
 from extender.core.memo import Question
+from extender.core.objects import Raw
+from extender.core.resources import pod_request
+from extender.core.workload import Classes
 
 __all__ = ["FITS", "Cause", "Judgement", "Strategy", "Verdict"]
+
+
+class Policy(enum.StrEnum):
+    """How nodes and GPUs are chosen."""
+
+    FRAGMENTATION = "fragmentation"
+    """Where the GPU capacity left unusable for the pods the cluster runs grows least (`fragmentation.py`)."""
+    FILL = "fill"
+    """By fill, as `node_strategy` and `device_strategy` say (binpack or spread)."""
+
+
+class Narrowing(enum.StrEnum):
+    """What the filter passes of the nodes that fit, under the fragmentation policy."""
+
+    BEST = "best"
+    """The one best node (ties broken by fill, then name): kube-scheduler then binds there without scoring."""
+    TIES = "ties"
+    """Every node as good as the best: kube-scheduler's own scores choose among them."""
+    OFF = "off"
+    """Every node that fits: the choice is left to the scores (ours 0-10 via prioritize, and kube-scheduler's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +61,41 @@ class PolicyConfig:
     """Weight of the node-level fill in a node's score."""
     device_weight: int = 1
     """Weight of the chosen devices' fill in a node's score."""
+    policy: Policy = Policy.FILL
+    narrowing: Narrowing = Narrowing.BEST
+    tolerance: float = 0.0
+    """GPUs of added fragmentation within which nodes count as good as the best (`narrowing` and scores)."""
     memo_key: str = field(init=False, compare=False, repr=False)
     """Names this configuration in the nodes' memos of scores (a str: its hash is computed once)."""
 
     def __post_init__(self) -> None:
-        key = f"{self.node_strategy}:{self.device_strategy}:{self.node_weight}:{self.device_weight}"
+        key = f"{self.node_strategy}:{self.device_strategy}:{self.node_weight}:{self.device_weight}:{self.policy}"
         object.__setattr__(self, "memo_key", key)
+
+    def by_fragmentation(self, demand: Demand) -> bool:
+        """Whether this demand is placed by fragmentation (a pod that asks its own strategy keeps it: HAMi's
+        `hami.io/gpu-scheduler-policy` and `node-scheduler-policy`)."""
+        return self.policy is Policy.FRAGMENTATION and demand.node_strategy is None and demand.device_strategy is None
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What a pod asks of a node: its GPU demand, and the cpu and memory kube-scheduler counts for it."""
+
+    demand: Demand
+    cpu: int = 0
+    """Millicores."""
+    memory: int = 0
+    """Bytes."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.demand.key}:{self.cpu}:{self.memory}"
+
+
+def ask_of(pod: Raw, demand: Demand) -> Ask:
+    """The pod's ask, from its object (the request's, or the one remembered from its filter)."""
+    return Ask(demand, pod_request(pod, "cpu", scale=3), pod_request(pod, "memory"))
 
 
 @dataclass(slots=True)
@@ -150,7 +204,14 @@ def judged(demand: Demand, unit: str) -> Question[Judgement]:
 
 
 def filter_pod(
-    demand: Demand, names: list[Any], states: Mapping[str, NodeState], cache: Cache, unit: str, pod: str = ""
+    demand: Demand,
+    names: list[Any],
+    states: Mapping[str, NodeState],
+    cache: Cache,
+    unit: str,
+    pod: str = "",
+    ask: Ask | None = None,
+    config: PolicyConfig | None = None,
 ) -> FilterOutcome:
     """The filter verb's decision: which of `names` take the demand, and why each other one does not.
 
@@ -159,14 +220,22 @@ def filter_pod(
     fits, at C speed. Otherwise they are checked (`contract.InvalidArgs` names the first that is no string) and
     judged with the cache's memo of verdicts. `states` is `cache.nodes`, or views of whole nodes the scheduler
     sent (which have no indexes).
+
+    Under the fragmentation policy (`config`, with the pod's `ask`), the nodes that fit are then narrowed to the
+    best (`narrow`): the others are left out of the reply, neither passed nor failed, so they cost the scheduler
+    nothing, and a pod that fits somewhere is never refused for it.
     """
     own_cache = states is cache.nodes and not demand.is_zero
     plain_one = own_cache and demand.plain and demand.devices == 1
     fitting = cache.fit_index.fitting(demand.per_device, states) if plain_one else None
     if fitting is not None and all_fit(demand, names, fitting):
-        return FilterOutcome(passed=names)
-    memo = cache.memo.table(judged(demand, unit)) if own_cache else None
-    return filter_nodes(demand, checked_names(names), states, unit, fitting, memo, pod)
+        outcome = FilterOutcome(passed=names)
+    else:
+        memo = cache.memo.table(judged(demand, unit)) if own_cache else None
+        outcome = filter_nodes(demand, checked_names(names), states, unit, fitting, memo, pod)
+    if ask is not None and config is not None and config.by_fragmentation(demand) and len(outcome.passed) > 1:
+        outcome.passed = narrow(ask, outcome.passed, cache, states, config)
+    return outcome
 
 
 def filter_nodes(
@@ -270,8 +339,16 @@ def _choose_one(need: int, state: NodeState, strategy: Strategy) -> tuple[int, .
     return (state.devices[chosen].index,) if chosen >= 0 else None
 
 
-def choose(demand: Demand, state: NodeState, config: PolicyConfig) -> Placement | None:
-    """The GPUs to give the pod on this node (per GPU container), or None when it does not fit now."""
+def choose(
+    demand: Demand, state: NodeState, config: PolicyConfig, ask: Ask | None = None, cache: Cache | None = None
+) -> Placement | None:
+    """The GPUs to give the pod on this node (per GPU container), or None when it does not fit now: where they add
+    least fragmentation under that policy (given the pod's `ask` and the `cache` that knows the workload), else
+    by the device strategy."""
+    if ask is not None and cache is not None and config.by_fragmentation(demand) and not demand.is_zero:
+        states = cache.nodes if cache.nodes.get(state.name) is state else {state.name: state}
+        added = fragmentation_of(ask, cache, states)(state.name)
+        return added[1] if added is not None else None
     strategy = demand.device_strategy or config.device_strategy
     if demand.plain:
         indexes = choose_devices(demand, state, strategy)
@@ -315,7 +392,12 @@ _SCORE = operator.itemgetter("Score")
 
 
 def prioritize(
-    demand: Demand, names: list[str], states: Mapping[str, NodeState], cache: Cache, config: PolicyConfig
+    demand: Demand,
+    names: list[str],
+    states: Mapping[str, NodeState],
+    cache: Cache,
+    config: PolicyConfig,
+    ask: Ask | None = None,
 ) -> list[HostPriorityEntry]:
     """The prioritize verb's reply: the nodes that score above the lowest score among `names`, each with its
     score minus that lowest (a node where the pod does not fit scores 0). The others are left out.
@@ -335,6 +417,13 @@ def prioritize(
     full reply, 333 shifting every entry, 187 now; the ~30 us left is the pass for the lowest score, which
     shorter replies repay on kube-scheduler's side (its decoding, ~0.6 ms per pod in `make bench-e2e`).
     """
+    if ask is not None and config.by_fragmentation(demand):
+        return _shifted(
+            [
+                host_priority(name, score)
+                for name, score in zip(names, fragmentation_scores(ask, names, cache, states, config), strict=True)
+            ]
+        )
     if demand.is_zero:
         return []
     entries = cache.memo.table(scored(demand, config)) if states is cache.nodes else {}
@@ -347,7 +436,11 @@ def prioritize(
                 found[index] = entry = host_priority(name, score_node(demand, state, config))
                 if state is not None:
                     entries[name] = entry
-    scored_entries = cast(list[HostPriorityEntry], found)  # every miss filled in above
+    return _shifted(cast(list[HostPriorityEntry], found))  # every miss filled in above
+
+
+def _shifted(scored_entries: list[HostPriorityEntry]) -> list[HostPriorityEntry]:
+    """The entries above the lowest score, shifted down by it (see `prioritize`)."""
     scores = list(map(_SCORE, scored_entries))  # the lowest and its count in C: cheaper than in the loop
     lowest = min(scores, default=0)
     at_lowest = scores.count(lowest)
@@ -358,3 +451,158 @@ def prioritize(
     return [
         host_priority(entry["Host"], entry["Score"] - lowest) for entry in scored_entries if entry["Score"] > lowest
     ]
+
+
+# --- fragmentation ----------------------------------------------------------------------------------------
+
+Added = tuple[float, Placement | None]
+"""The fragmentation a placement adds (GPUs, `fragmentation.py`), and the GPUs it gives (None for a CPU-only ask)."""
+_TIE = 1e-9
+"""Added fragmentation this close is the same: equal node states give bit-equal values, this absorbs the rest."""
+
+
+def added_fragmentation(ask: Ask, state: NodeState, classes: Classes, memo: FragmentMemo) -> Added | None:
+    """What placing the ask on this node adds to its fragmentation, with the GPUs where it adds least; None when
+    the ask does not fit on the node's GPUs now. Equal values go to the GPU with the least free memory (binpack),
+    then the lower index. Pure: the node is not changed."""
+    room = state.room()
+    before = measure(room, classes, memo)
+    cpu, memory = room.cpu - ask.cpu, room.memory - ask.memory
+    demand = ask.demand
+    if demand.is_zero:
+        return measure(Room(cpu, memory, room.gpus), classes, memo) - before, None
+    if demand.plain:
+        chosen = _plain_choice(demand, state, room, cpu, memory, classes, memo)
+    else:
+        chosen = _general_choice(demand, state, cpu, memory, classes, memo)
+    if chosen is None:
+        return None
+    value, placement = chosen
+    return value - before, placement
+
+
+def _plain_choice(
+    demand: Demand, state: NodeState, room: Room, cpu: int, memory: int, classes: Classes, memo: FragmentMemo
+) -> tuple[float, Placement] | None:
+    """Memory alone on `devices` GPUs: each GPU chosen in turn where it adds least (one GPU: the best one)."""
+    need, gpus = demand.per_device, list(room.gpus)
+    taken: list[int] = []
+    value = 0.0
+    for _ in range(demand.devices):
+        best: tuple[float, int, int] | None = None
+        tried: set[GpuRoom] = set()
+        for position, free in enumerate(state.free):
+            if free < need or position in taken or gpus[position] in tried:
+                continue  # a GPU in the same state as one tried gives the same value: the lower index stands
+            tried.add(gpus[position])
+            trial = gpus.copy()
+            trial[position] = state.gpu_room(position, need)
+            rank = (measure(Room(cpu, memory, tuple(trial)), classes, memo), free, position)
+            if best is None or rank < best:
+                best = rank
+        if best is None:
+            return None
+        value, _, position = best
+        taken.append(position)
+        gpus[position] = state.gpu_room(position, need)
+    grants = tuple(
+        Grant(state.devices[position].index, need, 0, state.devices[position].uuid) for position in sorted(taken)
+    )
+    return value, Placement((grants,), 0)
+
+
+def _general_choice(
+    demand: Demand, state: NodeState, cpu: int, memory: int, classes: Classes, memo: FragmentMemo
+) -> tuple[float, Placement] | None:
+    """Any other demand (compute, percentages, several containers, selectors): the general fit places it, each
+    container on the GPUs where it alone adds least; the value is that of the whole placement."""
+    room = state.room()
+
+    def rank(position: int, request: Request) -> float:
+        device = state.devices[position]
+        trial = list(room.gpus)
+        trial[position] = state.gpu_room(position, request.memory_on(device), request.cores)
+        return measure(Room(cpu, memory, tuple(trial)), classes, memo)
+
+    placed = place(demand, state.devices, usage_of(state), Strategy.BINPACK, "", rank)
+    if isinstance(placed, Judgement):
+        return None
+    memory_taken = [0] * len(state.devices)
+    cores_taken = [0] * len(state.devices)
+    for grants in placed.containers:
+        for grant in grants:
+            position = state.position(grant.index)
+            memory_taken[position] += grant.memory
+            cores_taken[position] += grant.cores
+    after = tuple(
+        state.gpu_room(position, memory_taken[position], cores_taken[position])
+        if memory_taken[position] or cores_taken[position]
+        else gpu
+        for position, gpu in enumerate(room.gpus)
+    )
+    return measure(Room(cpu, memory, after), classes, memo), placed
+
+
+def fragmentation_of(ask: Ask, cache: Cache, states: Mapping[str, NodeState]) -> Callable[[str], Added | None]:
+    """A lookup of the added fragmentation of `ask` per node name, remembered per node in the cache's memo until
+    the node changes (or the typical shapes are rebuilt); None for an unknown node or one it does not fit."""
+    classes = cache.workload.classes()
+    memo = cache.fragments
+    table: dict[str, Added | None] = (
+        cache.memo.table(Question(f"frag:{ask.key}:{classes.version}")) if states is cache.nodes else {}
+    )
+
+    def lookup(name: str) -> Added | None:
+        if name in table:
+            return table[name]
+        state = states.get(name)
+        if state is None or not state.known or not state.ready:
+            return None
+        value = added_fragmentation(ask, state, classes, memo)
+        table[name] = value
+        return value
+
+    return lookup
+
+
+def narrow(
+    ask: Ask, names: list[str], cache: Cache, states: Mapping[str, NodeState], config: PolicyConfig
+) -> list[str]:
+    """Of the nodes that fit, those the filter passes under `config.narrowing` (see `Narrowing`): the nodes whose
+    added fragmentation is within `config.tolerance` of the least, and with `BEST` the one of them whose GPUs are
+    fullest (least free after it), then the first by name."""
+    if config.narrowing is Narrowing.OFF or len(names) < 2:
+        return names
+    lookup = fragmentation_of(ask, cache, states)
+    values = [(found[0], name) for name in names if (found := lookup(name)) is not None]
+    if not values:
+        return names
+    least = min(value for value, _ in values)
+    near = [name for value, name in values if value <= least + config.tolerance + _TIE]
+    if config.narrowing is Narrowing.TIES or len(near) == 1:
+        return near
+    return [min(near, key=lambda name: (free_gpus(states[name].room().gpus), name))]
+
+
+def fragmentation_scores(
+    ask: Ask, names: list[str], cache: Cache, states: Mapping[str, NodeState], config: PolicyConfig
+) -> list[int]:
+    """0..10 per node: 10 within `tolerance` of the least added fragmentation, then down to 0 for the most (in
+    nine equal steps); 0 where the ask does not fit."""
+    lookup = fragmentation_of(ask, cache, states)
+    found = [lookup(name) for name in names]
+    values = [item[0] for item in found if item is not None]
+    if not values:
+        return [0] * len(names)
+    least, most = min(values), max(values)
+    best = least + config.tolerance + _TIE
+    span = most - best
+    scores = []
+    for item in found:
+        if item is None:
+            scores.append(0)
+        elif item[0] <= best:
+            scores.append(MAX_EXTENDER_PRIORITY)
+        else:
+            scores.append(int((MAX_EXTENDER_PRIORITY - 1) * (most - item[0]) / span) if span > 0 else 0)
+    return scores

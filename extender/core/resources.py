@@ -40,16 +40,20 @@ _EXPONENT_DIGITS = 6
 """An exponent longer than this (after its leading zeros) is decided by its sign alone: too large or a fraction."""
 
 
-def parse_count(value: object) -> int:
+def parse_count(value: object, scale: int = 0) -> int:
     """A whole, non-negative Kubernetes quantity ("16", "2k", "1Gi", "1e3", 4) as an int, at most MAX_QUANTITY.
 
     Extended resources are integers in Kubernetes; a fraction, a negative number, a magnitude beyond int64 or
     garbage is refused with InvalidQuantity, whose message quotes the value. Bounded work whatever the input:
     the magnitude is judged from the count of digits and the exponent before any number is built, so neither
     `"1e999999"` nor a 5,000-digit string costs more than reading its characters.
+
+    `scale` counts the value in units of 10**-scale: `parse_count("250m", scale=3)` is 250 millicores, and
+    `parse_count("1.5", scale=3)` 1500 (`parse_milli`).
     """
     if type(value) is str and len(value) <= _FAST_DIGITS and value.isdigit() and value.isascii():
-        return int(value)  # "16": nearly every quantity a device plugin sees
+        number = int(value)  # "16": nearly every quantity a device plugin sees
+        return _bounded(number, scale, value) if scale else number
     if isinstance(value, bool):
         raise InvalidQuantity(f"{_quote(value)} is not a quantity")
     if isinstance(value, int):
@@ -57,15 +61,29 @@ def parse_count(value: object) -> int:
             raise InvalidQuantity(f"{_quote(value)} is negative")
         if value > MAX_QUANTITY:
             raise InvalidQuantity(f"{_quote(value)} is {_TOO_LARGE}")
-        return value
+        return _bounded(value, scale, value)
     if isinstance(value, float):
-        return _parse_text(repr(value), value)  # 4.0 -> "4.0", 1e300 -> "1e+300", inf -> "inf" (refused)
+        return _parse_text(repr(value), value, scale)  # 4.0 -> "4.0", 1e300 -> "1e+300", inf -> "inf" (refused)
     if not isinstance(value, str):
         raise InvalidQuantity(f"{_quote(value)} is not a quantity")
-    return _parse_text(value, value)
+    return _parse_text(value, value, scale)
 
 
-def _parse_text(text: str, value: object) -> int:
+def parse_milli(value: object) -> int:
+    """A non-negative quantity in thousandths, as kube-scheduler counts cpu: "250m" -> 250, "2" -> 2000; a
+    finer fraction ("0.0005") is refused, as the API server would round it up and we cannot know how."""
+    return parse_count(value, scale=3)
+
+
+def _bounded(number: int, scale: int, value: object) -> int:
+    """`number` x 10**scale, refused beyond MAX_QUANTITY (`value` is what the message quotes)."""
+    number *= 10**scale
+    if number > MAX_QUANTITY:
+        raise InvalidQuantity(f"{_quote(value)} is {_TOO_LARGE}")
+    return number
+
+
+def _parse_text(text: str, value: object, scale: int = 0) -> int:
     """`text` read as a quantity; messages quote `value`, what the caller was given."""
     match = _QUANTITY.fullmatch(text)
     if match is None or not (match.group(2) or match.group(3)):
@@ -80,7 +98,7 @@ def _parse_text(text: str, value: object) -> int:
     significant = digits.rstrip("0")
     power = len(digits) - len(significant) - len(fraction)  # value = significant x 10**power x 2**twos
     twos = _BINARY_SUFFIX.get(suffix or "", 0)
-    power += _DECIMAL_SUFFIX.get(suffix or "", 0)
+    power += _DECIMAL_SUFFIX.get(suffix or "", 0) + scale
     if exponent is not None:
         magnitude = exponent.lstrip("+-").lstrip("0")
         if len(magnitude) > _EXPONENT_DIGITS:
@@ -207,3 +225,103 @@ def node_ready(node: Raw) -> bool:
         if isinstance(condition, dict) and condition.get("type") == "Ready":
             return bool(condition.get("status") == "True")
     return True
+
+
+# --- what kube-scheduler counts: cpu and memory -----------------------------------------------------------
+
+
+def _request(pod: Raw, container: Raw, resource: str, scale: int) -> int:
+    resources = as_object(container.get("resources"))
+    for section in ("requests", "limits"):  # a limit alone is the request (the API server copies it)
+        table = as_object(resources.get(section))
+        if resource in table:
+            try:
+                return parse_count(table[resource], scale)
+            except InvalidQuantity:
+                return 0
+    return 0
+
+
+def pod_request(pod: Raw, resource: str, scale: int = 0) -> int:
+    """What kube-scheduler counts of `resource` (cpu with `scale=3`: millicores; memory: bytes) for the pod:
+    max(sum of its containers' requests, largest init container's) plus `spec.overhead`.
+
+    Bookkeeping for the placement policy, never a reason to refuse a pod: the API server has validated these
+    quantities, and one that still cannot be read counts 0. Sidecar init containers are counted as plain init
+    containers (their share of the sum is kube-scheduler's refinement, not ours to repeat).
+    """
+    try:
+        listed = containers(pod)
+    except InvalidPod:
+        return 0
+    total = init_largest = 0
+    for container, kind in listed:
+        amount = _request(pod, container, resource, scale)
+        if kind == "container":
+            total += amount
+        else:
+            init_largest = max(init_largest, amount)
+    overhead = as_object(as_object(pod.get("spec")).get("overhead")).get(resource)
+    extra = 0
+    if overhead is not None:
+        try:
+            extra = parse_count(overhead, scale)
+        except InvalidQuantity:
+            extra = 0
+    return max(total, init_largest) + extra
+
+
+def node_allocatable(node: Raw, resource: str, scale: int = 0) -> int:
+    """The node's allocatable `resource` (its capacity when it reports no allocatable), 0 when unreadable."""
+    status = as_object(node.get("status"))
+    for section in ("allocatable", "capacity"):
+        table = as_object(status.get(section))
+        if resource in table:
+            try:
+                return parse_count(table[resource], scale)
+            except InvalidQuantity:
+                return 0
+    return 0
+
+
+MAX_MODELS = 64
+"""Values read from one node-affinity term: more would be no GPU model list anyone writes."""
+
+
+def required_values(pod: Raw, label: str) -> tuple[str, ...]:
+    """The values of node label `label` the pod requires (its nodeSelector, or `In` expressions in every term
+    of its required node affinity); empty when it requires none of them. Terms are ORed by Kubernetes: a term
+    that does not restrict the label lets any value, so then the pod requires none."""
+    spec = as_object(pod.get("spec"))
+    selected = as_object(spec.get("nodeSelector")).get(label)
+    allowed: set[str] | None = {selected} if isinstance(selected, str) else None
+    affinity = as_object(as_object(spec.get("affinity")).get("nodeAffinity"))
+    required = as_object(affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = required.get("nodeSelectorTerms")
+    if isinstance(terms, list) and terms:
+        union: set[str] = set()
+        for term in terms[:MAX_MODELS]:
+            values = _term_values(as_object(term), label)
+            if values is None:
+                union = set()
+                break
+            union |= values
+        if union:
+            allowed = union if allowed is None else allowed & union
+    return tuple(sorted(allowed)) if allowed else ()
+
+
+def _term_values(term: Raw, label: str) -> set[str] | None:
+    """The values one node selector term allows for `label`, or None when it does not restrict it."""
+    expressions = term.get("matchExpressions")
+    found: set[str] | None = None
+    for expression in expressions[:MAX_MODELS] if isinstance(expressions, list) else ():
+        expression = as_object(expression)
+        if expression.get("key") != label or expression.get("operator") != "In":
+            continue
+        values = expression.get("values")
+        listed = (
+            {value for value in values[:MAX_MODELS] if isinstance(value, str)} if isinstance(values, list) else set()
+        )
+        found = listed if found is None else found & listed
+    return found

@@ -29,7 +29,7 @@ from extender.core.binding import BindContext, BindRequest, Guard, Outcome, bind
 from extender.core.cache import NodeState, PodRecord
 from extender.core.devices import Demand
 from extender.core.objects import Raw, pod_key, pod_priority
-from extender.core.policy import FilterOutcome, filter_pod, prioritize
+from extender.core.policy import FilterOutcome, ask_of, filter_pod, prioritize
 from extender.core.preemption import preempt_candidates
 from extender.core.recheck import Recheck, suspects
 from extender.core.resources import InvalidPod
@@ -156,7 +156,8 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
 def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service) -> FilterOutcome:
     """Which of the nodes named the pod fits, by the cache as it is now (`policy.filter_pod`)."""
     unit, pod = service.cache.protocol.unit, pod_key(args.Pod)
-    return filter_pod(demand, names, _states(args, service), service.cache, unit, pod)
+    ask = ask_of(args.Pod, demand)
+    return filter_pod(demand, names, _states(args, service), service.cache, unit, pod, ask, service.policy)
 
 
 def _not_ready_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult:
@@ -213,7 +214,8 @@ def _prioritize(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderArgs)
     demand = _demand(args.Pod, service)
     names = contract.requested_names(args)
-    return prioritize(demand, names, _states(args, service), service.cache, service.policy), ""
+    ask = ask_of(args.Pod, demand)
+    return prioritize(demand, names, _states(args, service), service.cache, service.policy, ask), ""
 
 
 async def _bind(request: Request, service: Service) -> VerbResult:

@@ -59,6 +59,11 @@ class DeviceProtocol(Protocol):
     def node_lock(self) -> str | None:
         """The node annotation the device plugin's node lock lives in (None: the plugin has no lock)."""
 
+    @property
+    def model_label(self) -> str:
+        """The node label naming a node's GPU model, which pods may require by node affinity ("" when models
+        come from elsewhere: the devices themselves and the demand's selectors)."""
+
     def node_devices(self, node: Raw) -> NodeDevices:
         """The node's GPUs (and lock), or why none could be read. Never raises."""
 

@@ -13,7 +13,7 @@ GPU; our own annotations keep multi-GPU allocations and the node of a decision m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -57,6 +57,10 @@ class Profile:
     """Pod: the node we reserved on, so a reservation made before a crash is found again before binding."""
     node_devices_annotation: str = "gpu-extender.io/devices"
     """Node: JSON list of devices, `[{"index": 0, "memory": 16, "healthy": true}, ...]`, overriding capacity."""
+    model_label: str = "nvidia.com/gpu.product"
+    """Node: the label naming its GPUs' model (NVIDIA GPU feature discovery's by default; ACK's is
+    `aliyun.accelerator/nvidia_name`). Pods restricted to models by a node affinity or nodeSelector on it are
+    told apart by the placement policy; empty: models unknown."""
 
     # -- the protocol
 
@@ -101,7 +105,17 @@ class Profile:
         return name[len(UNHEALTHY_PREFIX) :], frozenset(indexes)
 
     def node_devices(self, node: Raw) -> NodeDevices:
-        """Devices from the per-device annotation when present and valid, else from capacity."""
+        """Devices from the per-device annotation when present and valid, else from capacity; their model from
+        the node's `model_label`."""
+        found = self._node_devices(node)
+        model = objects.labels_of(node).get(self.model_label) if self.model_label else None
+        if not isinstance(model, str) or not model:
+            return found
+        return NodeDevices(
+            tuple(replace(device, model=model) for device in found.devices), found.unreadable, found.lock
+        )
+
+    def _node_devices(self, node: Raw) -> NodeDevices:
         listed = objects.annotations_of(node).get(self.node_devices_annotation)
         unreadable = ""
         if listed is not None:

@@ -120,6 +120,11 @@ class Hami:
         return LOCK
 
     @property
+    def model_label(self) -> str:
+        """None: a GPU's model is in HAMi's registration, and a pod's in its `use-gputype` selectors."""
+        return ""
+
+    @property
     def unhealthy_namespace(self) -> str | None:
         return None
 

@@ -1,0 +1,244 @@
+"""What the cluster runs and receives, learned online: the kinds of GPU pods (`Shape`) and how common each is.
+
+The fragmentation-aware policy (`fragmentation.py`) judges a placement by the GPU capacity it leaves unusable
+*for the pods that come*; this module says which pods those are. Every pod the cache learns of is one
+observation of its shape (cpu, memory, GPUs, memory and compute on each, allowed GPU models): the pods listed
+at start-up (so a restart rebuilds the distribution from the API), then each pod the watch shows for the
+first time, pending ones included, which is the moment it arrives. Nothing comes from the future: a shape is
+known once a pod of it exists.
+
+Observations fade with age (`half_life`): an exponential decay, so the distribution follows a workload that
+changes over hours while a burst of one kind cannot erase the rest. The typical shapes (`Classes`) are the
+most common until `coverage` of the weight is covered, at most `max_classes`, renormalised (the ATC'23 FGD
+paper's `GetTypicalPods`, 95 % by default). They are rebuilt when the weight observed since the last build
+passes `rebuild_share` of the total (so early, while little is known, often; later rarely), and each build
+has a new `version`: the policy's memos are keyed by it, so rebuilding is what invalidates them.
+
+CPU-only pods are not shapes here: a pod asking no GPU adds the same share of every node's free GPU to the
+fragment (the paper's rule), so it never changes which node is best, while counting it would push GPU shapes
+out of the covered share in a cluster whose pods are mostly CPU-only.
+
+Mutable (the observations); single-threaded like the cache that owns it. No I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from extender.core.devices import Demand, Selectors
+
+HALF_LIFE = 6 * 3600.0
+"""Seconds after which an observation weighs half: a day's pattern changes within a few hours."""
+COVERAGE = 0.99
+"""Share of the observed weight the typical shapes cover. The paper keeps 95 %; the rare shapes beyond matter
+where they are large (an 8-GPU pod that fits only an empty node of the largest kind: the measure protects such
+nodes only if it knows the shape), and cost little here (`GpuGroup`)."""
+MAX_CLASSES = 256
+"""At most this many typical shapes. Each costs a few comparisons per judgement; only each distinct GPU part
+(`GpuGroup`) costs a pass over a node's GPUs."""
+REBUILD_SHARE = 0.05
+"""Rebuild when the weight observed since the last build passes this share of the total."""
+MAX_SHAPES = 4096
+"""Distinct shapes remembered; the lightest go first beyond this (a cluster's pods come in far fewer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What one pod asks of a node: cpu and memory, and its GPUs."""
+
+    cpu: int
+    """Millicores."""
+    memory: int
+    """Bytes."""
+    devices: int
+    """GPUs, each with `per_device` memory (or `percent` of each GPU's), and `cores` compute."""
+    per_device: int
+    percent: int = 0
+    cores: int = 0
+    models: tuple[str, ...] = ()
+    """GPU models it may use, exactly as the node label names them (empty: any)."""
+    use_models: tuple[str, ...] = ()
+    """Upper-cased substrings one of which the GPU's model must contain (HAMi's `use-gputype`; empty: any)."""
+    avoid_models: tuple[str, ...] = ()
+
+    def admits(self, model: str) -> bool:
+        """Whether a GPU of this model may serve it."""
+        if self.models and model not in self.models:
+            return False
+        if self.use_models or self.avoid_models:
+            upper = model.upper()
+            if self.use_models and not any(wanted in upper for wanted in self.use_models):
+                return False
+            if any(avoided in upper for avoided in self.avoid_models):
+                return False
+        return True
+
+    def gpus_on(self, capacity: int) -> float:
+        """GPUs it takes where each has `capacity` memory: a share counts as its part of one (the larger of its
+        memory and compute parts)."""
+        share = min(self.need(capacity) / capacity, 1.0) if capacity > 0 else 1.0
+        if self.cores:
+            share = max(share, min(self.cores, 100) / 100)
+        return self.devices * share
+
+    def need(self, capacity: int) -> int:
+        """Memory it takes on a GPU of `capacity`."""
+        return self.per_device if self.per_device or not self.percent else capacity * min(self.percent, 100) // 100
+
+
+def shape_of(demand: Demand | None, cpu: int, memory: int, models: tuple[str, ...] = ()) -> Shape | None:
+    """The shape of a pod, or None when it asks no GPU (or its GPU request is unreadable).
+
+    A demand of several containers (HAMi) is summarised by its largest request: the shape says which nodes the
+    pod could use, and the largest container is what decides that most often.
+    """
+    if demand is None or demand.is_zero:
+        return None
+    selectors: Selectors = demand.selectors
+    requests = demand.requests
+    largest = max(requests, key=lambda request: (request.devices, request.memory, request.percent, request.cores))
+    if not largest.devices:
+        return None
+    return Shape(
+        cpu,
+        memory,
+        largest.devices,
+        largest.memory,
+        largest.percent,
+        largest.cores,
+        models,
+        selectors.use_models,
+        selectors.avoid_models,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuGroup:
+    """Typical shapes that ask the same of the GPUs (count, memory, compute, models), told apart only by cpu and
+    memory: the measure judges their GPU part once for all of them."""
+
+    shape: Shape
+    """One of them: its GPU part is theirs."""
+    members: tuple[tuple[int, int, float], ...]
+    """(cpu, memory, weight) of each."""
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class Classes:
+    """The typical shapes at one build, with their weights (summing to 1)."""
+
+    version: int
+    shapes: tuple[Shape, ...] = ()
+    weights: tuple[float, ...] = ()
+    groups: tuple[GpuGroup, ...] = ()
+    cpu_steps: tuple[int, ...] = ()
+    """The distinct cpu asks, ascending: a node's free cpu matters only by how many of them it covers."""
+    memory_steps: tuple[int, ...] = ()
+    _rates: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
+
+    def rates(self, capacity: int) -> tuple[float, float]:
+        """(millicores, bytes) the typical shapes bring per GPU they take where each GPU has `capacity` memory, on
+        average, weighted by popularity (0.0 when they take none). Per capacity because a pod's share of a GPU
+        in memory units depends on the GPU's size."""
+        rates = self._rates.get(capacity)
+        if rates is None:
+            pairs = list(zip(self.shapes, self.weights, strict=True))
+            gpus = sum(weight * shape.gpus_on(capacity) for shape, weight in pairs)
+            cpu = sum(weight * shape.cpu for shape, weight in pairs)
+            memory = sum(weight * shape.memory for shape, weight in pairs)
+            rates = self._rates[capacity] = (cpu / gpus, memory / gpus) if gpus else (0.0, 0.0)
+        return rates
+
+    @property
+    def empty(self) -> bool:
+        return not self.shapes
+
+
+NO_CLASSES = Classes(0)
+
+
+@dataclass(slots=True)
+class Workload:
+    """The decayed observations, and the typical shapes built from them. Mutable."""
+
+    half_life: float = HALF_LIFE
+    coverage: float = COVERAGE
+    max_classes: int = MAX_CLASSES
+    rebuild_share: float = REBUILD_SHARE
+    origin: float | None = None
+    """Time of the first observation: weights are kept as e^((t - origin) / tau), so none has to be updated as
+    time passes; all are scaled down together when they grow large (`_rescale`)."""
+    weights: dict[Shape, float] = field(default_factory=dict)
+    total: float = 0.0
+    since_build: float = 0.0
+    built: Classes = NO_CLASSES
+    observed: int = 0
+    """Pods observed in all (for /inspect and the tests)."""
+
+    def observe(self, shape: Shape | None, now: float, count: int = 1) -> None:
+        """One pod of `shape` (None: a pod asking no GPU, not counted) seen at `now` (Unix seconds)."""
+        if shape is None:
+            return
+        if self.origin is None:
+            self.origin = now
+        exponent = (now - self.origin) * math.log(2) / self.half_life if self.half_life > 0 else 0.0
+        if exponent > 500:  # e^500 nears a double's range: move the origin forward and scale everything down
+            self._rescale(now)
+            exponent = 0.0
+        weight = count * math.exp(max(exponent, 0.0))
+        self.weights[shape] = self.weights.get(shape, 0.0) + weight
+        self.total += weight
+        self.since_build += weight
+        self.observed += count
+        if len(self.weights) > MAX_SHAPES:
+            lightest = min(self.weights, key=self.weights.__getitem__)
+            self.total -= self.weights.pop(lightest)
+
+    def observe_all(self, shapes: Iterable[Shape | None], now: float) -> None:
+        for shape in shapes:
+            self.observe(shape, now)
+
+    def _rescale(self, now: float) -> None:
+        assert self.origin is not None
+        factor = math.exp(-(now - self.origin) * math.log(2) / self.half_life)
+        self.weights = {shape: weight * factor for shape, weight in self.weights.items() if weight * factor > 1e-12}
+        self.total *= factor
+        self.since_build *= factor
+        self.origin = now
+
+    def classes(self) -> Classes:
+        """The typical shapes, rebuilt first when enough was observed since the last build."""
+        if self.total and (self.built.empty or self.since_build > self.rebuild_share * (self.total - self.since_build)):
+            self.built = self._build(self.built.version + 1)
+            self.since_build = 0.0
+        return self.built
+
+    def _build(self, version: int) -> Classes:
+        ranked = sorted(self.weights.items(), key=lambda item: -item[1])
+        chosen: list[tuple[Shape, float]] = []
+        covered = 0.0
+        for shape, weight in ranked:
+            if covered >= self.coverage * self.total or len(chosen) >= self.max_classes:
+                break
+            chosen.append((shape, weight))
+            covered += weight
+        shapes = tuple(shape for shape, _ in chosen)
+        weights = tuple(weight / covered for _, weight in chosen) if covered else ()
+        grouped: dict[Shape, list[tuple[int, int, float]]] = {}
+        for shape, weight in zip(shapes, weights, strict=True):
+            grouped.setdefault(replace(shape, cpu=0, memory=0), []).append((shape.cpu, shape.memory, weight))
+        groups = tuple(
+            GpuGroup(shape, tuple(members), sum(weight for _, _, weight in members))
+            for shape, members in grouped.items()
+        )
+        return Classes(
+            version,
+            shapes,
+            weights,
+            groups,
+            tuple(sorted({shape.cpu for shape in shapes})),
+            tuple(sorted({shape.memory for shape in shapes})),
+        )
