@@ -60,6 +60,23 @@ def test_the_built_configuration_page_has_every_setting(site: Path) -> None:
     assert docs_hooks.MARKER not in page
 
 
+def test_the_readmes_links_reach_files_and_anchors_that_exist(site: Path) -> None:
+    """The README is outside the site, so the strict build does not check it: its links into the docs are
+    checked here, anchors against the pages as built."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", README):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        if not (ROOT / path).is_file():
+            broken.append(target)
+        elif anchor and path.startswith("docs/"):
+            page = site / Path(path).relative_to("docs").with_suffix(".html")
+            if f'id="{anchor}"' not in page.read_text():
+                broken.append(target)
+    assert not broken, f"README links to nothing: {broken}"
+
+
 def test_the_architecture_page_is_architecture_md(site: Path) -> None:
     page = (site / "architecture.html").read_text()
     headings = re.findall(r"^## (.+)$", (ROOT / "ARCHITECTURE.md").read_text(), re.MULTILINE)
