@@ -71,8 +71,10 @@ test: lint e2e-build helm-build
 
 # The docs site, from docs/ and mkdocs.yml, into site/ (open site/index.html). Strict: a broken link or anchor, or
 # a page missing from the nav, fails the build; tests/test_docs.py builds it the same way in `make test`.
+# (NO_MKDOCS_2_WARNING: Material's notice of its end of life, printed on every build; pyproject.toml's `docs` extra
+# says what it means for us.)
 docs: $(VENV)/.docs
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Runtime plus uvicorn, the server the hand-written transport is measured against (bench/transport.py).
 $(VENV)/.bench: pyproject.toml | $(BIN)/python
