@@ -1,5 +1,5 @@
 # The gpu-extender image: the package installed with pip, as `make test` installs it (but not editable, and
-# without the test and load-test extras), on a shell-less runtime made of Debian bookworm's own Python 3.11.
+# without the test, load-test and docs extras), on a shell-less runtime made of Debian bookworm's own Python 3.11.
 #
 #   docker build -t gpu-extender .          # or: buildah bud --layers -t gpu-extender .
 #   docker run --rm --read-only --tmpfs /tmp gpu-extender demo

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint e2e-build helm-build bench bench-e2e loadtest loadtest-saturation clean
+.PHONY: demo test lint docs e2e-build helm-build bench bench-e2e loadtest loadtest-saturation clean
 
 # `make loadtest` settings: cluster size, target pods/s, seconds of load, node names per filter call
 # (a number, or `adaptive` for kube-scheduler's default percentageOfNodesToScore), initial GPU fill.
@@ -36,10 +36,16 @@ $(VENV)/.loadtest: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[loadtest]'
 	touch $@ $(VENV)/.runtime
 
-# Runtime plus the test and lint tools, and Locust: the load test's smoke run is part of the suite.
+# Runtime plus the test and lint tools, Locust (the load test's smoke run is part of the suite) and MkDocs (the suite
+# builds the docs site strictly).
 $(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,loadtest]'
-	touch $@ $(VENV)/.runtime $(VENV)/.loadtest
+	$(BIN)/pip install -q -e '.[test,loadtest,docs]'
+	touch $@ $(VENV)/.runtime $(VENV)/.loadtest $(VENV)/.docs
+
+# Runtime plus MkDocs, for the docs site.
+$(VENV)/.docs: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $@ $(VENV)/.runtime
 
 demo: $(VENV)/.runtime
 	$(BIN)/extender demo
@@ -62,6 +68,13 @@ helm-build:
 
 test: lint e2e-build helm-build
 	$(BIN)/pytest -q
+
+# The docs site, from docs/ and mkdocs.yml, into site/ (open site/index.html). Strict: a broken link or anchor, or
+# a page missing from the nav, fails the build; tests/test_docs.py builds it the same way in `make test`.
+# (NO_MKDOCS_2_WARNING: Material's notice of its end of life, printed on every build; pyproject.toml's `docs` extra
+# says what it means for us.)
+docs: $(VENV)/.docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Runtime plus uvicorn, the server the hand-written transport is measured against (bench/transport.py).
 $(VENV)/.bench: pyproject.toml | $(BIN)/python
@@ -88,4 +101,4 @@ loadtest-saturation: $(VENV)/.loadtest
 		--find-saturation $(LOADTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache site

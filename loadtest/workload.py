@@ -4,7 +4,7 @@ Why it exists: the Locust user (`locustfile.py`) must behave like kube-scheduler
 behaviour that are arithmetic deserve tests of their own: which node names a filter carries (the scheduler's
 adaptive `percentageOfNodesToScore`, with its rotating start index), which pod sizes come in what proportion,
 which node wins the scores, and how the request bodies are made from the pod kube-scheduler really sent
-(`pod.json`, captured from kube-scheduler v1.32 calling the gpushare extender: `contract/captured/gpushare`).
+(`pod.json`, captured from kube-scheduler v1.32 calling the gpushare extender: `tests/fixtures/captured/gpushare`).
 
 It never imports Locust or gevent (the test process must stay free of gevent's monkey-patching) and never
 touches the network.

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.harness import HOST, free_port
 from extender.app import kube_service, serving
-from extender.service.gpu_metrics import GPU_FAMILIES, NODE_FAMILIES
+from extender.service.gpu_metrics import CORE_FAMILIES, GPU_FAMILIES, LOCK_FAMILY, NODE_FAMILIES, SLOT_FAMILIES
 from extender.service.metrics import SOURCE_FAMILIES
 from extender.settings import GpuSeries, Settings
 from extender.sources.kube.client import KubeClient
@@ -36,7 +36,8 @@ from tests.builders import bound_pod, make_node
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_FILE = ROOT / "dashboards" / "gpu-extender.json"
 CHART_COPY = ROOT / "charts" / "gpu-extender" / "dashboards" / "gpu-extender.json"
-README = ROOT / "README.md"
+DASHBOARD_PAGE = ROOT / "docs" / "operations" / "dashboard.md"
+METRICS_PAGE = ROOT / "docs" / "operations" / "metrics.md"
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 """How every panel and query names its datasource: the dashboard's variable, never a datasource of one Grafana."""
@@ -419,18 +420,29 @@ def test_panel_titles_are_unique() -> None:
 # ---- where it is described and shipped ---------------------------------------------------------------------
 
 
-def readme_dashboard_section() -> str:
-    """The README's "Dashboard" section, its lines joined as Markdown renders them."""
-    text = README.read_text()
-    start = text.index("\n## Dashboard\n")
-    end = text.index("\n## ", start + 1)
-    return " ".join(text[start:end].split())
+def page_text(page: Path) -> str:
+    """A docs page, its lines joined as Markdown renders them."""
+    return " ".join(page.read_text().split())
 
 
-def test_the_readme_describes_every_panel() -> None:
-    section = readme_dashboard_section()
-    undescribed = [panel["title"] for panel in panels(dashboard()) if panel["title"] not in section]
-    assert not undescribed, f"panels the README's Dashboard section does not name: {undescribed}"
+def test_the_dashboard_page_describes_every_panel() -> None:
+    text = page_text(DASHBOARD_PAGE)
+    undescribed = [panel["title"] for panel in panels(dashboard()) if panel["title"] not in text]
+    assert not undescribed, f"panels docs/operations/dashboard.md does not name: {undescribed}"
+
+
+def test_the_metrics_page_names_every_family_a_real_scrape_carries() -> None:
+    """By the name a query uses (a counter's `_total`), in full: an operator searches the page for it. The
+    scrape is a gpushare cluster's, so the families only HAMi's nodes have are named from their definitions."""
+    text = page_text(METRICS_PAGE)
+    names = [
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in text_string_to_metric_families(asyncio.run(scrape()))
+    ]
+    names += [name for name, _ in CORE_FAMILIES + SLOT_FAMILIES + (LOCK_FAMILY,)]
+    assert len(names) > 30
+    unnamed = [name for name in names if f"`{name}`" not in text]
+    assert not unnamed, f"metrics docs/operations/metrics.md does not name: {unnamed}"
 
 
 def test_the_chart_ships_this_dashboard() -> None:

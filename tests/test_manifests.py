@@ -40,7 +40,7 @@ MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
 NAMESPACE = "gpu-extender"
 
 VALIDATED_VERSIONS = tuple(f"1.{minor}" for minor in range(25, 38))
-"""The README supports Kubernetes 1.19 and later (`extender scheduler-config`); kubernetes-validate 1.37, the
+"""The docs support Kubernetes 1.19 and later (`extender scheduler-config`); kubernetes-validate 1.37, the
 newest, bundles the schemas of 1.25 to 1.37 and no older ones, so these are the supported versions that can
 be checked offline. What differs below 1.25 is in manifests/README.md ("Kubernetes versions")."""
 
@@ -78,7 +78,7 @@ EXTENDER_GRANTS: set[Grant] = {
     # gpushare's unhealthy-gpu-<node> lists (sources/kube/source.py `unhealthy`); RBAC cannot narrow list to names.
     *(("kube-system", "", "configmaps", verb, ANY_NAME) for verb in ("get", "list", "watch")),
 }
-"""Everything the extender's ServiceAccount may do, and all it needs (README, "Running it against a cluster")."""
+"""Everything the extender's ServiceAccount may do, and all it needs (docs/how-it-works/api-server.md)."""
 
 
 # ---- loading -------------------------------------------------------------------------------------------------

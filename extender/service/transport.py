@@ -62,10 +62,10 @@ bodies of the requests queued behind a handler (reading stops once they reach `m
 twice that with the one being received) and the body the handler holds: 3 x `max_body_bytes` in all; and
 the replies above `write_buffer_limit` of one turn. About 3 x `max_body_bytes` + 450 KiB + 4 replies. Per
 process: `max_connections` times that, per listener, plus asyncio's 256 KiB buffer per TLS handshake in
-progress (bounded by the accept rate x `handshake_timeout`). The health port (64 KiB bodies, 512 connections)
-is thus bounded near 400 MiB; the verbs port by `max_connections` x ~97 MiB at 32 MiB bodies, and only
-clients holding the scheduler's certificate get to send it a byte of HTTP. When a connection closes, all it
-held is dropped; a handler still running for it finishes, and its reply is discarded.
+progress (bounded by the accept rate x `handshake_timeout`). The health port (64 KiB bodies, 64 connections:
+`health_max_connections`) is thus bounded near 45 MiB; the verbs port by `max_connections` x ~97 MiB at 32 MiB
+bodies, and only clients holding the scheduler's certificate get to send it a byte of HTTP. When a connection
+closes, all it held is dropped; a handler still running for it finishes, and its reply is discarded.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Which format a version gets (checked against the Kubernetes sources and KEP-785)
 
 Any other version (older, unparsable, another major) is a `SettingsError` naming the value and the range.
 
-Two wirings (`Wiring`), measured with `make bench-e2e` (README, "End to end"):
+Two wirings (`Wiring`), measured with `make bench-e2e` (docs/benchmarks/bench-e2e.md):
 - `full`, the default: filter, prioritize, preempt and bind. Our prioritize scores each node by the fill of the
   GPUs the pod would get and of the node, so the node choice binpacks GPUs, not only node totals.
 - `filter-bind` (1.23 and later): filter, preempt and bind, no prioritize. kube-scheduler's own
