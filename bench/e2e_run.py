@@ -187,13 +187,14 @@ def scheduler_config(version: str, url: str, tls: TLSFiles, wiring: str) -> str:
 
 def floor_config(ours: str) -> str:
     """Our rendered configuration with the floor's verbs in its extender entry: no preempt (the floor has none,
-    and no pod here is ever preempted), and aliyun.com/gpu-mem counted by kube-scheduler whatever ours says
-    (ignoredByScheduler false), since the floor counts nothing. The rest (filter, bind, prioritize and its weight
-    when the wiring has it, TLS, timeout, nodeCacheCapable) stays ours."""
+    and no pod here is ever preempted), and every managed resource counted by kube-scheduler whatever ours says
+    (ignoredByScheduler false), since the floor counts nothing; the same pods are sent to it as to ours. The
+    rest (filter, bind, prioritize and its weight when the wiring has it, TLS, timeout, nodeCacheCapable) stays
+    ours."""
     config = yaml.safe_load(ours)
     (entry,) = config["extenders"]
     entry.pop("preemptVerb", None)
-    entry["managedResources"] = [{"name": PROFILE.memory_resource, "ignoredByScheduler": False}]
+    entry["managedResources"] = [dict(item, ignoredByScheduler=False) for item in entry["managedResources"]]
     return yaml.safe_dump(config, sort_keys=False)
 
 

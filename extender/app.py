@@ -12,6 +12,7 @@ import gc
 import logging
 import signal
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -53,9 +54,10 @@ def build_service(settings: Settings, cache: Cache, source: Source, ask: Callabl
     )
 
 
-def build_cache(settings: Settings) -> Cache:
+def build_cache(settings: Settings, clock: Callable[[], float] = time.time) -> Cache:
     """An empty cache for the configured protocol, learning the workload with the configured half-life."""
-    return Cache(settings.device_protocol, settings.node_lock_timeout, workload=Workload(settings.workload_half_life))
+    workload = Workload(settings.workload_half_life)
+    return Cache(settings.device_protocol, settings.node_lock_timeout, clock, workload)
 
 
 def listener_limits(settings: Settings, max_connections: int) -> Limits:

@@ -30,15 +30,20 @@ def make_node(
     ready: bool = True,
     devices: list[dict[str, Any]] | None = None,
     profile: Profile = PROFILE,
+    cpu: str = "16",
+    memory: str = "64Gi",
+    model: str = "",
 ) -> dict[str, Any]:
-    """A Node with `gpus` GPUs of `mem` each (capacity holds the total, as the gpushare plugin reports)."""
+    """A Node with `gpus` GPUs of `mem` each (capacity holds the total, as the gpushare plugin reports), `cpu`
+    and `memory` allocatable, and the GPU model label when `model` is given."""
     annotations = {profile.node_devices_annotation: orjson.dumps(devices).decode()} if devices is not None else {}
-    capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+    capacity = {"cpu": cpu, "memory": memory, "pods": "110"}
     if gpus:
         capacity |= {profile.count_resource: str(gpus), profile.memory_resource: str(gpus * mem)}
+    labels = {"kubernetes.io/hostname": name} | ({profile.model_label: model} if model else {})
     return {
         "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations},
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
         "status": {
             "capacity": capacity,
             "allocatable": dict(capacity),
@@ -59,9 +64,13 @@ def make_pod(
     assume_time: float = 1_700_000_000.0,
     bound: bool = True,
     profile: Profile = PROFILE,
+    cpu: str | None = None,
+    memory: str | None = None,
+    models: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """A Pod asking `gpu_mem` (in limits) over `gpus` GPUs; with `indexes`, annotated as allocated on `node`,
-    and bound to `node` (spec.nodeName) unless `bound=False` (annotated, binding never made)."""
+    """A Pod asking `gpu_mem` (in limits) over `gpus` GPUs, and `cpu` and `memory` in its requests when given;
+    with `indexes`, annotated as allocated on `node`, and bound to `node` (spec.nodeName) unless `bound=False`
+    (annotated, binding never made); `models`: a required node affinity on the GPU model label."""
     uid = uid or f"uid-{name}-{next(_uids)}"
     limits: dict[str, Any] = {}
     if gpu_mem is not None:
@@ -73,9 +82,14 @@ def make_pod(
         per_device = -(-int(gpu_mem or 0) // len(indexes))
         allocation = Allocation.uniform(uid, f"{namespace}/{name}", node, indexes, per_device)
         annotations = profile.allocation_annotations(allocation, (Device(indexes[0], 16),), assume_time)
-    spec: dict[str, Any] = {
-        "containers": [{"name": "main", "image": "registry.example/none", "resources": {"limits": limits}}]
-    }
+    requests = {name: value for name, value in (("cpu", cpu), ("memory", memory)) if value is not None}
+    resources: dict[str, Any] = {"limits": limits} | ({"requests": requests} if requests else {})
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "registry.example/none", "resources": resources}]}
+    if models:
+        term = {"matchExpressions": [{"key": profile.model_label, "operator": "In", "values": list(models)}]}
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        }
     if node and bound:
         spec["nodeName"] = node
     return {

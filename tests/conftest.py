@@ -20,7 +20,7 @@ import trustme
 from extender.core.binding import BindRequest
 from extender.core.cache import Cache
 from extender.core.ledger import Ledger
-from extender.core.policy import PolicyConfig
+from extender.core.policy import Policy, PolicyConfig
 from extender.core.recheck import Recheck
 from extender.core.requeue import Requeue
 from extender.service.context import Service
@@ -75,6 +75,11 @@ class ScriptedSource(FileSource):
 NOT_READY = "extender is not ready: its cache has not been filled yet"
 
 
+FIT_ONLY = PolicyConfig(policy=Policy.FILL)
+"""What most service tests run: the filter passes every node that fits, as these tests' assertions read it. The
+default policy also narrows the passed nodes to the best one (tests/core/test_fragmentation_policy.py)."""
+
+
 def make_service(
     cluster: Cache,
     binder: Any = None,
@@ -91,7 +96,7 @@ def make_service(
     return Service(
         cache=cluster,
         ledger=ledger or Ledger(cluster, 300.0, FakeClock()),
-        policy=policy or PolicyConfig(),
+        policy=policy or FIT_ONLY,
         source=ScriptedSource(cluster, binder, **source),
         requeue=Requeue(cluster, requeue),
         expiry_interval=expiry_interval,

@@ -245,7 +245,8 @@ def test_the_floor_is_called_for_filter_bind_and_prioritize_when_its_wiring_has_
 def test_kube_scheduler_counts_the_gpu_memory_the_floor_manages() -> None:
     # the floor counts nothing, so NodeResourcesFit must: ignoredByScheduler false, as when it runs alone
     (entry,) = rendered("floor-full")["extenders"]
-    assert entry["managedResources"] == [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}]
+    assert {"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False} in entry["managedResources"]
+    assert not any(item["ignoredByScheduler"] for item in entry["managedResources"])
     assert entry["weight"] == 5
 
 

@@ -46,7 +46,9 @@ def test_a_short_run_places_pods_without_errors_and_leaves_the_cluster_consisten
     summary = json.loads(report.read_text())
     assert summary["errors"] == 0
     assert summary["locust"]["outcomes"]["placed"] > 0
-    assert set(summary["locust"]["verbs"]) >= {"filter", "prioritize", "bind"}
+    # kube-scheduler calls prioritize only when more than one node passed; the default policy passes the best
+    # one (the fragmentation policy's narrowing), so filter and bind are what it sends.
+    assert set(summary["locust"]["verbs"]) >= {"filter", "bind"}
     assert summary["checks"] and all(check["ok"] for check in summary["checks"]), summary["checks"]
 
 

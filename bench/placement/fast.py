@@ -65,7 +65,10 @@ class InProcessExtender:
     """`extender serve` over an in-memory cache, its verbs called as functions with kube-scheduler's bodies."""
 
     def __init__(self, settings: Settings, nodes: list[dict[str, Any]]) -> None:
-        cache = build_cache(settings)
+        # A clock that stands still: the learned workload's weights then depend on the pods alone, so the same
+        # workload and seed give the same placements (the real mode's clock moves, over minutes of a 6 h
+        # half-life: a few percent of weight).
+        cache = build_cache(settings, clock=lambda: 0.0)
         cache.replace(nodes, [])
         self.source = FileSource(cache, [])
         self.service: Service = build_service(settings, cache, self.source, None)

@@ -15,6 +15,7 @@ from typing import Any
 from bench.placement.trace import GPU_MEM, MILLI, TraceNode, TracePod, Workload
 from extender.core.cache import Cache
 from extender.core.protocols.gpushare import Profile
+from extender.core.resources import parse_count
 
 PROFILE = Profile()
 
@@ -96,7 +97,7 @@ class ReplayResult:
                 continue
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
             limits = pod["spec"]["containers"][0]["resources"].get("limits") or {}
-            demand = int(limits.get(GPU_MEM, 0))
+            demand = parse_count(limits.get(GPU_MEM, 0))  # the API server writes 1000 as 1k
             if not demand:
                 continue
             listed = annotations.get(PROFILE.indexes_annotation) or annotations.get(PROFILE.index_annotation)

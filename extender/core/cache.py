@@ -25,7 +25,7 @@ from extender.core.memo import FitIndex, NodeMemo
 from extender.core.objects import Raw, as_object, pod_priority
 from extender.core.protocols import DeviceProtocol
 from extender.core.resources import InvalidPod, node_allocatable, node_ready, pod_request, required_values
-from extender.core.workload import Shape, Workload, shape_of
+from extender.core.workload import Classes, Shape, Workload, shape_of
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -139,6 +139,8 @@ class NodeState:
     """Millicores its pods request: bound ones and those we reserved on it (all pods, GPU or not)."""
     memory_requested: int = 0
     _room: Room | None = None
+    _measured: tuple[int, float] = (-1, 0.0)
+    """(build of the typical shapes, the node's measure then): `measure` until the next change."""
 
     def position(self, index: int) -> int:
         """Where device `index` sits in `devices`, or -1."""
@@ -188,6 +190,16 @@ class NodeState:
             self.largest_free, self.largest_free_index = 0, -1
         self.fit_free = self.largest_free if self.known and self.ready and self.lock is None else -1
         self._room = None
+        self._measured = (-1, 0.0)
+
+    def measure(self, classes: Classes, memo: FragmentMemo) -> float:
+        """What the fragmentation policy minimises, for this node as it is (kept until the next change)."""
+        version, value = self._measured
+        if version != classes.version:
+            room = self.room()
+            value = memo.measure(room.cpu, room.memory, room.gpus, classes)
+            self._measured = (classes.version, value)
+        return value
 
     def room(self) -> Room:
         """The node as the fragmentation measure sees it (`fragmentation.Room`), kept until the next change."""
@@ -257,6 +269,8 @@ class Cache:
         """The shapes of the pods seen, learned as each first appears (`workload.py`)."""
         self.fragments = FragmentMemo()
         """Fragmentation by node state, for the typical shapes of the last build (`fragmentation.py`)."""
+        self.fragment_tables = NodeMemo()
+        """What placing each pod ask adds to each node's fragmentation (`policy.fragmentation_values`)."""
         self._placed: dict[str, tuple[str, int, int]] = {}
         """Pod UID -> (node, millicores, bytes) it requests there: bound, or reserved by us."""
         self._requested: dict[str, list[int]] = {}
@@ -272,6 +286,7 @@ class Cache:
         state.refresh()
         self.fit_index.update(state)
         self.memo.forget(state.name)
+        self.fragment_tables.forget(state.name)
 
     @contextmanager
     def _batched(self) -> Iterator[None]:
@@ -354,6 +369,7 @@ class Cache:
             del self.nodes[state.name]
             self.fit_index.forget(state.name)
             self.memo.forget(state.name)
+            self.fragment_tables.forget(state.name)
 
     def apply_node(self, node: Raw, deleted: bool = False) -> None:
         name = objects.name(node)

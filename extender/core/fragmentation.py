@@ -69,37 +69,30 @@ def free_gpus(gpus: Sequence[GpuRoom]) -> float:
     return sum(free / capacity for free, capacity, _, _ in gpus if capacity > 0)
 
 
-def starved(room: Room, classes: Classes, total: float) -> float:
-    """Of the node's `total` free GPU, how much its free cpu and memory cannot feed at the typical shapes' rates
-    (`Classes.rates`, for the size of its first GPU)."""
-    cpu_rate, memory_rate = classes.rates(room.gpus[0][1]) if room.gpus else (0.0, 0.0)
+def starved(cpu: int, memory: int, total: float, rates: tuple[float, float]) -> float:
+    """Of a node's `total` free GPU, how much its free `cpu` and `memory` cannot feed at the typical shapes'
+    `rates` (millicores and bytes per GPU: `Classes.rates`)."""
+    cpu_rate, memory_rate = rates
     fed = total
     if cpu_rate > 0:
-        fed = min(fed, room.cpu / cpu_rate)
+        fed = min(fed, cpu / cpu_rate)
     if memory_rate > 0:
-        fed = min(fed, room.memory / memory_rate)
+        fed = min(fed, memory / memory_rate)
     return total - fed
 
 
-def measure(room: Room, classes: Classes, memo: FragmentMemo) -> float:
-    """What the policy minimises for a node: F (memoised) plus the weighted starved GPU."""
-    value = memo.of(room, classes)
-    total = free_gpus(room.gpus)
-    return value + STARVED_WEIGHT * starved(room, classes, total) if total else value
-
-
-def fragment(room: Room, classes: Classes) -> float:
-    """F for this node (see the module docstring). The GPUs are judged once per distinct GPU part of the shapes
-    (`GpuGroup`); each shape of a group then only compares its cpu and memory."""
-    gpus = room.gpus
+def fragment(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes) -> float:
+    """F for a node with this free `cpu`, `memory` and these `gpus` (see the module docstring). The GPUs are judged
+    once per distinct GPU part of the shapes (`GpuGroup`); each shape of a group then only compares its cpu and
+    memory."""
     total = free_gpus(gpus)
     if not total:
         return 0.0
     value = 0.0
     for group in classes.groups:
         running = 0.0
-        for cpu, memory, weight in group.members:
-            if cpu <= room.cpu and memory <= room.memory:
+        for shape_cpu, shape_memory, weight in group.members:
+            if shape_cpu <= cpu and shape_memory <= memory:
                 running += weight
         if running:
             shape = group.shape
@@ -121,31 +114,35 @@ def fragment(room: Room, classes: Classes) -> float:
 
 
 class FragmentMemo:
-    """F by node state, for one build of the shapes (a new build starts it over). Mutable."""
+    """What the policy minimises per node state, for one build of the shapes (a new build starts it over).
+    Mutable."""
 
     def __init__(self) -> None:
         self.version = -1
-        self.classes: Classes | None = None
-        self._values: dict[tuple[int, int, tuple[GpuRoom, ...]], float] = {}
+        self._values: dict[tuple[int, int, tuple[GpuRoom, ...]], tuple[float, float]] = {}
         self.computed = 0
         """F computed rather than found (for the tests and `make bench`)."""
 
-    def of(self, room: Room, classes: Classes) -> float:
+    def measure(self, cpu: int, memory: int, gpus: tuple[GpuRoom, ...], classes: Classes) -> float:
+        """F (memoised by the node's state as F sees it: how many of the shapes' cpu and memory asks the free cpu
+        and memory cover, and the GPUs in any order) plus `STARVED_WEIGHT` x the starved GPU."""
         if classes.version != self.version:
-            self.version, self.classes = classes.version, classes
+            self.version = classes.version
             self._values = {}
-        key = (
-            bisect_right(classes.cpu_steps, room.cpu),
-            bisect_right(classes.memory_steps, room.memory),
-            tuple(sorted(room.gpus)),
-        )
-        value = self._values.get(key)
-        if value is None:
+        key = (bisect_right(classes.cpu_steps, cpu), bisect_right(classes.memory_steps, memory), tuple(sorted(gpus)))
+        found = self._values.get(key)
+        if found is None:
             if len(self._values) >= MEMO_LIMIT:
                 self._values = {}
-            value = self._values[key] = fragment(room, classes)
+            found = self._values[key] = (fragment(cpu, memory, gpus, classes), free_gpus(gpus))
             self.computed += 1
-        return value
+        value, total = found
+        if not total:
+            return value
+        return value + STARVED_WEIGHT * starved(cpu, memory, total, classes.rates(gpus[0][1]))
+
+    def of(self, room: Room, classes: Classes) -> float:
+        return self.measure(room.cpu, room.memory, room.gpus, classes)
 
 
 def shape_fits(shape: Shape, room: Room) -> bool:

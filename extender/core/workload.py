@@ -38,8 +38,11 @@ nodes only if it knows the shape), and cost little here (`GpuGroup`)."""
 MAX_CLASSES = 256
 """At most this many typical shapes. Each costs a few comparisons per judgement; only each distinct GPU part
 (`GpuGroup`) costs a pass over a node's GPUs."""
-REBUILD_SHARE = 0.05
-"""Rebuild when the weight observed since the last build passes this share of the total."""
+REBUILD_SHARE = 0.2
+"""Look at rebuilding when the weight observed since the last build passes this share of the total."""
+MOVED = 0.05
+"""A rebuild replaces the typical shapes when it moves this much of their weight (total variation distance):
+early, while each pod changes the picture, every rebuild; once the workload is known, rarely."""
 MAX_SHAPES = 4096
 """Distinct shapes remembered; the lightest go first beyond this (a cluster's pods come in far fewer)."""
 
@@ -210,10 +213,14 @@ class Workload:
         self.origin = now
 
     def classes(self) -> Classes:
-        """The typical shapes, rebuilt first when enough was observed since the last build."""
+        """The typical shapes, rebuilt first when enough was observed since the last build, and kept when the new
+        ones differ from them by no more than `MOVED` (every memo of the policy is keyed by the build, so a
+        rebuild that changes nothing would only cost)."""
         if self.total and (self.built.empty or self.since_build > self.rebuild_share * (self.total - self.since_build)):
-            self.built = self._build(self.built.version + 1)
+            rebuilt = self._build(self.built.version + 1)
             self.since_build = 0.0
+            if self.built.empty or moved(self.built, rebuilt) > MOVED:
+                self.built = rebuilt
         return self.built
 
     def _build(self, version: int) -> Classes:
@@ -242,3 +249,10 @@ class Workload:
             tuple(sorted({shape.cpu for shape in shapes})),
             tuple(sorted({shape.memory for shape in shapes})),
         )
+
+
+def moved(old: Classes, new: Classes) -> float:
+    """The share of weight that differs between two builds (total variation distance, 0 to 1)."""
+    before = dict(zip(old.shapes, old.weights, strict=True))
+    after = dict(zip(new.shapes, new.weights, strict=True))
+    return sum(abs(before.get(shape, 0.0) - after.get(shape, 0.0)) for shape in before.keys() | after.keys()) / 2

@@ -42,7 +42,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from extender.core.devices import Strategy
-from extender.settings import Settings, SettingsError
+from extender.core.policy import Policy
+from extender.settings import CpuPods, Settings, SettingsError
 
 OLDEST_MINOR = 19
 """Kubernetes 1.19: the oldest scheduler we render for (the legacy Policy file)."""
@@ -69,6 +70,8 @@ from v1beta2 (1.22), but we render 1.22 as a Policy file, whose `priorities` wou
 VERBS = {"filterVerb": "filter", "prioritizeVerb": "prioritize", "preemptVerb": "preempt", "bindVerb": "bind"}
 SCORING = {Strategy.BINPACK: "MostAllocated", Strategy.SPREAD: "LeastAllocated"}
 """kube-scheduler's NodeResourcesFit scoring strategy for our node strategy (the same arithmetic, per node)."""
+DEFAULT_SCHEDULER = "default-scheduler"
+"""The cluster's own scheduler: it also places the extender's pods, so it never sends us every pod by default."""
 
 
 def kubernetes_minor(k8s_version: str) -> int:
@@ -114,6 +117,8 @@ def _check(settings: Settings) -> bool:
         raise SettingsError(f"http_timeout must be positive, not {settings.http_timeout}")
     if not settings.memory_resource:
         raise SettingsError("memory_resource is empty: the scheduler would send us every pod")
+    if not 0 <= settings.nodes_to_score <= 100:
+        raise SettingsError(f"nodes_to_score is a percentage of the nodes, 0 to 100, not {settings.nodes_to_score}")
     https = parts.scheme == "https"
     if https and not settings.scheduler_ca_file:
         raise SettingsError(
@@ -149,12 +154,36 @@ def extender_entry(settings: Settings, legacy_policy: bool, wiring: Wiring = Wir
     # With HAMi's protocol only nvidia.com/gpu is a resource nodes advertise (GPUs x split count); gpumem,
     # gpumem-percentage and gpucores are not, so the scheduler must ignore them or no node would ever fit.
     protocol = settings.device_protocol
-    entry["managedResources"] = [
-        {"name": name, "ignoredByScheduler": name not in protocol.advertised_resources}
-        for name in protocol.managed_resources
-    ]
+    if every_pod(settings) and not legacy_policy:
+        # kube-scheduler sends a pod to an extender that manages no resource whatever it asks (extender.go
+        # IsInterested), and managedResources may name extended resources only (validation.go), not cpu. What
+        # kube-scheduler must not count is then said to NodeResourcesFit itself (`ignored_resources`), which is
+        # what ignoredByScheduler does for it (scheduler.go buildExtenders).
+        entry["managedResources"] = []
+    else:
+        entry["managedResources"] = [
+            {"name": name, "ignoredByScheduler": name not in protocol.advertised_resources}
+            for name in protocol.managed_resources
+        ]
     entry["ignorable"] = settings.ignorable
     return entry
+
+
+def every_pod(settings: Settings) -> bool:
+    """Whether the scheduler sends us every pod, those that ask no GPU too (`Settings.cpu_pods`): under the
+    fragmentation policy, on a scheduler of its own unless told otherwise."""
+    if settings.placement is not Policy.FRAGMENTATION or settings.cpu_pods is CpuPods.OFF:
+        return False
+    return settings.cpu_pods is CpuPods.ON or settings.scheduler_name != DEFAULT_SCHEDULER
+
+
+def ignored_resources(settings: Settings) -> list[str]:
+    """The protocol's resources no node advertises, which NodeResourcesFit must not count when the extender manages
+    every pod (HAMi's gpumem, gpumem-percentage and gpucores); none otherwise."""
+    if not every_pod(settings):
+        return []
+    protocol = settings.device_protocol
+    return [name for name in protocol.managed_resources if name not in protocol.advertised_resources]
 
 
 def node_scoring_profile(settings: Settings) -> dict[str, Any]:
@@ -171,6 +200,16 @@ def node_scoring_profile(settings: Settings) -> dict[str, Any]:
     }
 
 
+def _fit_args(profile: dict[str, Any]) -> dict[str, Any]:
+    """The profile's NodeResourcesFit args, added when it has none."""
+    configs = profile.setdefault("pluginConfig", [])
+    for config in configs:
+        if config["name"] == "NodeResourcesFit":
+            return config.setdefault("args", {})  # type: ignore[no-any-return]
+    configs.append({"name": "NodeResourcesFit", "args": {}})
+    return configs[-1]["args"]  # type: ignore[no-any-return]
+
+
 def _config_api(settings: Settings, minor: int, api_version: str, wiring: Wiring) -> str:
     if not settings.scheduler_name:
         raise SettingsError("scheduler_name is empty: the profile needs a schedulerName")
@@ -178,18 +217,26 @@ def _config_api(settings: Settings, minor: int, api_version: str, wiring: Wiring
     document: dict[str, Any] = {"apiVersion": api_version, "kind": "KubeSchedulerConfiguration"}
     if settings.scheduler_kubeconfig:
         document["clientConnection"] = {"kubeconfig": settings.scheduler_kubeconfig}
+    if settings.nodes_to_score:
+        # Global, not the profile's (which 1.23 and 1.24 lack): kube-scheduler stops filtering once it has found
+        # this share of the nodes, and we choose among those only.
+        document["percentageOfNodesToScore"] = settings.nodes_to_score
     resource, url = settings.memory_resource, settings.url
+    pods = "Every pod (--cpu-pods) is" if every_pod(settings) else f"Pods asking for {resource} are"
     if wiring is Wiring.FILTER_BIND:
         profile = node_scoring_profile(settings)
         scored_on = ", ".join(settings.device_protocol.advertised_resources)
         what = (
-            f"# Pods asking for {resource} are then filtered and bound by {url};\n"
+            f"# {pods} then filtered and bound by {url};\n"
             f"# kube-scheduler's NodeResourcesFit scores the nodes, {SCORING[settings.node_strategy]} on {scored_on} "
             "(wiring filter-bind).\n"
         )
     else:
         profile = {"schedulerName": settings.scheduler_name}
-        what = f"# Pods asking for {resource} are then filtered, scored and bound by {url}.\n"
+        what = f"# {pods} then filtered, scored and bound by {url}.\n"
+    ignored = ignored_resources(settings)
+    if ignored:
+        _fit_args(profile)["ignoredResources"] = ignored
     document |= {"profiles": [profile], "extenders": [entry]}
     left = (
         "leaderElection is\n# left at its default here).\n"

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from extender.core.resources import InvalidQuantity, node_ready, parse_count
+from extender.core.resources import (
+    InvalidQuantity,
+    node_allocatable,
+    node_ready,
+    parse_count,
+    parse_milli,
+    pod_request,
+    required_values,
+)
 from tests.builders import make_node
 
 
@@ -108,3 +118,96 @@ def test_readiness_follows_the_ready_condition() -> None:
     assert node_ready(make_node(ready=True))
     assert not node_ready(make_node(ready=False))
     assert node_ready({"metadata": {"name": "bare"}})
+
+
+# --- cpu and memory, as kube-scheduler counts them ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "millis"),
+    [("250m", 250), ("2", 2000), ("1.5", 1500), ("0.1", 100), (3, 3000), ("1k", 1_000_000), ("0", 0)],
+)
+def test_a_cpu_quantity_is_read_in_millicores(value: object, millis: int) -> None:
+    assert parse_milli(value) == millis
+
+
+@pytest.mark.parametrize("value", ["0.0005", "-1", "1e999999", "lots", "1Mi5"])
+def test_a_cpu_quantity_finer_than_a_millicore_or_malformed_is_refused_in_bounded_work(value: str) -> None:
+    with pytest.raises(InvalidQuantity):
+        parse_milli(value)
+
+
+def _pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = (), overhead: Any = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": list(containers), "initContainers": list(init)}
+    if overhead is not None:
+        spec["overhead"] = overhead
+    return {"metadata": {"name": "p"}, "spec": spec}
+
+
+def _container(requests: dict[str, str] | None = None, limits: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"name": "c", "resources": {"requests": requests or {}, "limits": limits or {}}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "cpu"),
+    [
+        (_pod(_container({"cpu": "500m"}), _container({"cpu": "1"})), 1500),  # containers add up
+        (_pod(_container(limits={"cpu": "2"})), 2000),  # a limit alone is the request
+        (_pod(_container({"cpu": "1"}), init=(_container({"cpu": "3"}),)), 3000),  # the largest init when larger
+        (_pod(_container({"cpu": "1"}), overhead={"cpu": "250m"}), 1250),  # RuntimeClass overhead on top
+        (_pod(_container({"cpu": "a lot"})), 0),  # unreadable: counts nothing, never a refusal
+        (_pod(_container()), 0),
+    ],
+    ids=["sum", "limit", "init", "overhead", "unreadable", "none"],
+)
+def test_a_pods_cpu_is_what_kube_scheduler_counts(pod: dict[str, Any], cpu: int) -> None:
+    assert pod_request(pod, "cpu", scale=3) == cpu
+
+
+def test_a_pods_memory_is_in_bytes() -> None:
+    assert pod_request(_pod(_container({"memory": "1Gi"}), _container({"memory": "512Mi"})), "memory") == 1536 << 20
+
+
+def test_a_nodes_allocatable_is_read_and_its_capacity_stands_in_when_it_has_none() -> None:
+    node = {"status": {"allocatable": {"cpu": "7800m"}, "capacity": {"cpu": "8", "memory": "32Gi"}}}
+    assert node_allocatable(node, "cpu", scale=3) == 7800
+    assert node_allocatable(node, "memory") == 32 << 30
+    assert node_allocatable({"status": {"allocatable": {"cpu": "many"}}}, "cpu", scale=3) == 0
+
+
+MODEL = "nvidia.com/gpu.product"
+
+
+def _affinity(*terms: list[dict[str, Any]], selector: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if terms:
+        required = {"nodeSelectorTerms": [{"matchExpressions": expressions} for expressions in terms]}
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    if selector is not None:
+        spec["nodeSelector"] = selector
+    return {"spec": spec}
+
+
+def _in(*values: str, key: str = MODEL, operator: str = "In") -> dict[str, Any]:
+    return {"key": key, "operator": operator, "values": list(values)}
+
+
+@pytest.mark.parametrize(
+    ("pod", "models"),
+    [
+        (_affinity([_in("T4", "V100")]), ("T4", "V100")),
+        (_affinity(selector={MODEL: "A100"}), ("A100",)),
+        (_affinity([_in("T4", "A100")], selector={MODEL: "A100"}), ("A100",)),  # both must hold
+        (_affinity([_in("T4")], [_in("V100")]), ("T4", "V100")),  # terms are ORed
+        (_affinity([_in("T4")], [_in("x", key="zone")]), ()),  # a term that lets any model: no restriction
+        (_affinity([_in("T4", "V100"), _in("V100", "A100")]), ("V100",)),  # expressions of a term are ANDed
+        (_affinity([_in("T4", operator="NotIn")]), ()),
+        (_affinity(), ()),
+        ({"spec": {"affinity": "garbage"}}, ()),
+    ],
+    ids=["in", "selector", "both", "ored", "unrestricted-term", "anded", "not-in", "none", "garbage"],
+)
+def test_the_gpu_models_a_pod_requires_come_from_its_selector_and_required_affinity(
+    pod: dict[str, Any], models: tuple[str, ...]
+) -> None:
+    assert required_values(pod, MODEL) == models

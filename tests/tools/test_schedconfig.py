@@ -12,7 +12,8 @@ import yaml
 
 from extender import cli
 from extender.core.devices import Strategy
-from extender.settings import Settings, SettingsError
+from extender.core.policy import Policy
+from extender.settings import CpuPods, Protocol, Settings, SettingsError
 from extender.tools.schedconfig import Wiring, go_duration, kubernetes_minor, render
 
 # minor -> (apiVersion, kind) the scheduler of that minor reads
@@ -70,7 +71,68 @@ def test_extender_entry_calls_every_verb_with_node_names(minor: int) -> None:
 @pytest.mark.parametrize("minor", EVERY_MINOR)
 def test_gpu_memory_is_managed_and_still_counted_by_the_scheduler(minor: int) -> None:
     entry = only_extender(parse(render(SETTINGS, f"1.{minor}"), minor))
-    assert entry["managedResources"] == [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}]
+    assert entry["managedResources"] == GPU_MEMORY
+
+
+GPU_MEMORY = [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}]
+SECOND_SCHEDULER = dataclasses.replace(SETTINGS, scheduler_name="gpu-scheduler")
+EVERY_POD = dataclasses.replace(SETTINGS, cpu_pods=CpuPods.ON)
+
+
+@pytest.mark.parametrize("minor", sorted(CONFIG_API))
+def test_a_scheduler_of_its_own_sends_every_pod_so_pods_without_gpus_are_placed_too(minor: int) -> None:
+    """An extender managing no resource is sent every pod (extender.go IsInterested); cpu cannot be named in
+    managedResources (validation.go: extended resources only)."""
+    assert only_extender(parse(render(SECOND_SCHEDULER, f"1.{minor}"), minor))["managedResources"] == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        (SETTINGS, "the default scheduler also places the extender itself"),
+        (dataclasses.replace(SECOND_SCHEDULER, cpu_pods=CpuPods.OFF), "asked"),
+        (dataclasses.replace(SECOND_SCHEDULER, placement=Policy.FILL), "the fill policy never looks at cpu"),
+    ],
+    ids=["default-scheduler", "off", "fill"],
+)
+def test_pods_that_ask_no_gpu_stay_with_kube_scheduler(settings: Settings, why: str) -> None:
+    assert only_extender(parse(render(settings, "1.34"), 34))["managedResources"] == GPU_MEMORY, why
+
+
+def test_cpu_pods_on_sends_every_pod_even_from_the_default_scheduler() -> None:
+    assert only_extender(parse(render(EVERY_POD, "1.34"), 34))["managedResources"] == []
+
+
+@pytest.mark.parametrize("minor", sorted(POLICY))
+def test_a_policy_file_never_sends_every_pod(minor: int) -> None:
+    """A Policy file has no NodeResourcesFit arguments to take HAMi's resources away from the scheduler."""
+    assert only_extender(parse(render(EVERY_POD, f"1.{minor}"), minor))["managedResources"] == GPU_MEMORY
+
+
+def test_hamis_resources_no_node_advertises_are_ignored_by_node_resources_fit_when_every_pod_comes_to_us() -> None:
+    hami = dataclasses.replace(SECOND_SCHEDULER, protocol=Protocol.HAMI)
+    document = parse(render(hami, "1.34"), 34)
+    assert only_extender(document)["managedResources"] == []
+    (profile,) = document["profiles"]
+    assert profile["pluginConfig"] == [
+        {
+            "name": "NodeResourcesFit",
+            "args": {"ignoredResources": ["nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"]},
+        }
+    ]
+
+
+@pytest.mark.parametrize("minor", sorted(CONFIG_API))
+def test_kube_scheduler_filters_every_node_so_the_best_is_among_those_we_see(minor: int) -> None:
+    assert parse(render(SETTINGS, f"1.{minor}"), minor)["percentageOfNodesToScore"] == 100
+    adaptive = parse(render(dataclasses.replace(SETTINGS, nodes_to_score=0), f"1.{minor}"), minor)
+    assert "percentageOfNodesToScore" not in adaptive
+
+
+@pytest.mark.parametrize("share", [-1, 101])
+def test_a_share_of_nodes_to_score_outside_0_to_100_is_refused(share: int) -> None:
+    with pytest.raises(SettingsError, match=f"nodes_to_score is a percentage of the nodes, 0 to 100, not {share}"):
+        render(dataclasses.replace(SETTINGS, nodes_to_score=share), "1.34")
 
 
 @pytest.mark.parametrize("minor", EVERY_MINOR)
@@ -231,13 +293,18 @@ def test_hamis_protocol_renders_its_managed_resources_only_nvidia_gpu_counted_by
     cli.main(["scheduler-config", "--k8s-version", "1.34", "--protocol", "hami", "--scheduler-name", "hami-scheduler"])
     config = yaml.safe_load(capsys.readouterr().out)
     (extender,) = config["extenders"]
+    assert extender["managedResources"] == [] and config["profiles"][0]["pluginConfig"][0]["args"] == {
+        "ignoredResources": ["nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"]
+    }
+    assert config["profiles"][0]["schedulerName"] == "hami-scheduler"
+    cli.main(["scheduler-config", "--k8s-version", "1.34", "--protocol", "hami", "--cpu-pods", "off"])
+    (extender,) = yaml.safe_load(capsys.readouterr().out)["extenders"]
     assert extender["managedResources"] == [
         {"name": "nvidia.com/gpu", "ignoredByScheduler": False},
         {"name": "nvidia.com/gpumem", "ignoredByScheduler": True},
         {"name": "nvidia.com/gpumem-percentage", "ignoredByScheduler": True},
         {"name": "nvidia.com/gpucores", "ignoredByScheduler": True},
     ]
-    assert config["profiles"][0]["schedulerName"] == "hami-scheduler"
 
 
 FILTER_BIND_MINORS = sorted(CONFIG_API)
@@ -248,7 +315,7 @@ def test_filter_bind_calls_every_verb_but_prioritize_and_gives_no_extender_weigh
     entry = only_extender(parse(render(SETTINGS, f"1.{minor}", Wiring.FILTER_BIND), minor))
     assert (entry["filterVerb"], entry["bindVerb"], entry["preemptVerb"]) == ("filter", "bind", "preempt")
     assert "prioritizeVerb" not in entry and "weight" not in entry
-    assert entry["managedResources"] == [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}]
+    assert entry["managedResources"] == GPU_MEMORY
     assert entry["nodeCacheCapable"] is True
 
 

@@ -1,0 +1,210 @@
+"""`make bench-placement`: how well the extender places, on a production GPU-sharing trace, in the share of the
+cluster's GPUs allocated as the paper "Beware of Fragmentation" (ATC'23) measures it.
+
+    python -m bench.placement --trace DIR [--workload default] [--seeds 42,43,44] [--mode real|fast|burst|...]
+
+`--trace` is the trace's csv directory (alibaba/clusterdata, `cluster-trace-gpu-v2023/csv`; see
+`docs/benchmarks/placement.md` for how to get it; it is for research use and never committed). Without it,
+`--synthetic` replays a small workload of the same shape.
+
+Modes (comma-separated to run several):
+- `real`: the figure of record. kube-scheduler v1.34 on the e2e tier's control plane, with `extender serve` wired
+  in by the configuration `extender scheduler-config` renders, pods one at a time (`real.py`).
+- `burst`: the same, every pod pending before kube-scheduler starts (a saturated cluster).
+- `fast`: the extender's verbs in process behind a model of kube-scheduler's cycle (`fast.py`): seconds to a
+  minute per run, for iterating.
+
+`--extender-flag` and `--config-flag` (repeatable) pass flags to `extender serve` and `extender scheduler-config`
+(the fast mode reads both too), so another policy or wiring can be measured the same way: e.g.
+`--extender-flag=--placement=fill` for the fill policy. It prints the figures of each run and, for several
+seeds, their summary beside the paper's; it exits non-zero when a run fails or an end check finds a GPU, cpu or
+memory over capacity, never for a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from bench.placement import fast, report
+from bench.placement.outcome import ReplayResult
+from bench.placement.trace import TraceError, Workload, arrivals, load, synthetic_workload
+from extender import settings
+from extender.cli import parser as cli_parser
+from extender.tools.schedconfig import Wiring
+
+PAPER = {
+    # the paper's simulator, mean of seeds 42-51 at 130 % arrived
+    # (hkust-adsl/kubernetes-scheduler-simulator experiments/analysis/expected_results/analysis_allo_discrete.csv)
+    "default": {
+        "Random": 87.5,
+        "DotProd": 90.8,
+        "GpuClustering": 91.9,
+        "GpuPacking": 92.0,
+        "BestFit": 93.1,
+        "FGD": 95.4,
+    },
+    "gpushare100": {
+        "Random": 79.4,
+        "DotProd": 82.4,
+        "GpuClustering": 82.6,
+        "GpuPacking": 82.6,
+        "BestFit": 85.0,
+        "FGD": 86.9,
+    },
+}
+MODES = ("real", "burst", "fast")
+
+
+def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.placement", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", default="", help="the trace's csv directory (cluster-trace-gpu-v2023/csv)")
+    parser.add_argument("--synthetic", action="store_true", help="a small synthetic workload instead of the trace")
+    parser.add_argument("--scale", type=int, default=1, help="with --synthetic: times the base cluster of 15 nodes")
+    parser.add_argument("--workload", default="default", help="the trace's pod list (openb_pod_list_<name>.csv)")
+    parser.add_argument("--seeds", default="42", help="comma-separated seeds of the arrival sequence")
+    parser.add_argument("--ratio", type=float, default=1.3, help="GPU demand arriving, over the capacity")
+    parser.add_argument("--nodes", type=int, default=0, help="a sample of this many of the trace's nodes (0: all)")
+    parser.add_argument("--mode", default="real", help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument(
+        "--scheduler-name",
+        default="gpu-scheduler",
+        help="the profile kube-scheduler runs and the pods ask for: gpu-scheduler, the second scheduler the install "
+        "path ships (default), or default-scheduler, the cluster's own",
+    )
+    parser.add_argument(
+        "--flag", action="append", default=[], help="a setting's flag for both extender serve and scheduler-config"
+    )
+    parser.add_argument("--extender-flag", action="append", default=[], help="a flag for extender serve alone")
+    parser.add_argument("--config-flag", action="append", default=[], help="a flag for extender scheduler-config alone")
+    parser.add_argument("--workdir", default="", help="keep every run's logs here (default: a temporary directory)")
+    parsed = parser.parse_args(argv)
+    modes = [mode.strip() for mode in parsed.mode.split(",") if mode.strip()]
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown or not modes:
+        parser.error(f"--mode {parsed.mode!r}: each of {', '.join(MODES)}")
+    parsed.modes = modes
+    common = [f"--scheduler-name={parsed.scheduler_name}", *parsed.flag]
+    parsed.extender_flag = [*common, *parsed.extender_flag]
+    parsed.config_flag = [*common, *parsed.config_flag]
+    try:
+        parsed.seed_list = [int(seed) for seed in parsed.seeds.split(",") if seed.strip()]
+    except ValueError:
+        parser.error(f"--seeds {parsed.seeds!r}: comma-separated integers")
+    if not parsed.trace and not parsed.synthetic:
+        parser.error(
+            "--trace DIR is needed (TRACE=DIR with make): the csv directory of Alibaba's cluster-trace-gpu-v2023, "
+            "e.g. `git clone --depth 1 https://github.com/alibaba/clusterdata` and "
+            "TRACE=clusterdata/cluster-trace-gpu-v2023/csv (see docs/benchmarks/placement.md); or --synthetic"
+        )
+    return parsed
+
+
+def workload(parsed: argparse.Namespace, seed: int) -> Workload:
+    if parsed.synthetic:
+        return synthetic_workload(seed, parsed.scale, parsed.ratio)
+    loaded = load(parsed.trace, parsed.workload, seed, parsed.ratio)
+    if parsed.nodes and parsed.nodes < len(loaded.nodes):
+        nodes = tuple(sorted(random.Random(seed).sample(loaded.nodes, parsed.nodes), key=lambda node: node.name))
+        loaded = replace(loaded, nodes=nodes, pods=arrivals(loaded.trace_pods, nodes, seed, parsed.ratio))
+    return loaded
+
+
+def command_settings(command: str, flags: Sequence[str]) -> tuple[settings.Settings, argparse.Namespace]:
+    """The settings `extender <command> <flags>` would build (no environment, unchecked: no certificates are
+    read in the fast mode), with its parsed arguments."""
+    parsed = cli_parser().parse_args([command, *flags])
+    given = {field.name: getattr(parsed, field.name, None) for field in settings.fields()}
+    return settings.load(given, env={}, config=parsed.config, check=False), parsed
+
+
+def config_text(flags: Sequence[str]) -> str:
+    """What `extender scheduler-config --k8s-version 1.34 <flags>` renders, for the fast mode's model."""
+    rendered, parsed = command_settings("scheduler-config", ["--k8s-version", "1.34", *flags])
+    return fast.rendered_config(rendered, Wiring(parsed.wiring))
+
+
+def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path) -> ReplayResult:
+    loaded = workload(parsed, seed)
+    print(
+        f"-- {mode}, workload {loaded.name}, seed {seed}: {len(loaded.nodes):,} nodes, {len(loaded.pods):,} pods",
+        flush=True,
+    )
+    if mode == "fast":
+        served, _ = command_settings("serve", parsed.extender_flag)
+        return fast.replay(loaded, served, config_text(parsed.config_flag), seed)
+    from bench.placement.real import RealReplay
+    from tests.e2e.controlplane import binaries_dir, missing_binaries
+
+    binaries = binaries_dir()
+    missing = missing_binaries(binaries)
+    if missing:
+        raise SystemExit(
+            f"bench-placement: {', '.join(missing)} missing in {binaries}: run `make e2e-build` (needs Go)"
+        )
+    directory = workdir / f"{mode}-{loaded.name}-{seed}"
+    directory.mkdir(parents=True, exist_ok=True)
+    replay = RealReplay(
+        binaries,
+        directory,
+        loaded,
+        parsed.extender_flag,
+        parsed.config_flag,
+        parsed.scheduler_name,
+        burst=mode == "burst",
+        progress=lambda line: print(f"   {time.strftime('%H:%M:%S')} {line}", flush=True),
+    )
+    return replay.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parsed = arguments(argv)
+    keep = bool(parsed.workdir)
+    workdir = Path(parsed.workdir) if keep else Path(tempfile.mkdtemp(prefix="bench-placement-"))
+    failed = False
+    results: dict[str, list[tuple[int, ReplayResult]]] = {}
+    try:
+        for mode in parsed.modes:
+            for seed in parsed.seed_list:
+                try:
+                    result = run_one(parsed, mode, seed, workdir)
+                except (TraceError, OSError, RuntimeError) as error:
+                    print(f"bench-placement: {mode} seed {seed}: {error}", file=sys.stderr)
+                    failed = True
+                    continue
+                results.setdefault(mode, []).append((seed, result))
+                print(report.render(result, f"{mode}, seed {seed}"), flush=True)
+                failed |= bool(result.problems)
+        print(summary(parsed, results))
+    finally:
+        if not keep and not failed:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif failed:
+            print(f"logs kept in {workdir}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def summary(parsed: argparse.Namespace, results: dict[str, list[tuple[int, ReplayResult]]]) -> str:
+    lines = ["", f"== summary: GPU allocated when {parsed.ratio:.0%} of the capacity has arrived"]
+    for mode, runs in results.items():
+        figures = [(seed, 100 * run.allocated / run.workload.gpu_capacity) for seed, run in runs]
+        each = ", ".join(f"seed {seed}: {value:.1f} %" for seed, value in figures)
+        mean = statistics.mean(value for _, value in figures) if figures else 0.0
+        lines.append(f"{mode}: mean {mean:.1f} % ({each})")
+    paper = PAPER.get(parsed.workload) if not parsed.synthetic and not parsed.nodes else None
+    if paper:
+        shown = ", ".join(f"{policy} {value:.1f}" for policy, value in paper.items())
+        lines.append(f"the paper's simulator (mean of seeds 42-51): {shown}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

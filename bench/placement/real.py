@@ -1,0 +1,296 @@
+"""The real mode of `make bench-placement`: the workload through a real kube-scheduler with `extender serve`
+wired in as it ships, on the e2e tier's control plane. The figure of record.
+
+One run: a fresh control plane (the cached etcd and kube-apiserver of `tests/e2e/build.sh`), the trace's nodes
+created as Node objects (`trace.node_object`), `extender serve` started with the Deployment's flags (leader
+election, its own pod, JSON logs, mTLS with `extender certs`' files) plus the run's own, kube-scheduler started
+with the configuration `extender scheduler-config` renders (clientConnection qps and burst raised, as
+scheduler_perf does, so its client never waits), and then the pods:
+
+- **one at a time** (the paper's method): each pod is created, and the next one only once kube-scheduler has
+  decided it: bound (a watch sees `spec.nodeName`), or refused (its `PodScheduled` condition turns False,
+  Unschedulable), in which case it is deleted, as the paper's simulator drops a pod it cannot place, and the
+  next pod waits for the deletion to be seen;
+- **burst** (`burst=True`): every pod created pending before kube-scheduler starts; the run ends when every pod
+  is bound or no bind has come for `BURST_QUIET` seconds, and the pods still pending then are the refused ones.
+  What a saturated cluster places depends on how fast kube-scheduler goes through the pods it cannot place.
+
+Outcomes come from the pod watch; the cluster at the end from the API's pods (their allocation annotations),
+so the end check reads what a device plugin would. Nothing is left running: every process stops in `finally`,
+and the work directory keeps every log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.e2e_run import EXTENDER_SELF, admin_session, create_all, make_certificates, run_command, with_client_rate
+from bench.placement.outcome import Outcome, ReplayResult
+from bench.placement.trace import NAMESPACE, Workload, node_object, pod_object
+from tests.e2e.controlplane import EXTENDER_NAMESPACE, ApiError, ControlPlane, free_port
+from tests.e2e.extender_process import ExtenderProcess
+
+DECISION_TIMEOUT = 120.0
+"""Seconds for kube-scheduler to bind or refuse one pod (one at a time) before the run is called failed."""
+BURST_QUIET = 30.0
+"""Seconds without a bind, with pods still pending, after which a burst is over."""
+MEMORY_UNIT = "milli-GPU"
+"""How the extender's messages name a unit of aliyun.com/gpu-mem here (1000 per GPU)."""
+_HISTOGRAM = re.compile(r"^0/\d+ nodes are available: (?P<body>.*?)\.?(?: preemption: .*)?$", re.S)
+
+
+class RealError(Exception):
+    """A run could not finish: a process stopped, the API refused something, or a decision never came."""
+
+
+def unschedulable_reasons(message: str) -> dict[str, int]:
+    """kube-scheduler's FitError message as {reason: nodes}: "0/3 nodes are available: 1 Insufficient cpu, 2
+    needs 470 ... . preemption: ..." -> {"Insufficient cpu": 1, "needs 470 ...": 2}."""
+    match = _HISTOGRAM.match(message.strip())
+    if match is None:
+        return {message.strip() or "unknown": 1}
+    reasons: dict[str, int] = {}
+    for part in re.split(r", (?=\d+ )", match.group("body")):
+        count, _, reason = part.partition(" ")
+        if count.isdigit():
+            reasons[reason.strip()] = reasons.get(reason.strip(), 0) + int(count)
+    return reasons
+
+
+def refusal(pod: dict[str, Any]) -> str | None:
+    """The message of the pod's PodScheduled=False condition (refused by the scheduler), else None."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        refused = condition.get("status") == "False" and condition.get("reason") in ("Unschedulable", "SchedulerError")
+        if condition.get("type") == "PodScheduled" and refused:
+            return str(condition.get("message") or condition.get("reason"))
+    return None
+
+
+@dataclass(slots=True)
+class Seen:
+    """What the pod watch has shown of each pod, by name. Mutable."""
+
+    bound: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)
+    bind_times: list[float] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class RealReplay:
+    """One control plane, one extender, one kube-scheduler, one workload. Mutable: owns processes until `stop`."""
+
+    def __init__(
+        self,
+        binaries: Path,
+        workdir: Path,
+        workload: Workload,
+        extender_flags: Sequence[str] = (),
+        config_flags: Sequence[str] = (),
+        scheduler_name: str = "gpu-scheduler",
+        burst: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.workload = workload
+        self.workdir = workdir
+        self.extender_flags = list(extender_flags)
+        self.config_flags = list(config_flags)
+        self.scheduler_name = scheduler_name
+        self.burst = burst
+        self.progress = progress or (lambda _: None)
+        self.plane = ControlPlane(binaries, workdir)
+        self.extender: ExtenderProcess | None = None
+        self.config = ""
+        """The scheduler configuration the run used."""
+
+    def run(self) -> ReplayResult:
+        try:
+            self.plane.start()
+            asyncio.run(create_all(self.plane, "/api/v1/nodes", [node_object(node) for node in self.workload.nodes]))
+            self._start_extender()
+            return asyncio.run(self._replay())
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.extender is not None:
+            self.extender.stop()
+        self.plane.stop()
+
+    def _start_extender(self) -> None:
+        tls = make_certificates(self.workdir / "certs")
+        own = {
+            "metadata": {"name": EXTENDER_SELF, "namespace": EXTENDER_NAMESPACE},
+            "spec": {"nodeName": self.workload.nodes[0].name, "containers": [{"name": "extender", "image": "none"}]},
+        }
+        self.plane.request("POST", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods", own)
+        flags = (
+            "--lease-namespace", EXTENDER_NAMESPACE, "--pod-name", EXTENDER_SELF,
+            "--health-port", str(free_port()), "--log-format", "json", "--memory-unit", MEMORY_UNIT,
+            *self.extender_flags,
+        )  # fmt: skip
+        self.extender = ExtenderProcess("placement", self.workdir, self.plane.kubeconfig("extender"), tls, flags)
+        self.extender.start()
+        self.extender.wait_until(200, timeout=300)
+
+    def _render_config(self) -> str:
+        assert self.extender is not None
+        tls = self.extender.tls
+        rendered = run_command(
+            "scheduler-config", "--k8s-version", self.plane.version, "--url", self.extender.url,
+            "--scheduler-ca-file", str(tls.ca),
+            "--scheduler-cert-file", str(tls.client_cert), "--scheduler-key-file", str(tls.client_key),
+            *self.config_flags,
+        )  # fmt: skip
+        return with_client_rate(rendered)
+
+    async def _replay(self) -> ReplayResult:
+        self.config = self._render_config()
+        listed = await self.plane.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")
+        seen = Seen()
+        watcher = asyncio.create_task(self._watch(listed["metadata"]["resourceVersion"], seen))
+        started = time.perf_counter()
+        try:
+            if self.burst:
+                outcomes, started = await self._burst(seen)
+            else:
+                await asyncio.to_thread(self.plane.start_scheduler, self.config)
+                started = time.perf_counter()
+                outcomes = await self._one_at_a_time(seen, watcher)
+            seconds = time.perf_counter() - started
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher
+        pods = (await self.plane.list_pods(NAMESPACE))["items"]
+        result = ReplayResult.from_api("burst" if self.burst else "real", self.workload, outcomes, pods, seconds)
+        result.verb_seconds = await self._verb_seconds()
+        decided = len(outcomes)
+        if seen.bind_times and self.burst:
+            span = max(seen.bind_times) - min(seen.bind_times)
+            result.extra["pods_per_second"] = len(seen.bind_times) / span if span > 0 else 0.0
+        elif seconds > 0:
+            result.extra["pods_per_second"] = decided / seconds
+        result.extra["config"] = self.config
+        return result
+
+    async def _one_at_a_time(self, seen: Seen, watcher: asyncio.Task[None]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        async with admin_session(self.plane) as session:
+            for index, pod in enumerate(self.workload.pods):
+                body = pod_object(pod, self.scheduler_name)
+                name = body["metadata"]["name"]
+                await self._post(session, f"/api/v1/namespaces/{NAMESPACE}/pods", body)
+                await self._until(seen, watcher, lambda n=name: n in seen.bound or n in seen.refused, name)  # type: ignore[misc]
+                if name in seen.bound:
+                    outcomes.append(Outcome(pod, seen.bound[name]))
+                else:
+                    outcomes.append(Outcome(pod, "", unschedulable_reasons(seen.refused[name])))
+                    await self._delete(session, name)
+                    await self._until(seen, watcher, lambda n=name: n in seen.deleted, name)  # type: ignore[misc]
+                if index % 500 == 0:
+                    bound = sum(1 for outcome in outcomes if outcome.node)
+                    self.progress(f"{index:,} of {len(self.workload.pods):,} pods decided, {bound:,} bound")
+        return outcomes
+
+    async def _burst(self, seen: Seen) -> tuple[list[Outcome], float]:
+        bodies = [pod_object(pod, self.scheduler_name) for pod in self.workload.pods]
+        await create_all(self.plane, f"/api/v1/namespaces/{NAMESPACE}/pods", bodies)
+        await asyncio.to_thread(self.plane.start_scheduler, self.config)
+        started = time.perf_counter()
+        last, count = time.monotonic(), 0
+        while len(seen.bound) < len(bodies):
+            await asyncio.sleep(0.5)
+            if len(seen.bound) != count:
+                last, count = time.monotonic(), len(seen.bound)
+                self.progress(f"{count:,} of {len(bodies):,} pods bound")
+            elif time.monotonic() - last > BURST_QUIET:
+                break
+        pods = {pod["metadata"]["name"]: pod for pod in (await self.plane.list_pods(NAMESPACE))["items"]}
+        outcomes = []
+        for trace_pod, body in zip(self.workload.pods, bodies, strict=True):
+            name = body["metadata"]["name"]
+            node = seen.bound.get(name, "")
+            message = refusal(pods.get(name, {})) or "pending: not yet tried again when the burst ended"
+            outcomes.append(Outcome(trace_pod, node, {} if node else unschedulable_reasons(message)))
+        return outcomes, started
+
+    async def _post(self, session: Any, path: str, body: dict[str, Any]) -> None:
+        async with session.post(
+            self.plane.url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
+        ) as answer:
+            if answer.status >= 300:
+                raise ApiError("POST", path, answer.status, await answer.read())
+
+    async def _delete(self, session: Any, name: str) -> None:
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+        async with session.delete(
+            self.plane.url + path,
+            data=orjson.dumps({"gracePeriodSeconds": 0}),
+            headers={"Content-Type": "application/json"},
+        ) as answer:
+            if answer.status >= 300 and answer.status != 404:
+                raise ApiError("DELETE", path, answer.status, await answer.read())
+
+    async def _until(self, seen: Seen, watcher: asyncio.Task[None], done: Callable[[], bool], name: str) -> None:
+        deadline = time.monotonic() + DECISION_TIMEOUT
+        while not done():
+            if watcher.done():
+                watcher.result()
+                raise RealError("the pod watch ended")
+            self._check_alive()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RealError(f"pod {name}: no decision within {DECISION_TIMEOUT:.0f} s; logs in {self.workdir}")
+            seen.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(seen.changed.wait(), min(left, 1.0))
+
+    def _check_alive(self) -> None:
+        for process in self.plane.schedulers:
+            if process.popen.poll() is not None:
+                raise RealError(f"kube-scheduler exited with code {process.popen.returncode}; logs in {self.workdir}")
+        if self.extender is not None and not self.extender.running():
+            raise RealError(f"the extender exited; logs in {self.workdir}")
+
+    async def _watch(self, resource_version: str, seen: Seen) -> None:
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={resource_version}"
+        async with self.plane.watch(path, timeout=None) as events:
+            async for event in events:
+                pod = event["object"]
+                if event["type"] == "ERROR":
+                    raise RealError(f"the pod watch failed: {pod}")
+                name = pod["metadata"]["name"]
+                if event["type"] == "DELETED":
+                    seen.deleted.add(name)
+                elif (pod.get("spec") or {}).get("nodeName"):
+                    if name not in seen.bound:
+                        seen.bound[name] = pod["spec"]["nodeName"]
+                        seen.bind_times.append(time.perf_counter())
+                else:
+                    message = refusal(pod)
+                    if message is not None:
+                        seen.refused[name] = message
+                seen.changed.set()
+        raise RealError("the API server closed the pod watch")
+
+    async def _verb_seconds(self) -> dict[str, float]:
+        """Seconds in the extender's handlers per verb, from its latency histograms."""
+        if self.extender is None:
+            return {}
+        text = await self.extender.metrics()
+        seconds: dict[str, float] = {}
+        for verb, value in re.findall(
+            r'^extender_request_duration_seconds_sum\{outcome="ok",verb="(\w+)"\} (\S+)$', text, re.M
+        ):
+            seconds[verb] = seconds.get(verb, 0.0) + float(value)
+        return seconds
