@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint docs e2e-build helm-build bench bench-e2e loadtest loadtest-saturation clean
+.PHONY: demo test lint docs e2e-build helm-build bench bench-e2e bench-placement loadtest loadtest-saturation clean
 
 # `make loadtest` settings: cluster size, target pods/s, seconds of load, node names per filter call
 # (a number, or `adaptive` for kube-scheduler's default percentageOfNodesToScore), initial GPU fill.
@@ -90,6 +90,21 @@ bench: $(VENV)/.bench
 # pods/s, CPU per pod per process, and the end check. Needs the tier's binaries and its helpers (tests/e2e).
 bench-e2e: $(VENV)/.test e2e-build
 	$(BIN)/python -m bench.e2e --nodes $(E2E_NODES) --pods $(E2E_PODS) --runs $(E2E_RUNS) $(E2E_ARGS)
+
+# `make bench-placement` settings: the trace's csv directory (Alibaba's cluster-trace-gpu-v2023/csv, never
+# committed: docs/benchmarks/placement.md says how to get it), its workload, the seeds of the arrival sequence,
+# the modes (real: the real kube-scheduler, the figure of record; burst; fast: in process), and any other flag of
+# python -m bench.placement (--nodes N for a sample of the cluster, --flag=--placement=fill, ...).
+TRACE ?=
+WORKLOAD ?= default
+SEEDS ?= 42
+MODE ?= real
+PLACEMENT_ARGS ?=
+
+# How well the extender places: GPU allocation on a production trace through the real kube-scheduler.
+bench-placement: $(VENV)/.test e2e-build
+	$(BIN)/python -m bench.placement --trace "$(TRACE)" --workload $(WORKLOAD) --seeds $(SEEDS) --mode $(MODE) \
+		$(PLACEMENT_ARGS)
 
 loadtest: $(VENV)/.loadtest
 	$(BIN)/python -m loadtest.run --nodes $(NODES) --pods-per-second $(RATE) --duration $(DURATION) \

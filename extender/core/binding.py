@@ -96,8 +96,8 @@ class BindRequest:
 
 
 def slim_pod(pod: Raw) -> Raw:
-    """The parts of a pod a bind needs (identity, annotations, container resources, node and phase), to keep
-    many pods cheaply: a whole pod is kilobytes of volumes, probes and managed fields."""
+    """The parts of a pod a bind needs (identity, annotations, container resources and overhead, node and phase),
+    to keep many pods cheaply: a whole pod is kilobytes of volumes, probes and managed fields."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     slim_spec: Raw = {}
@@ -110,6 +110,8 @@ def slim_pod(pod: Raw) -> Raw:
         slim_spec["nodeName"] = spec["nodeName"]
     if spec.get("priority") is not None:
         slim_spec["priority"] = spec["priority"]
+    if isinstance(spec.get("overhead"), dict):
+        slim_spec["overhead"] = spec["overhead"]  # counted with the containers' cpu and memory
     return {
         "metadata": {
             "name": meta.get("name"),

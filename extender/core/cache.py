@@ -21,13 +21,16 @@ from extender.core import objects
 from extender.core.devices import Demand, Device, NodeLock
 from extender.core.fragmentation import UNLIMITED, FragmentMemo, GpuRoom, Room
 from extender.core.holds import Allocation, Hold, HoldState
-from extender.core.memo import FitIndex, NodeMemo
+from extender.core.memo import FitIndex, Lru, NodeMemo
 from extender.core.objects import Raw, as_object, pod_priority
 from extender.core.protocols import DeviceProtocol
 from extender.core.resources import InvalidPod, node_allocatable, node_ready, pod_request, required_values
 from extender.core.workload import Classes, Shape, Workload, shape_of
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+ASKED_LIMIT = 20_000
+"""Pods remembered as learned from their filter request: kube-scheduler filters a pod moments before the watch
+shows it, or moments after."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +270,8 @@ class Cache:
         """GPU indexes operators marked unhealthy, by node (gpushare's `kube-system/unhealthy-gpu-<node>`)."""
         self.workload = workload if workload is not None else Workload()
         """The shapes of the pods seen, learned as each first appears (`workload.py`)."""
+        self._asked: Lru[str, bool] = Lru(ASKED_LIMIT)
+        """Pods learned from a filter request before the watch showed them (`asked`), so they count once."""
         self.fragments = FragmentMemo()
         """Fragmentation by node state, for the typical shapes of the last build (`fragmentation.py`)."""
         self.fragment_tables = NodeMemo()
@@ -470,6 +475,17 @@ class Cache:
 
     # -- pods
 
+    def classes(self) -> Classes:
+        """The typical shapes of the learned workload now (`workload.Workload.classes`)."""
+        return self.workload.classes(self.clock())
+
+    def asked(self, uid: str, shape: Shape | None) -> None:
+        """A filter request for a pod: learn its shape now if the watch has not shown it yet (a pod is first seen
+        by whichever comes first, so its own placement already counts it, as the pods before it)."""
+        if uid and uid not in self.pods and self._asked.touch(uid) is None:
+            self._asked.put(uid, True)
+            self.workload.observe(shape, self.clock())
+
     def apply_pod(self, pod: Raw, deleted: bool = False) -> None:
         self.apply_record(pod_record(pod, self.protocol), deleted)
 
@@ -485,7 +501,7 @@ class Cache:
         if deleted or record.finished:
             self._forget_pod(uid)
             return
-        if uid not in self.pods:
+        if uid not in self.pods and self._asked.pop(uid, None) is None:
             self.workload.observe(record.shape, self.clock())
         self.pods[uid] = record
         self._settle_record(uid, record)

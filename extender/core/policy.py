@@ -347,7 +347,7 @@ def choose(
     least fragmentation under that policy (given the pod's `ask` and the `cache` that knows the workload), else
     by the device strategy."""
     if ask is not None and cache is not None and config.by_fragmentation(demand) and not demand.is_zero:
-        added = added_fragmentation(ask, state, cache.workload.classes(), cache.fragments)
+        added = added_fragmentation(ask, state, cache.classes(), cache.fragments)
         return placement_of(demand, state, added[1]) if added is not None else None
     strategy = demand.device_strategy or config.device_strategy
     if demand.plain:
@@ -458,6 +458,9 @@ def _shifted(scored_entries: list[HostPriorityEntry]) -> list[HostPriorityEntry]
 Choice = tuple[int, ...] | Placement | None
 """The GPUs a placement gives: positions in the node's devices for a plain demand (a Placement is made only for
 the one node a bind chooses), a Placement for any other, None for a pod that asks no GPU."""
+DIGITS = 9
+"""Added fragmentation is rounded to a billionth of a GPU: sums of the same terms in another order differ in their
+last bits, and equal nodes must tie (then the fullest, then the first by name, wins) rather than win by noise."""
 TABLE_ENTRIES = 400_000
 """Added fragmentation remembered per (pod ask, node), across asks: about 25 MB. At 1,000 nodes, the last 400
 asks; at 5,000, the last 80 (a cluster's pods come in a few dozen shapes)."""
@@ -474,7 +477,7 @@ def added_fragmentation(
     cpu, memory = room.cpu - ask.cpu, room.memory - ask.memory
     demand = ask.demand
     if demand.is_zero:
-        return memo.measure(cpu, memory, room.gpus, classes) - before, None
+        return round(memo.measure(cpu, memory, room.gpus, classes) - before, DIGITS), None
     chosen = (
         _plain_choice(demand, state, room.gpus, cpu, memory, classes, memo)
         if demand.plain
@@ -483,7 +486,7 @@ def added_fragmentation(
     if chosen is None:
         return None
     value, choice = chosen
-    return value - before, choice
+    return round(value - before, DIGITS), choice
 
 
 def _plain_choice(
@@ -563,7 +566,7 @@ def fragmentation_values(ask: Ask, names: list[str], cache: Cache, states: Mappi
     not fit). Remembered per node in the cache's `fragment_tables` until the node changes or the typical shapes
     are rebuilt, and read with C-speed lookups: a request over a thousand names costs a few dozen microseconds
     when little changed since the same ask was last seen."""
-    classes = cache.workload.classes()
+    classes = cache.classes()
     table: dict[str, float]
     if states is cache.nodes:
         tables = cache.fragment_tables

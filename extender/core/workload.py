@@ -10,9 +10,9 @@ known once a pod of it exists.
 Observations fade with age (`half_life`): an exponential decay, so the distribution follows a workload that
 changes over hours while a burst of one kind cannot erase the rest. The typical shapes (`Classes`) are the
 most common until `coverage` of the weight is covered, at most `max_classes`, renormalised (the ATC'23 FGD
-paper's `GetTypicalPods`, 95 % by default). They are rebuilt when the weight observed since the last build
-passes `rebuild_share` of the total (so early, while little is known, often; later rarely), and each build
-has a new `version`: the policy's memos are keyed by it, so rebuilding is what invalidates them.
+paper's `GetTypicalPods`, which keeps 95 %; we keep 99 %, see `COVERAGE`). They are rebuilt when the pods
+observed grew by `rebuild_share` since the last build (so early, while little is known, often; later rarely),
+and each build has a new `version`: the policy's memos are keyed by it, so rebuilding is what invalidates them.
 
 CPU-only pods are not shapes here: a pod asking no GPU adds the same share of every node's free GPU to the
 fragment (the paper's rule), so it never changes which node is best, while counting it would push GPU shapes
@@ -39,7 +39,7 @@ MAX_CLASSES = 256
 """At most this many typical shapes. Each costs a few comparisons per judgement; only each distinct GPU part
 (`GpuGroup`) costs a pass over a node's GPUs."""
 REBUILD_SHARE = 0.2
-"""Look at rebuilding when the weight observed since the last build passes this share of the total."""
+"""Look at rebuilding when this share more pods were observed since the last look."""
 MOVED = 0.05
 """A rebuild replaces the typical shapes when it moves this much of their weight (total variation distance):
 early, while each pod changes the picture, every rebuild; once the workload is known, rarely."""
@@ -176,7 +176,8 @@ class Workload:
     time passes; all are scaled down together when they grow large (`_rescale`)."""
     weights: dict[Shape, float] = field(default_factory=dict)
     total: float = 0.0
-    since_build: float = 0.0
+    built_at: tuple[int, float] = (0, 0.0)
+    """Pods observed, and the time, when the last build was looked at."""
     built: Classes = NO_CLASSES
     observed: int = 0
     """Pods observed in all (for /inspect and the tests)."""
@@ -194,7 +195,6 @@ class Workload:
         weight = count * math.exp(max(exponent, 0.0))
         self.weights[shape] = self.weights.get(shape, 0.0) + weight
         self.total += weight
-        self.since_build += weight
         self.observed += count
         if len(self.weights) > MAX_SHAPES:
             lightest = min(self.weights, key=self.weights.__getitem__)
@@ -209,16 +209,19 @@ class Workload:
         factor = math.exp(-(now - self.origin) * math.log(2) / self.half_life)
         self.weights = {shape: weight * factor for shape, weight in self.weights.items() if weight * factor > 1e-12}
         self.total *= factor
-        self.since_build *= factor
         self.origin = now
 
-    def classes(self) -> Classes:
-        """The typical shapes, rebuilt first when enough was observed since the last build, and kept when the new
-        ones differ from them by no more than `MOVED` (every memo of the policy is keyed by the build, so a
-        rebuild that changes nothing would only cost)."""
-        if self.total and (self.built.empty or self.since_build > self.rebuild_share * (self.total - self.since_build)):
+    def classes(self, now: float = 0.0) -> Classes:
+        """The typical shapes, rebuilt first when `rebuild_share` more pods were observed since the last look, or
+        an eighth of the half-life passed (so a workload that drifts is followed even when few new pods come),
+        and kept when the new ones differ from them by no more than `MOVED` (every memo of the policy is keyed by
+        the build, so a rebuild that changes nothing would only cost). Counted in pods, not in decayed weight, so
+        the same pods give the same builds whatever the clock says."""
+        count, when = self.built_at
+        due = self.observed > count * (1 + self.rebuild_share) or now - when > self.half_life / 8
+        if self.total and (self.built.empty or due):
             rebuilt = self._build(self.built.version + 1)
-            self.since_build = 0.0
+            self.built_at = (self.observed, now)
             if self.built.empty or moved(self.built, rebuilt) > MOVED:
                 self.built = rebuilt
         return self.built

@@ -32,7 +32,8 @@ from extender.core.objects import Raw, pod_key, pod_priority
 from extender.core.policy import FilterOutcome, ask_of, filter_pod, prioritize
 from extender.core.preemption import preempt_candidates
 from extender.core.recheck import Recheck, suspects
-from extender.core.resources import InvalidPod
+from extender.core.resources import InvalidPod, required_values
+from extender.core.workload import shape_of
 from extender.service import pages
 from extender.service.context import Service
 from extender.service.routing import Request, Response, Router, internal_error, json_error
@@ -155,9 +156,12 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
 
 def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service) -> FilterOutcome:
     """Which of the nodes named the pod fits, by the cache as it is now (`policy.filter_pod`)."""
-    unit, pod = service.cache.protocol.unit, pod_key(args.Pod)
+    cache = service.cache
+    unit, pod = cache.protocol.unit, pod_key(args.Pod)
     ask = ask_of(args.Pod, demand)
-    return filter_pod(demand, names, _states(args, service), service.cache, unit, pod, ask, service.policy)
+    label = cache.protocol.model_label
+    cache.asked(objects.uid(args.Pod), shape_of(demand, ask.cpu, ask.memory, required_values(args.Pod, label)))
+    return filter_pod(demand, names, _states(args, service), cache, unit, pod, ask, service.policy)
 
 
 def _not_ready_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult:

@@ -8,7 +8,7 @@ import random
 
 from extender.core.cache import Cache
 from extender.sources.kube.client import KubeClient
-from extender.sources.kube.informer import NODES, Backoff, Informer, WatchOptions, pods_kind
+from extender.sources.kube.informer import NODES, Backoff, Informer, WatchOptions, pods_kind, slim_node
 from tests.apidouble import ApiDouble
 from tests.builders import PROFILE, bound_pod, make_node, make_pod
 from tests.conftest import Running, double_config, eventually, start
@@ -189,3 +189,14 @@ async def test_a_requested_relist_survives_a_failed_list(api: ApiDouble, informe
     target = informers.pods.request_relist()
     await eventually(lambda: informers.pods.last_list_started >= target, what="the relist, after a retry")
     assert informers.pods.failures == 1
+
+
+def test_a_slim_node_keeps_what_the_cache_reads_its_labels_too() -> None:
+    """The GPU model is a node label (gpushare's `--model-label`): dropped here, every GPU would have no model
+    and pods restricted to models would find none (tests/e2e/test_placement.py found it so)."""
+    node = make_node("n1", model="T4")
+    node["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+    slim = slim_node(node)
+    assert slim["metadata"]["labels"]["nvidia.com/gpu.product"] == "T4"
+    assert "managedFields" not in slim["metadata"]
+    assert slim["status"]["allocatable"] == node["status"]["allocatable"]

@@ -44,11 +44,16 @@ NOT_TERMINATED = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 def slim_node(node: Raw) -> Raw:
-    """The parts of a Node the cache reads: name, annotations, capacity/allocatable, conditions."""
+    """The parts of a Node the cache reads: name, labels (the GPU model's), annotations, capacity/allocatable,
+    conditions."""
     meta = node.get("metadata") or {}
     status = node.get("status") or {}
     return {
-        "metadata": {"name": meta.get("name"), "annotations": meta.get("annotations") or {}},
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": meta.get("labels") or {},
+            "annotations": meta.get("annotations") or {},
+        },
         "status": {
             "capacity": status.get("capacity") or {},
             "allocatable": status.get("allocatable") or {},

@@ -1,0 +1,53 @@
+"""`make bench-placement`'s fast mode held to the real kube-scheduler: on a small workload of the trace's shape,
+every pod goes to the same node, and every GPU ends up as full, in both.
+
+Where they can agree exactly: the real kube-scheduler v1.34 (a fresh control plane) with the extender as it
+ships (the second scheduler's configuration: every node filtered, every pod sent to us, the one best node
+passed), against the fast mode's model of kube-scheduler with the extender's verbs in process. With one node
+passed, kube-scheduler has no choice of its own to make, so the two can only differ where the model of its
+filters is wrong, or where the extender sees something else (a pod observed later, a bind not yet seen). The
+workload's half-life is made endless in both, so wall-clock time, which only the real mode has, weighs nothing.
+Pods that ask no GPU are left out: among nodes where their cpu strands no GPU, kube-scheduler breaks ties at
+random (`selectHost`), which no model can repeat; their path is covered by the fast mode's tests and by the
+real mode's figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from bench.placement import __main__ as cli
+from bench.placement import fast
+from bench.placement.real import RealReplay
+from bench.placement.trace import Workload, arrivals, synthetic
+from tests.e2e.controlplane import ControlPlane
+
+pytestmark = pytest.mark.e2e
+
+FLAGS = ["--scheduler-name=gpu-scheduler", "--workload-half-life=1e12"]
+
+
+def gpu_workload(seed: int) -> Workload:
+    nodes, pods = synthetic(seed)
+    gpu_pods = tuple(pod for pod in pods if pod.gpus)
+    return Workload("synthetic-gpu", nodes, arrivals(gpu_pods, nodes, seed, 1.3), gpu_pods)
+
+
+def test_the_fast_mode_places_every_pod_where_the_real_kube_scheduler_does(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    workload = gpu_workload(seed=11)
+    served, _ = cli.command_settings("serve", FLAGS)
+    modelled = fast.replay(workload, served, cli.config_text(FLAGS), seed=11)
+    real = RealReplay(control_plane.binaries, tmp_path, workload, FLAGS, FLAGS, "gpu-scheduler").run()
+    assert real.problems == [] and modelled.problems == []
+    assert [outcome.node for outcome in real.outcomes] == [outcome.node for outcome in modelled.outcomes]
+    assert {name: use.gpu_used for name, use in real.nodes.items()} == {
+        name: use.gpu_used for name, use in modelled.nodes.items()
+    }
+    refused = [outcome for outcome in real.outcomes if not outcome.node]
+    assert refused, "the workload reaches 130 % of the capacity: some pods must be refused"
+    assert dataclasses.asdict(refused[0])["reasons"]  # kube-scheduler's message, read per node
