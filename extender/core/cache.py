@@ -141,6 +141,8 @@ class NodeState:
     cpu_requested: int = 0
     """Millicores its pods request: bound ones and those we reserved on it (all pods, GPU or not)."""
     memory_requested: int = 0
+    free_gpus: float = 0.0
+    """Free GPU in GPUs (each GPU's free memory over its capacity): how empty the node is, for the policy."""
     _room: Room | None = None
     _measured: tuple[int, float] = (-1, 0.0)
     """(build of the typical shapes, the node's measure then): `measure` until the next change."""
@@ -192,6 +194,9 @@ class NodeState:
         else:
             self.largest_free, self.largest_free_index = 0, -1
         self.fit_free = self.largest_free if self.known and self.ready and self.lock is None else -1
+        self.free_gpus = sum(
+            free / device.capacity for free, device in zip(self.free, self.devices, strict=True) if device.capacity
+        )
         self._room = None
         self._measured = (-1, 0.0)
 

@@ -35,7 +35,7 @@ Pure arithmetic over values the cache gives; no I/O, no state beyond the memo.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,31 +84,63 @@ def starved(cpu: int, memory: int, total: float, rates: tuple[float, float]) -> 
 def fragment(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes) -> float:
     """F for a node with this free `cpu`, `memory` and these `gpus` (see the module docstring). The GPUs are judged
     once per distinct GPU part of the shapes (`GpuGroup`); each shape of a group then only compares its cpu and
-    memory."""
+    memory. On a node whose GPUs share one size and model and track no compute (gpushare's, nearly always), a
+    group is judged by one bisection of the GPUs sorted by free memory instead of a pass over them."""
     total = free_gpus(gpus)
     if not total:
         return 0.0
+    first = gpus[0]
+    if all(gpu[1] == first[1] and gpu[2] < 0 and gpu[3] == first[3] for gpu in gpus):
+        return _uniform(cpu, memory, gpus, classes, total)
+    return _general(cpu, memory, gpus, classes, total)
+
+
+def _general(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes, total: float) -> float:
+    """`fragment` on any node: each group's GPU part judged on each GPU."""
     value = 0.0
     for group in classes.groups:
-        running = 0.0
-        for shape_cpu, shape_memory, weight in group.members:
-            if shape_cpu <= cpu and shape_memory <= memory:
-                running += weight
+        running = _running(group.members, cpu, memory)
         if running:
             shape = group.shape
             usable = 0
             unusable = 0.0
-            for free, capacity, cores, model in gpus:
-                if (
-                    free
-                    and free >= shape.need(capacity)
-                    and (cores < 0 or cores >= shape.cores)
-                    and shape.admits(model)
-                ):
+            for gpu in gpus:
+                if serves(shape, gpu):
                     usable += 1
-                elif capacity > 0:
-                    unusable += free / capacity
+                elif gpu[1] > 0:
+                    unusable += gpu[0] / gpu[1]
             value += running * (total if usable < shape.devices else unusable)
+        value += (group.weight - running) * total
+    return value
+
+
+def _running(members: Sequence[tuple[int, int, float]], cpu: int, memory: int) -> float:
+    """The weight of a group's shapes that the free cpu and memory let run."""
+    running = 0.0
+    for shape_cpu, shape_memory, weight in members:
+        if shape_cpu <= cpu and shape_memory <= memory:
+            running += weight
+    return running
+
+
+def _uniform(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes, total: float) -> float:
+    """`fragment` where every GPU has the same capacity and model and no compute is tracked."""
+    capacity, model = gpus[0][1], gpus[0][3]
+    frees = sorted(gpu[0] for gpu in gpus)
+    below = [0.0]  # below[k]: free GPU on the k GPUs with the least free memory
+    for free in frees:
+        below.append(below[-1] + free / capacity)
+    count = len(frees)
+    value = 0.0
+    for group in classes.groups:
+        running = _running(group.members, cpu, memory)
+        if running:
+            shape = group.shape
+            if not shape.admits(model):
+                value += running * total
+            else:
+                smaller = bisect_left(frees, max(shape.need(capacity), 1))  # a GPU with none free serves nothing
+                value += running * (total if count - smaller < shape.devices else below[smaller])
         value += (group.weight - running) * total
     return value
 
@@ -145,13 +177,7 @@ class FragmentMemo:
         return self.measure(room.cpu, room.memory, room.gpus, classes)
 
 
-def shape_fits(shape: Shape, room: Room) -> bool:
-    """Whether a pod of `shape` could run on the node now (for the tests and the report)."""
-    if shape.cpu > room.cpu or shape.memory > room.memory:
-        return False
-    usable = sum(
-        1
-        for free, capacity, cores, model in room.gpus
-        if free and free >= shape.need(capacity) and (cores < 0 or cores >= shape.cores) and shape.admits(model)
-    )
-    return usable >= shape.devices
+def serves(shape: Shape, gpu: GpuRoom) -> bool:
+    """Whether this GPU could take one of the shape's GPUs now: memory and compute left, a model it allows."""
+    free, capacity, cores, model = gpu
+    return bool(free) and free >= shape.need(capacity) and (cores < 0 or cores >= shape.cores) and shape.admits(model)

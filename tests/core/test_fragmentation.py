@@ -3,6 +3,8 @@ F), plus the free GPU its cpu and memory cannot feed. The arithmetic is written 
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from extender.core.fragmentation import STARVED_WEIGHT, UNLIMITED, FragmentMemo, Room, fragment, starved
@@ -130,3 +132,23 @@ def test_a_room_is_measured_as_its_parts() -> None:
     memo = FragmentMemo()
     room = Room(UNLIMITED, UNLIMITED, gpus(600, GPU))
     assert memo.of(room, HALF_AND_WHOLE) == pytest.approx(0.3)
+
+
+def test_nodes_of_one_gpu_size_and_model_are_judged_by_bisection_with_the_same_result() -> None:
+    from extender.core.fragmentation import _general, _uniform, free_gpus
+
+    rng = random.Random(5)
+    shapes = [
+        (Shape(rng.choice([0, 2000, 8000]), 0, rng.choice([1, 1, 2, 4]), rng.choice([0, 100, 250, 500, 1000])), 1)
+        for _ in range(12)
+    ] + [(Shape(1000, 0, 1, 300, models=("T4",)), 2)]
+    classes = classes_of(*shapes)
+    for _ in range(200):
+        model = rng.choice(["T4", "A100"])
+        gpus_of_one_model = tuple((rng.choice([0, 50, 300, 500, 700, 1000]), GPU, -1, model) for _ in range(8))
+        cpu = rng.choice([0, 1000, 4000, 16000])
+        total = free_gpus(gpus_of_one_model)
+        if total:
+            assert _uniform(cpu, 0, gpus_of_one_model, classes, total) == pytest.approx(
+                _general(cpu, 0, gpus_of_one_model, classes, total)
+            )
