@@ -372,7 +372,9 @@ async def test_a_binding_still_under_way_when_leadership_runs_out_keeps_its_rese
 ) -> None:
     cluster = Cache(PROFILE)
     cluster.replace([make_node("n1", gpus=1, mem=16)], [])
-    service = make_service(cluster, SlowBinder(5.0), binding_time_left=lambda: 0.2)
+    loop = asyncio.get_running_loop()
+    runs_out = loop.time() + 0.2  # and is never renewed
+    service = make_service(cluster, SlowBinder(5.0), binding_time_left=lambda: max(0.0, runs_out - loop.time()))
     client = await client_for(service)
     pod = make_pod("p", gpu_mem=4)
     await client.post("/filter", filter_body(pod, ["n1"]))
