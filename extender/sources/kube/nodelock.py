@@ -8,8 +8,8 @@ waited for (`WAIT` seconds at most: the plugin releases it within about a second
 is refused, saying so; the scheduler tries another node or again later: the filter already refuses nodes the
 cache sees locked); a lock of this pod is kept; a stale one, or one whose pod is
 gone, is taken over; the write is a merge patch that carries the node's resourceVersion, so of two writers
-only one wins (a 409 reads the node again). If the binding then fails, the lock is released, but only while
-it is still ours.
+only one wins (a 409 reads the node again). If the binding then surely failed, the lock is released, but only
+while it is still ours (`binder.py` says why not after a binding that may still land).
 
 The cache is told of every lock taken or released here (`on_change`), so the next filter refuses the node
 before the watch shows the annotation.
