@@ -142,6 +142,8 @@ async def test_of_two_replicas_one_is_ready_and_binds_and_the_other_takes_over(
     await eventually(first.source.ready)
     second = await replicas.start("r2", leader_elect=True)
     await asyncio.wait_for(second.source.synced(), 5.0)
+    elector = second.source.elector
+    await eventually(lambda: elector is not None and elector.holder == "r1", what="the standby reading the lease")
     one, two = await client_for(first.service), await client_for(second.service)
     assert (await one.get("/readyz")).status == 200
     standby = await two.get("/readyz")

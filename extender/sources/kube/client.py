@@ -252,6 +252,11 @@ class KubeClient:
         self._lock = asyncio.Lock()
         self._closed = False
 
+    def twin(self) -> KubeClient:
+        """A client of the same server, with the same configuration and timeout, for use on another event loop
+        (its session and credentials are its own)."""
+        return KubeClient(self.config, timeout=self._timeout, user_agent=self._user_agent)
+
     async def __aenter__(self) -> KubeClient:
         return self
 

@@ -20,7 +20,7 @@ attempt took. (Counted from the answer, as client-go's observedTime is, an attem
 `lease_duration - renew_deadline`, 5 s by default, would lead past the moment a standby may take over.)
 
 `time_left()` is what binds are guarded by (`core/binding.Guard`): no write starts once it is 0, and one under
-way is cut off then.
+way is cut off then. Run the elector where nothing can delay its renewals: `leader_thread.py`.
 
 Unlike client-go's users (kube-scheduler exits when it loses the lease), a replica that loses it goes back to
 being a candidate: its cache stays warm. Leading is a flag others read (`leading`) and a callback; this module
@@ -77,6 +77,8 @@ class LeaderElector:
         self.leading = False
         self.holder = ""
         """The holder as last read ("" when none or unknown)."""
+        self.term = 0
+        """How many times this replica has taken the lease: a leadership seen elsewhere is known by its term."""
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._renewed_at = 0.0
@@ -109,6 +111,7 @@ class LeaderElector:
             return
         self.leading = leading
         if leading:
+            self.term += 1
             log.info("acquired leadership of lease %s/%s", self.namespace, self.name)
         else:
             self._lease = None
