@@ -116,7 +116,8 @@ class ConnectionFailed(KubeError):
 
 
 class WatchStalled(KubeError):
-    """A watch stream sent no bytes for its `inactivity` seconds."""
+    """A watch stream sent no bytes for its `inactivity` seconds (on a quiet resource that is normal: the informer
+    opens the watch again)."""
 
 
 def api_error(status: int, body: bytes, method: str, path: str, retry_after: str | None = None) -> ApiError:
