@@ -160,7 +160,9 @@ class Settings:
         "Seconds a watch lasts before it is renewed (jittered up to twice this, as client-go does).", default=300.0
     )
     watch_inactivity: float = _doc(
-        "Seconds without a byte on a watch (the API sends a bookmark about once a minute) before it is renewed.",
+        "Seconds without a byte on a watch before it is opened again from where it was, logged at debug (the API "
+        "sends nothing, not even a bookmark, while the watched resource does not change): a server that is "
+        "gone fails the new request.",
         default=120.0,
     )
     # -- leader election

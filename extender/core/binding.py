@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,8 +76,19 @@ class Guard:
     refusal: Callable[[], str | None] = lambda: None
     """Why this replica may not bind now (not synced, not the leader); None when it may."""
     time_left: Callable[[], float | None] = lambda: None
-    """Seconds it surely may still bind (None: no limit). A binding still under way then is cut off, and its
-    reservation kept as uncertain: another replica may take over, and the binding may still land."""
+    """Seconds it surely may still bind, as of now (None: no limit); each renewal of the lease moves it on. A
+    binding is not started once it is 0, and one under way when it reaches 0 is cut off, its reservation kept
+    as uncertain: another replica may take over, and the binding may still land (`_while_allowed`)."""
+
+    def refuses(self) -> str | None:
+        """Why this replica may not start a bind now: `refusal`, or a lease whose time has run out (the elector
+        may not have said so yet: it is told at the same deadline, and on its own thread)."""
+        refusal = self.refusal()
+        if refusal is None:
+            left = self.time_left()
+            if left is not None and left <= 0:
+                return "this replica's lease has run out (not renewed in time); another replica may lead now"
+        return refusal
 
 
 UNGUARDED = Guard()
@@ -217,7 +228,7 @@ async def bind(request: BindRequest, context: BindContext) -> BindOutcome:
     async with ledger.locked(_one_pod_on_node(request)):
         with contextlib.ExitStack() as running:
             async with ledger.locked(request.node):
-                refusal = context.guard.refusal()
+                refusal = context.guard.refuses()
                 if refusal is not None:
                     return _refused(refusal)
                 other = ledger.running_bind(request.uid)
@@ -321,6 +332,37 @@ def _new_allocation(
     return Write(pod, context.cache.hold_of(request.uid), state)
 
 
+@contextlib.asynccontextmanager
+async def _while_allowed(time_left: Callable[[], float | None]) -> AsyncIterator[None]:
+    """Run the block while this replica may bind; cut it off (TimeoutError) once `time_left` reaches 0.
+
+    The deadline follows the lease: when it comes due it is read again, and a renewal meanwhile has moved it
+    on, so a write runs as long as the lease it runs under is renewed. (It used to be fixed when the write
+    began: with the lease renewed every retry period, a bind slower than the renew deadline minus one retry
+    period, 1.5 s in the e2e tier, failed on a replica that never stopped leading, issue 19.)
+    """
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(None) as scope:
+        due: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            nonlocal due
+            left = time_left()
+            if left is None:
+                due = None
+            elif left <= 0:
+                scope.reschedule(loop.time())
+            else:
+                due = loop.call_later(left, check)
+
+        check()
+        try:
+            yield
+        finally:
+            if due is not None:
+                due.cancel()
+
+
 def _indexes(allocation: Allocation) -> str:
     return ",".join(map(str, allocation.indexes))
 
@@ -339,7 +381,7 @@ async def _write(request: BindRequest, context: BindContext, write: Write) -> Bi
     annotations = _annotations(write.hold, write.state, context.cache.protocol)
     try:
         try:
-            async with asyncio.timeout(context.guard.time_left()):
+            async with _while_allowed(context.guard.time_left):
                 await context.binder.bind(write.pod, node, annotations)
         except TimeoutError:
             raise BindError(

@@ -6,7 +6,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from extender.core.binding import BindContext, BindError, BindRequest, Outcome, RecentPods, bind, slim_pod
+from extender.core.binding import (
+    BindContext,
+    BindError,
+    BindOutcome,
+    BindRequest,
+    Guard,
+    Outcome,
+    RecentPods,
+    bind,
+    slim_pod,
+)
 from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
@@ -316,3 +326,80 @@ async def test_annotations_left_by_a_failed_bind_do_not_reserve_again() -> None:
     cluster.apply_pod(annotated)  # the patch, seen by the watch
     assert cluster.nodes["n1"].used == [0]
     assert not cluster.reserved
+
+
+class Lease:
+    """What a bind's guard reads: the seconds left, one answer per read. `renewals` answers say the lease was
+    renewed (the same seconds again), then it runs out (0). `read_enough` is set at the read that gives the
+    last renewal, so a binder can finish only after its deadline has come due and been read again."""
+
+    def __init__(self, renewals: int, seconds: float = 0.01) -> None:
+        self.answers = [seconds] * renewals
+        self.reads = 0
+        self.read_enough = asyncio.Event()
+
+    def time_left(self) -> float:
+        self.reads += 1
+        if not self.answers:
+            return 0.0
+        if len(self.answers) == 1:
+            self.read_enough.set()
+        return self.answers.pop(0)
+
+
+class WaitingBinder(RecordingBinder):
+    """Writes, then answers once `done` is set (never, when it is not)."""
+
+    def __init__(self, done: asyncio.Event) -> None:
+        super().__init__()
+        self.done = done
+
+    async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+        self.calls.append((pod["metadata"]["uid"], node, annotations))
+        await self.done.wait()
+
+
+async def guarded_bind(cluster: Any, binder: Any, request: BindRequest, lease: Lease) -> BindOutcome:
+    context = BindContext(
+        cluster,
+        Ledger(cluster, 60, FakeClock()),
+        PolicyConfig(),
+        binder,
+        RecentPods(),
+        guard=Guard(time_left=lease.time_left),
+    )
+    return await bind(request, context)
+
+
+async def test_a_binding_outlasting_the_time_left_at_its_start_is_not_cut_while_the_lease_is_renewed() -> None:
+    """Issue 19: the deadline was fixed when the write began, so a slow binding failed on a replica whose lease
+    was renewed all along. Its deadline comes due three times here; each time the lease has been renewed."""
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=6)
+    cluster.apply_pod(pod)
+    lease = Lease(renewals=5)
+    binder = WaitingBinder(lease.read_enough)
+    outcome = await guarded_bind(cluster, binder, request_for(pod), lease)
+    assert outcome.outcome is Outcome.BOUND and outcome.error == ""
+    assert lease.reads == 5  # the refusal check, the write's start, and three deadlines that came due
+
+
+async def test_a_binding_under_way_when_the_lease_runs_out_is_cut_off_and_keeps_its_reservation() -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=6)
+    cluster.apply_pod(pod)
+    binder = WaitingBinder(asyncio.Event())  # the API never answers
+    outcome = await guarded_bind(cluster, binder, request_for(pod), Lease(renewals=3))
+    assert outcome.outcome is Outcome.UNCERTAIN and "leadership ran out while the binding" in outcome.error
+    hold = cluster.hold_of(pod["metadata"]["uid"])
+    assert hold is not None and hold.state is HoldState.UNCERTAIN and cluster.nodes["n1"].used == [6, 0]
+
+
+async def test_no_binding_starts_once_the_lease_has_run_out() -> None:
+    cluster = make_cluster(make_node("n1"))
+    pod = make_pod("p", gpu_mem=6)
+    cluster.apply_pod(pod)
+    binder = RecordingBinder()
+    outcome = await guarded_bind(cluster, binder, request_for(pod), Lease(renewals=0))
+    assert outcome.outcome is Outcome.REFUSED and "lease has run out" in outcome.error
+    assert binder.calls == [] and not cluster.reserved

@@ -94,10 +94,9 @@ NODES = tuple(NODE_MODELS)
 
 DELAY = 0.25
 """Seconds the double's kubelet takes from a binding to the plugin's Allocate (pod sync and admission)."""
-LEASE = ("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5")
-EXTENDER_FLAGS = (
+EXTENDER_FLAGS = (  # the production lease timings: a restart takes its lease back at once (same --identity)
     "--protocol", "hami",
-    "--lease-namespace", EXTENDER_NAMESPACE, "--lease-name", LEASE_NAME, *LEASE,
+    "--lease-namespace", EXTENDER_NAMESPACE, "--lease-name", LEASE_NAME,
     "--reservation-ttl", "10", "--expiry-interval", "1",
     "--pod-name", SELF,
 )  # fmt: skip

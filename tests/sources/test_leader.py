@@ -14,6 +14,7 @@ from extender.settings import LeaseTimings
 from extender.sources.kube.client import ConnectionFailed, KubeClient
 from extender.sources.kube.leader import LeaderElector
 from tests.apidouble import ApiDouble
+from tests.builders import FakeClock
 from tests.conftest import eventually
 
 FAST = LeaseTimings(lease_duration=1.0, renew_deadline=0.6, retry_period=0.1)
@@ -181,3 +182,53 @@ async def test_time_left_counts_down_to_the_renew_deadline(replicas: Replicas) -
     assert elector.time_left() == 0.0
     await eventually(lambda: elector.leading)
     assert 0 < elector.time_left() <= FAST.renew_deadline
+
+
+LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/gpu-extender/leases/gpu-extender"
+
+
+async def test_the_leader_renews_by_writing_over_its_lease_without_reading_it(
+    api: ApiDouble, replicas: Replicas
+) -> None:
+    """client-go's fast path: one request per renewal, so a slow API costs a renewal one round trip, not two."""
+    replicas.start("a")
+    await eventually(lambda: replicas.leaders() == ["a"])
+    since = len(api.requests)
+    await eventually(lambda: [method for method, path in api.requests[since:] if path == LEASE_PATH].count("PUT") >= 3)
+    assert [method for method, path in api.requests[since:] if path == LEASE_PATH and method != "PUT"] == []
+
+
+class LateAnswers(Severable):
+    """A link whose answers to lease writes arrive `delay` seconds of the elector's monotonic clock after they
+    were sent (the write landed at once): an API server or a process slowed down."""
+
+    def __init__(self, client: KubeClient, clock: FakeClock) -> None:
+        super().__init__(client)
+        self.clock = clock
+        self.delay = 0.0
+        self.late = 0
+
+    async def replace(self, *args: Any) -> Any:
+        answer = await self._call("replace", *args)
+        if self.delay:
+            self.clock.advance(self.delay)
+            self.late += 1
+        return answer
+
+
+async def test_the_renew_deadline_counts_from_before_the_renewal_was_sent(kube: KubeClient) -> None:
+    """A standby counts the lease duration from when it sees the write, which is after it was sent: counted from
+    the answer instead, a leader whose answers come late would lead past the moment a standby may take over."""
+    clock = FakeClock(100.0)
+    link = LateAnswers(kube, clock)
+    elector = LeaderElector(link, "gpu-extender", "gpu-extender", "a", FAST, monotonic=clock)  # type: ignore[arg-type]
+    task = asyncio.create_task(elector.run())
+    try:
+        await eventually(lambda: elector.leading)
+        link.delay = 0.4
+        await eventually(lambda: link.late >= 2, what="renewals answered late")
+        assert elector.leading
+        assert elector.time_left() == pytest.approx(FAST.renew_deadline - 0.4)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -1,5 +1,5 @@
 """HAMi's node lock through the API (the double): taken before a binding, refused while another pod holds it,
-taken over when stale or its pod is gone, released when the binding fails, and only while it is ours. The rules
+taken over when stale or its pod is gone, released when the binding surely failed, and only while it is ours. The rules
 are hami-scheduler's (pkg/util/nodelock/nodelock.go at v2.10.0, NOTES.md §5)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from extender.core.binding import BindContext, BindError, BindRequest, RecentPods, bind
+from extender.core.binding import BindContext, BindError, BindRequest, Outcome, RecentPods, bind
 from extender.core.devices import NodeLock
 from extender.core.ledger import Ledger
 from extender.core.policy import PolicyConfig
@@ -134,6 +134,23 @@ async def test_a_bind_takes_the_lock_then_binds_and_a_failed_binding_releases_it
     failed = await bind(BindRequest("q", "default", q["metadata"]["uid"], "gpu-1"), context)
     assert not failed.ok and "refused the binding" in failed.error
     assert not lock_on(api), "released after the failed binding"
+
+
+async def test_a_binding_that_may_still_land_keeps_the_lock(api: ApiDouble, kube: KubeClient) -> None:
+    """The plugin finds the pod it allocates by the lock: released under a binding that then lands, the next pod's
+    bind could lock the node first and the plugin allocate for the wrong pod (issue 19, in the e2e tier)."""
+    api.add_node(make_hami_node())
+    pod = api.add_pod(make_hami_pod("p", mem=4000))
+    cache = make_hami_cluster(*api.nodes(), pods=tuple(api.pods()))
+    binder = KubeBinder(kube, observe=cache.apply_pod, locker=locker(kube, []))
+    context = BindContext(cache, Ledger(cache, 60, FakeClock()), PolicyConfig(), binder, RecentPods())
+    api.fail("POST", "/api/v1/namespaces/default/pods/p/binding", status=500)
+    outcome = await bind(BindRequest("p", "default", pod["metadata"]["uid"], "gpu-1"), context)
+    assert outcome.outcome is Outcome.UNCERTAIN, outcome.error
+    assert lock_on(api) == f"{STAMP},default,p"
+    retried = await bind(BindRequest("p", "default", pod["metadata"]["uid"], "gpu-1"), context)
+    assert retried.ok, retried.error  # the pod's own next bind to the node takes its lock as its own
+    assert lock_on(api) == f"{STAMP},default,p"
 
 
 def release_as_the_plugin(api: ApiDouble, name: str) -> None:

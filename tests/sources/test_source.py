@@ -142,6 +142,8 @@ async def test_of_two_replicas_one_is_ready_and_binds_and_the_other_takes_over(
     await eventually(first.source.ready)
     second = await replicas.start("r2", leader_elect=True)
     await asyncio.wait_for(second.source.synced(), 5.0)
+    elector = second.source.elector
+    await eventually(lambda: elector is not None and elector.holder == "r1", what="the standby reading the lease")
     one, two = await client_for(first.service), await client_for(second.service)
     assert (await one.get("/readyz")).status == 200
     standby = await two.get("/readyz")
@@ -372,7 +374,9 @@ async def test_a_binding_still_under_way_when_leadership_runs_out_keeps_its_rese
 ) -> None:
     cluster = Cache(PROFILE)
     cluster.replace([make_node("n1", gpus=1, mem=16)], [])
-    service = make_service(cluster, SlowBinder(5.0), binding_time_left=lambda: 0.2)
+    loop = asyncio.get_running_loop()
+    runs_out = loop.time() + 0.2  # and is never renewed
+    service = make_service(cluster, SlowBinder(5.0), binding_time_left=lambda: max(0.0, runs_out - loop.time()))
     client = await client_for(service)
     pod = make_pod("p", gpu_mem=4)
     await client.post("/filter", filter_body(pod, ["n1"]))

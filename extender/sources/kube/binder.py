@@ -16,6 +16,14 @@ What a failure means:
   can finish a request its client gave up on). We read the pod: bound to the node is success; otherwise the
   failure is `uncertain` and the reservation is kept until the watch or the TTL decides (a retry to the same
   node writes the same GPUs; to another node it waits for `ledger.UNCERTAIN_WINDOW`).
+
+The device plugin's node lock (HAMi) is released after a failure only when the binding surely did not land.
+After an uncertain one, or a binding cut off under way (the leadership guard, a shutdown), it is kept: the
+plugin finds the pod it allocates by that lock, so a lock released under a binding that lands lets the next
+pod's bind lock the node first, and the plugin allocate for the wrong pod (seen in the e2e tier: "kubelet on
+e2e-hami-0 admitted default/burst-27 but the plugin found default/burst-19 by search"). A lock kept for a
+binding that never landed is reused by the pod's own next bind to that node (where the ledger sends it back
+while the binding may still land), and taken over once the pod is gone or the lock is stale (`nodelock.py`).
 """
 
 from __future__ import annotations
@@ -66,8 +74,11 @@ class KubeBinder:
         await self.locker.acquire(node, namespace, name)
         try:
             await self._bind(namespace, name, objects.uid(pod), node, annotations)
-        except BaseException:
-            await self.locker.release(node, namespace, name)
+        except BindError as error:
+            if not error.uncertain:
+                await self.locker.release(node, namespace, name)
+            else:
+                log.info("lock on %s kept for %s/%s: its binding may still land", node, namespace, name)
             raise
 
     async def _bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None:

@@ -116,7 +116,8 @@ class ConnectionFailed(KubeError):
 
 
 class WatchStalled(KubeError):
-    """A watch stream sent no bytes for its `inactivity` seconds."""
+    """A watch stream sent no bytes for its `inactivity` seconds (on a quiet resource that is normal: the informer
+    opens the watch again)."""
 
 
 def api_error(status: int, body: bytes, method: str, path: str, retry_after: str | None = None) -> ApiError:
@@ -251,6 +252,11 @@ class KubeClient:
         self._retired: list[_Transport] = []
         self._lock = asyncio.Lock()
         self._closed = False
+
+    def twin(self) -> KubeClient:
+        """A client of the same server, with the same configuration and timeout, for use on another event loop
+        (its session and credentials are its own)."""
+        return KubeClient(self.config, timeout=self._timeout, user_agent=self._user_agent)
 
     async def __aenter__(self) -> KubeClient:
         return self

@@ -7,10 +7,23 @@ One `Informer` per kind, the shape of client-go's reflector:
 - **Watch** from the list's resourceVersion with `allowWatchBookmarks`, tracking the latest resourceVersion
   (bookmarks move it without a change). The server ends a watch after `timeoutSeconds` (jittered, as
   client-go does, so replicas do not renew in step); we watch again from where we were.
+- **A quiet watch** (no byte for `WatchOptions.inactivity`) is ended by us and opened again at once from the
+  same resourceVersion, logged at debug: the routine end of a watch, as the server's timeout is, not a
+  failure. Silence is normal there: kube-apiserver sends a bookmark only with a resourceVersion newer than
+  the one the watch began at (k8s.io/apiserver v0.34.1, pkg/storage/cacher/cache_watcher.go:535-540), and a
+  resource that has not changed since has none, so nodes or ConfigMaps that nobody touches get no byte, not
+  even before the timeout (measured on the e2e tier's v1.34.1, while Leases changed every 2 s; a watch whose
+  resource changed once got a bookmark every 61 s, `defaultBookmarkFrequency`, cacher.go:75). Its watch cache
+  moves on only when etcd reports progress: by itself every 10 minutes (etcd's
+  --experimental-watch-progress-notify-interval; the cacher asks for it, cacher/lister_watcher.go:87), or on
+  request for a consistent read, which needs etcd 3.4.31 or 3.5.13 (storage/feature/
+  feature_support_checker.go:36-38). Opening the watch again proves the connection: a server that is gone
+  fails that request, which is logged as a failure below. (client-go's reflector, on HTTP/2 with pings,
+  waits for the server's timeout and logs its end at V(4), tools/cache/reflector.go:979.)
 - **410 Gone** (an in-stream `ERROR` event or a 410 response, a list's expired `continue` token included):
   our resourceVersion is older than the server keeps, so events were lost: relist at once.
-- **Any other failure** (connection, 5xx, 429, a stalled stream): retry after a capped exponential backoff
-  with jitter; a watch failure keeps the resourceVersion, a list failure starts the list again.
+- **Any other failure** (connection, 5xx, 429): logged as a warning and retried after a capped exponential
+  backoff with jitter; a watch failure keeps the resourceVersion, a list failure starts the list again.
 
 The informer never decides anything: it calls `apply(object, deleted)` per event and `replace(objects)` per
 full list (the cache's methods), and counts what it did. It does not import the cache.
@@ -33,7 +46,7 @@ import orjson
 from extender.core.cache import PodRecord, pod_record
 from extender.core.objects import Raw
 from extender.core.protocols import DeviceProtocol
-from extender.sources.kube.client import Gone, KubeClient, KubeError, api_error
+from extender.sources.kube.client import Gone, KubeClient, KubeError, WatchStalled, api_error
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +124,9 @@ class WatchOptions:
     timeout: float = 300.0
     """A watch request lasts between this and twice this (`timeoutSeconds`), then is renewed."""
     inactivity: float = 120.0
-    """A watch that sends no byte (not even a bookmark, which the API sends about once a minute) for this long
-    is dropped and renewed."""
+    """A watch that sends no byte for this long is ended and opened again from where it was, quietly: the API
+    sends nothing at all on a resource unchanged since the watch began (no bookmark either; see the module's
+    docstring), and a new request shows whether the server is still there."""
 
 
 class Relist(Exception):
@@ -197,6 +211,10 @@ class Informer(Generic[Slim]):
                     self.backoff.reset()
             except Relist:
                 need_list = True
+            except WatchStalled as quiet:
+                log.debug(
+                    "%s: %s; watching again from resourceVersion %s", self.kind.name, quiet, self.resource_version
+                )
             except Gone as error:
                 log.info("%s: resourceVersion %s expired (%s): relisting", self.kind.name, self.resource_version, error)
                 self._gap()

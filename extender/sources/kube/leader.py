@@ -9,7 +9,18 @@ The rules, as `k8s.io/client-go/tools/leaderelection` has them:
 - The leader renews every `retry_period`. If it has not renewed successfully for `renew_deadline`, or it finds
   another holder, it stops leading *at once*. `renew_deadline < lease_duration`, so the old leader stops
   before any standby may take over.
+- The leader renews by writing over the Lease it last wrote, one request; only when that fails (someone else
+  wrote it) does it read the Lease first (client-go's fast path, leaderelection.go:429-442 at v0.34.1).
 - On a clean stop the leader gives the Lease up (holder cleared), so a standby takes over without waiting.
+
+Where the renew deadline counts from: the moment *before* the successful attempt sent its write. A standby
+counts `lease_duration` from when it sees the record change, which is after the write reached the API server,
+so a leader that counts `renew_deadline` from before it sent stays inside the standby's count however long the
+attempt took. (Counted from the answer, as client-go's observedTime is, an attempt whose answer took more than
+`lease_duration - renew_deadline`, 5 s by default, would lead past the moment a standby may take over.)
+
+`time_left()` is what binds are guarded by (`core/binding.Guard`): no write starts once it is 0, and one under
+way is cut off then. Run the elector where nothing can delay its renewals: `leader_thread.py`.
 
 Unlike client-go's users (kube-scheduler exits when it loses the lease), a replica that loses it goes back to
 being a candidate: its cache stays warm. Leading is a flag others read (`leading`) and a callback; this module
@@ -66,9 +77,14 @@ class LeaderElector:
         self.leading = False
         self.holder = ""
         """The holder as last read ("" when none or unknown)."""
+        self.term = 0
+        """How many times this replica has taken the lease: a leadership seen elsewhere is known by its term."""
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._renewed_at = 0.0
+        """Monotonic time the last successful attempt began (see the module's docstring)."""
+        self._lease: dict[str, Any] | None = None
+        """The Lease as our last write returned it: what the next renewal writes over."""
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases/{quote(name, safe='')}"
 
     def time_left(self) -> float:
@@ -85,14 +101,24 @@ class LeaderElector:
                 await self._renew()
         finally:
             if self.leading:
-                self._set_leading(False)
+                self._set_leading(False, stopping=True)
                 await asyncio.shield(self._release())
 
-    def _set_leading(self, leading: bool) -> None:
+    def _set_leading(self, leading: bool, stopping: bool = False) -> None:
+        """Lead or not; logged at info, but as a warning when leadership is lost while this replica runs (what an
+        operator should look into: the warning before it says why)."""
         if leading == self.leading:
             return
         self.leading = leading
-        log.warning("%s leadership of lease %s/%s", "acquired" if leading else "lost", self.namespace, self.name)
+        if leading:
+            self.term += 1
+            log.info("acquired leadership of lease %s/%s", self.namespace, self.name)
+        else:
+            self._lease = None
+            if stopping:
+                log.info("stopped leading lease %s/%s: stopping", self.namespace, self.name)
+            else:
+                log.warning("lost leadership of lease %s/%s", self.namespace, self.name)
         if self.on_change is not None:
             self.on_change(leading)
 
@@ -100,9 +126,12 @@ class LeaderElector:
         await asyncio.sleep(self.timings.retry_period * (1 + self.rng.random() * JITTER))
 
     async def _acquire(self) -> None:
-        while not await self._try_acquire_or_renew():
+        while True:
+            started = self.monotonic()
+            if await self._try_acquire_or_renew():
+                break
             await self._wait()
-        self._renewed_at = self.monotonic()
+        self._renewed_at = started
         self._set_leading(True)
 
     async def _renew(self) -> None:
@@ -110,6 +139,7 @@ class LeaderElector:
         another replica holds the lease."""
         while True:
             await asyncio.sleep(self.timings.retry_period)
+            started = self.monotonic()
             # An attempt may not outlast the deadline (client-go cancels it there too): a slow API must not
             # keep us leading past the point where a standby may take the lease.
             try:
@@ -118,7 +148,7 @@ class LeaderElector:
             except TimeoutError:
                 renewed = False
             if renewed:
-                self._renewed_at = self.monotonic()
+                self._renewed_at = started
                 continue
             if self.holder and self.holder != self.identity:
                 log.warning("lease %s/%s is held by %s now", self.namespace, self.name, self.holder)
@@ -132,6 +162,8 @@ class LeaderElector:
 
     async def _try_acquire_or_renew(self) -> bool:
         now = self.clock()
+        if self.leading and self._lease is not None and await self._update(self._claimed(self._lease, now)):
+            return True
         try:
             lease = await self.client.get(self.path)
         except NotFound:
@@ -148,12 +180,17 @@ class LeaderElector:
         duration = float(spec.get("leaseDurationSeconds") or self.timings.lease_duration)
         if holder and holder != self.identity and self.monotonic() < self._observed_at + duration:
             return False
-        if holder == self.identity:
+        return await self._update(self._claimed(lease, now))
+
+    def _claimed(self, lease: dict[str, Any], now: float) -> dict[str, Any]:
+        """The Lease with this replica as its holder, renewed at `now` (acquired now, unless it held it already)."""
+        spec = lease.get("spec") or {}
+        if spec.get("holderIdentity") == self.identity:
             acquired = spec.get("acquireTime") or rfc3339(now, micro=True)
             transitions = int(spec.get("leaseTransitions") or 0)
         else:
             acquired, transitions = rfc3339(now, micro=True), int(spec.get("leaseTransitions") or 0) + 1
-        lease["spec"] = {
+        spec = {
             **spec,
             "holderIdentity": self.identity,
             "leaseDurationSeconds": math.ceil(self.timings.lease_duration),
@@ -161,6 +198,10 @@ class LeaderElector:
             "renewTime": rfc3339(now, micro=True),
             "leaseTransitions": transitions,
         }
+        return {**lease, "spec": spec}
+
+    async def _update(self, lease: dict[str, Any]) -> bool:
+        """Write the Lease (with the resourceVersion it was read at); False when it changed since, or failed."""
         try:
             updated = await self.client.replace(self.path, lease)
         except Conflict:
@@ -199,6 +240,7 @@ class LeaderElector:
         self._observed = _record(spec)
         self._observed_at = self.monotonic()
         self.holder = self.identity
+        self._lease = lease
 
     async def _release(self) -> None:
         """Give the lease up, so a standby need not wait for it to expire. Best effort, bounded in time."""

@@ -8,8 +8,8 @@ waited for (`WAIT` seconds at most: the plugin releases it within about a second
 is refused, saying so; the scheduler tries another node or again later: the filter already refuses nodes the
 cache sees locked); a lock of this pod is kept; a stale one, or one whose pod is
 gone, is taken over; the write is a merge patch that carries the node's resourceVersion, so of two writers
-only one wins (a 409 reads the node again). If the binding then fails, the lock is released, but only while
-it is still ours.
+only one wins (a 409 reads the node again). If the binding then surely failed, the lock is released, but only
+while it is still ours (`binder.py` says why not after a binding that may still land).
 
 The cache is told of every lock taken or released here (`on_change`), so the next filter refuses the node
 before the watch shows the annotation.
@@ -65,9 +65,9 @@ class NodeLocker:
     ) -> None:
         self.wait = wait
         self.time_left = time_left
-        """Seconds this replica surely may still bind (its lease's renew deadline; None: no limit): a wait for
-        the lock ends `MARGIN` before, refused, rather than be cut off by the leadership guard as if the binding
-        might have landed."""
+        """Seconds this replica surely may still bind (its lease's renew deadline; None: no limit), read at every
+        poll: a wait for the lock ends, refused, once less than `MARGIN` would be left after the next poll,
+        rather than be cut off by the leadership guard as if the binding might have landed."""
         self.client = client
         self.key = key
         self.timeout = timeout
@@ -79,8 +79,6 @@ class NodeLocker:
         """Hold the node's lock for the pod, or raise BindError saying who holds it (nothing is written then).
         A lock held for another pod is waited for, `WAIT` seconds at most."""
         holder = objects.key(namespace, name)
-        left = self.time_left()  # the guard's deadline for this bind is set now: the wait must end before it
-        budget = self.wait if left is None else min(self.wait, max(0.0, left - MARGIN))
         waited, writes = 0.0, 0
         while writes < ATTEMPTS:
             current = await self._read(node)
@@ -89,7 +87,7 @@ class NodeLocker:
                 if lock.pod == holder:
                     return
                 if not await self._abandoned(lock):
-                    if waited + POLL > budget:
+                    if not self._may_wait(waited):
                         raise self._contention(node, lock)
                     await asyncio.sleep(POLL)
                     waited += POLL
@@ -106,6 +104,12 @@ class NodeLocker:
             self.on_change(node, NodeLock(now, holder))
             return
         raise BindError(f"locking node {node} for its device plugin: the node kept changing; try again")
+
+    def _may_wait(self, waited: float) -> bool:
+        """Whether to wait one more poll: within `wait` in all, and with `MARGIN` of leadership left after it.
+        Asked at every poll: the lease is renewed meanwhile, so its time left is read, not fixed at the start."""
+        left = self.time_left()
+        return waited + POLL <= self.wait and (left is None or left - POLL >= MARGIN)
 
     async def release(self, node: str, namespace: str, name: str) -> None:
         """Release the lock if it is still this pod's (after a failed binding). Failures are logged: a lock left

@@ -8,6 +8,9 @@ the same memory twice. A list is a consistent read of everything written before 
 
 Healthy means: every loop (the two informers, the elector) is still running. They retry every API failure
 themselves, so a stopped loop is a bug, and the liveness probe should restart the process.
+
+The elector runs on a thread and event loop of its own (`leader_thread.py`), so a renewal never waits behind
+the handlers; everything else here runs on the serving loop.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from extender.settings import LeaseTimings
 from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
 from extender.sources.kube.client import KubeClient, KubeError, NotFound
 from extender.sources.kube.informer import NODES, Informer, Kind, WatchOptions, pods_kind
-from extender.sources.kube.leader import LeaderElector
+from extender.sources.kube.leader_thread import LeaderThread
 from extender.sources.kube.nodelock import NodeLocker
 from extender.sources.kube.writes import LABEL_PERIOD, LeaderLabel, Requeuer
 
@@ -101,8 +104,8 @@ class KubeSource:
         self.binder = KubeBinder(client, observe=cluster.apply_pod, locker=locker)
         self.events = EventRecorder(client, options.identity)
         self.elector = (
-            LeaderElector(
-                client,
+            LeaderThread(
+                client.twin,
                 options.lease_namespace,
                 options.lease_name,
                 options.identity,
