@@ -275,6 +275,8 @@ class Cache:
         """GPU indexes operators marked unhealthy, by node (gpushare's `kube-system/unhealthy-gpu-<node>`)."""
         self.workload = workload if workload is not None else Workload()
         """The shapes of the pods seen, learned as each first appears (`workload.py`)."""
+        self._lowest: dict[str, int | None] = {}
+        """`lowest_priority` by node, until the node changes."""
         self._asked: Lru[str, bool] = Lru(ASKED_LIMIT)
         """Pods learned from a filter request before the watch showed them (`asked`), so they count once."""
         self.fragments = FragmentMemo()
@@ -297,6 +299,7 @@ class Cache:
         self.fit_index.update(state)
         self.memo.forget(state.name)
         self.fragment_tables.forget(state.name)
+        self._lowest.pop(state.name, None)
 
     @contextmanager
     def _batched(self) -> Iterator[None]:
@@ -479,6 +482,20 @@ class Cache:
         return view
 
     # -- pods
+
+    def lowest_priority(self, name: str) -> int | None:
+        """The lowest priority of the pods the API shows holding GPUs on the node (what a preemption could evict
+        there), None when there are none; kept until the node changes."""
+        if name in self._lowest:
+            return self._lowest[name]
+        state = self.nodes.get(name)
+        priorities = [
+            record.priority
+            for uid, hold in (state.holds.items() if state is not None else ())
+            if hold.observed and (record := self.pods.get(uid)) is not None
+        ]
+        lowest = self._lowest[name] = min(priorities, default=None)
+        return lowest
 
     def classes(self) -> Classes:
         """The typical shapes of the learned workload now (`workload.Workload.classes`)."""

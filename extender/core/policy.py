@@ -107,9 +107,13 @@ class FilterOutcome:
     unresolvable: dict[str, str] = field(default_factory=dict)
     causes: Counter[Cause] = field(default_factory=Counter)
     """How many nodes were refused for each cause (`extender_filter_rejections_total`)."""
+    full: list[str] = field(default_factory=list)
+    """Of `failed`, the nodes refused for room (memory, compute, slots): those an eviction could help."""
 
 
 NOT_IN_CACHE = "node is not in the extender's cache (yet)"
+ROOM = frozenset({Cause.MEMORY, Cause.COMPUTE, Cause.SLOTS, Cause.EXCLUSIVE, Cause.NUMA})
+"""Refusals for room on the GPUs: those an eviction could help, unlike a lock or a node not Ready."""
 
 
 def judge(demand: Demand, state: NodeState | None, unit: str, pod: str = "") -> Judgement:
@@ -267,7 +271,7 @@ def filter_nodes(
         rejected = [name for name in names if name not in fitting]
     else:
         rejected = names
-    passed, failed, unresolvable = outcome.passed, outcome.failed, outcome.unresolvable
+    passed, failed, unresolvable, full = outcome.passed, outcome.failed, outcome.unresolvable, outcome.full
     memo = {} if memo is None else memo
     refused = []
     # Locals, not module and enum attributes: this loop runs once per node refused, a thousand per request.
@@ -285,6 +289,8 @@ def filter_nodes(
             continue
         if verdict is failing:
             failed[name] = reason
+            if cause in ROOM:
+                full.append(name)
         else:
             unresolvable[name] = reason
         refused.append(cause)

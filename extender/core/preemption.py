@@ -13,6 +13,7 @@ from extender.core.cache import Cache, NodeState
 from extender.core.devices import Demand, Strategy
 from extender.core.fit import Judgement, place
 from extender.core.holds import Allocation
+from extender.core.objects import Raw, as_object, pod_priority
 from extender.core.policy import usage_of
 
 
@@ -95,3 +96,25 @@ def _fewest_victims(demand: Demand, state: NodeState, cluster: Cache, priority: 
         if fits_after_eviction(demand, state, [victim[3] for victim in rest]):
             chosen = rest
     return [victim[2] for victim in chosen]
+
+
+NEVER = "Never"
+"""`spec.preemptionPolicy` of a pod that may not preempt anyone."""
+
+
+def beyond_preemption(refused: Mapping[str, str], cluster: Cache, preemptor: Raw) -> dict[str, str]:
+    """Of the nodes refused as full now, those where no eviction could make room for this pod: no pod holding
+    GPUs there has a lower priority than its own (kube-scheduler evicts only lower priorities), or it may not
+    preempt at all (`preemptionPolicy: Never`). Answered as unresolvable, kube-scheduler's preemption skips them
+    instead of simulating evictions on each (in a saturated cluster, for every pod it cannot place: measured in
+    `make bench-placement --mode burst`); the reason given stays the node's."""
+    spec = as_object(preemptor.get("spec"))
+    if spec.get("preemptionPolicy") == NEVER:
+        return dict(refused)
+    priority = pod_priority(preemptor)
+    hopeless = {}
+    for node, reason in refused.items():
+        lowest = cluster.lowest_priority(node)
+        if lowest is None or lowest >= priority:
+            hopeless[node] = reason
+    return hopeless

@@ -102,6 +102,37 @@ def inspect_node(state: NodeState, now: float) -> Raw:
     return node
 
 
+TYPICAL_SHOWN = 16
+"""Typical shapes listed by /inspect, the weightiest first."""
+
+
+def inspect_workload(service: Service) -> Raw:
+    """The placement policy and what it has learned: the pods seen, and the typical shapes it places for."""
+    cache = service.cache
+    classes = cache.classes()
+    shapes = sorted(zip(classes.shapes, classes.weights, strict=True), key=lambda pair: -pair[1])
+    return {
+        "policy": str(service.policy.policy),
+        "narrowing": str(service.policy.narrowing),
+        "pods_seen": cache.workload.observed,
+        "typical_shapes": len(classes.shapes),
+        "build": classes.version,
+        "shapes": [
+            {
+                "weight": round(weight, 4),
+                "cpu_millicores": shape.cpu,
+                "memory_bytes": shape.memory,
+                "gpus": shape.devices,
+                "memory_per_gpu": shape.per_device,
+                "percent_per_gpu": shape.percent,
+                "cores_per_gpu": shape.cores,
+                "models": list(shape.models or shape.use_models),
+            }
+            for shape, weight in shapes[:TYPICAL_SHOWN]
+        ],
+    }
+
+
 def _inspect(service: Service, request: Request) -> Response:
     cache, now = service.cache, time.time()
     nodes = [inspect_node(cache.nodes[name], now) for name in sorted(cache.nodes)]
@@ -112,6 +143,7 @@ def _inspect(service: Service, request: Request) -> Response:
             "pods": len(cache.pods),
             "reservations": len(cache.reserved),
             "ready": service.ready(),
+            "workload": inspect_workload(service),
         }
     )
 

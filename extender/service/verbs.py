@@ -30,7 +30,7 @@ from extender.core.cache import NodeState, PodRecord
 from extender.core.devices import Demand
 from extender.core.objects import Raw, pod_key, pod_priority
 from extender.core.policy import FilterOutcome, ask_of, filter_pod, prioritize
-from extender.core.preemption import preempt_candidates
+from extender.core.preemption import beyond_preemption, preempt_candidates
 from extender.core.recheck import Recheck, suspects
 from extender.core.resources import InvalidPod, required_values
 from extender.core.workload import shape_of
@@ -207,11 +207,16 @@ def _filter_reply(
         metrics.nodes_unresolvable.inc(len(outcome.unresolvable))
     for cause, count in outcome.causes.items():
         metrics.rejected_by[cause].inc(count)
-    if demand.memory and len(outcome.passed) < len(names):
-        log.debug("filter %s: %d of %d nodes fit", pod_key(args.Pod), len(outcome.passed), len(names))
-        if not outcome.passed and outcome.failed:
+    failed, unresolvable = outcome.failed, outcome.unresolvable
+    if not outcome.passed and failed:
+        log.debug("filter %s: none of %d nodes fit", pod_key(args.Pod), len(names))
+        if demand.memory:
             service.requeue.refused(objects.uid(args.Pod), demand)
-    return contract.filter_reply(args, outcome.passed, outcome.failed, outcome.unresolvable), ""
+        hopeless = beyond_preemption({node: failed[node] for node in outcome.full}, service.cache, args.Pod)
+        if hopeless:
+            failed = {node: reason for node, reason in failed.items() if node not in hopeless}
+            unresolvable = unresolvable | hopeless
+    return contract.filter_reply(args, outcome.passed, failed, unresolvable), ""
 
 
 def _prioritize(request: Request, service: Service) -> VerbResult:

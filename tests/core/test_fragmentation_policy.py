@@ -219,3 +219,33 @@ def test_every_narrowing_keeps_a_node_that_fits(narrowing: Narrowing) -> None:
     cache = make_cluster(node("n1"), node("n2"), node("n3"))
     teach(cache, (500, "4", 3), (1000, "8", 3))
     assert passed(cache, ask(500), ["n1", "n2", "n3"], PolicyConfig(narrowing=narrowing))
+
+
+# --- HAMi: memory, compute and slots --------------------------------------------------------------------------
+
+
+def test_a_hami_pod_asking_compute_goes_to_the_gpu_whose_rest_stays_usable() -> None:
+    """Typical HAMi pods ask 20 GiB and 50 % compute of a 40 GiB card. GPU 0 runs one already (20 GiB, 50 %
+    left), GPU 1 is empty. A new one on GPU 0 fills it (nothing left over); on GPU 1 it would leave two half
+    cards instead of one whole one, and no typical pod ever fits a whole card less than half: both are used
+    either way, so the measure is equal, and the fuller GPU wins (binpack), keeping GPU 1 whole."""
+    from tests.builders import make_hami_cluster, make_hami_node, make_hami_pod, running_hami_pod
+
+    cache = make_hami_cluster(make_hami_node("h1", gpus=2), pods=(running_hami_pod("running", "h1", 0, 20480, 50),))
+    for number in range(4):
+        cache.apply_pod(make_hami_pod(f"seen-{number}", mem=20480, cores=50))
+    pod = make_hami_pod("asking", mem=20480, cores=50)
+    demand = cache.protocol.pod_demand(pod)
+    placed = choose(demand, cache.nodes["h1"], BEST, ask_of(pod, demand), cache)
+    assert placed is not None and [grant.index for grant in placed.containers[0]] == [0]
+
+
+def test_a_hami_pod_that_asks_its_own_gpu_policy_keeps_it() -> None:
+    """hami.io/gpu-scheduler-policy: spread puts it on the emptier GPU, whatever the measure says."""
+    from tests.builders import make_hami_cluster, make_hami_node, make_hami_pod, running_hami_pod
+
+    cache = make_hami_cluster(make_hami_node("h1", gpus=2), pods=(running_hami_pod("running", "h1", 0, 20480, 50),))
+    pod = make_hami_pod("asking", mem=10240, cores=20, **{"hami.io/gpu-scheduler-policy": "spread"})
+    demand = cache.protocol.pod_demand(pod)
+    placed = choose(demand, cache.nodes["h1"], BEST, ask_of(pod, demand), cache)
+    assert placed is not None and [grant.index for grant in placed.containers[0]] == [1]

@@ -22,8 +22,8 @@ from extender.core.policy import (
     most_allocated,
     score_node,
 )
-from extender.core.preemption import preempt_candidates
-from tests.builders import bound_pod, make_cluster, make_node
+from extender.core.preemption import beyond_preemption, preempt_candidates
+from tests.builders import bound_pod, make_cluster, make_node, make_pod
 
 BINPACK = PolicyConfig()
 SPREAD = PolicyConfig(node_strategy=Strategy.SPREAD, device_strategy=Strategy.SPREAD)
@@ -303,3 +303,38 @@ def test_scores_stay_within_0_and_10_when_a_gpu_holds_more_than_it_has() -> None
     cluster = make_cluster(node, pods=(bound_pod("a", "n1", (0,), 16),))
     assert 0 <= score_node(Demand(16), cluster.nodes["n1"], BINPACK) <= 10
     assert 0 <= score_node(Demand(16), cluster.nodes["n1"], SPREAD) <= 10
+
+
+def _preemptor(priority: int, policy: str | None = None) -> dict[str, Any]:
+    pod = _with_priority(make_pod("preemptor", gpu_mem=16), priority)
+    if policy is not None:
+        pod["spec"]["preemptionPolicy"] = policy
+    return pod
+
+
+def test_a_full_node_is_beyond_preemption_when_no_pod_on_its_gpus_has_a_lower_priority() -> None:
+    """kube-scheduler evicts only lower priorities: where there are none, simulating evictions is wasted work."""
+    pods = (
+        _with_priority(bound_pod("p10", "low", (0,), 16), 10),
+        _with_priority(bound_pod("p50", "high", (0,), 16), 50),
+    )
+    cluster = make_cluster(make_node("low", gpus=1), make_node("high", gpus=1), make_node("empty", gpus=1), pods=pods)
+    refused = {"low": "full", "high": "full", "empty": "locked"}
+    assert beyond_preemption(refused, cluster, _preemptor(50)) == {"high": "full", "empty": "locked"}
+    assert beyond_preemption(refused, cluster, _preemptor(100)) == {"empty": "locked"}
+    assert beyond_preemption(refused, cluster, _preemptor(10)) == refused
+
+
+def test_a_pod_that_may_not_preempt_finds_every_full_node_beyond_preemption() -> None:
+    cluster = make_cluster(make_node("a", gpus=1), pods=(bound_pod("p", "a", (0,), 16),))
+    assert beyond_preemption({"a": "full"}, cluster, _preemptor(1000, "Never")) == {"a": "full"}
+
+
+def test_the_lowest_priority_on_a_node_follows_its_pods() -> None:
+    cluster = make_cluster(make_node("a", gpus=2), pods=(_with_priority(bound_pod("p", "a", (0,), 8, uid="p"), 7),))
+    assert cluster.lowest_priority("a") == 7
+    cluster.apply_pod(_with_priority(bound_pod("q", "a", (1,), 8), 3))
+    assert cluster.lowest_priority("a") == 3
+    cluster.apply_pod(_with_priority(bound_pod("p", "a", (0,), 8, uid="p"), 7), deleted=True)
+    assert cluster.lowest_priority("a") == 3
+    assert cluster.lowest_priority("nowhere") is None

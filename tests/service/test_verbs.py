@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from extender.core.binding import BindError
+from extender.core.policy import PolicyConfig
 from extender.service.pages import build_health_server
 from extender.service.verbs import build_server
 from tests.builders import bound_pod, make_cluster, make_node, make_pod
@@ -221,6 +222,29 @@ async def test_inspect_shows_devices_pods_and_reservations_with_their_age(client
     assert [entry["name"] for entry in everything["nodes"]] == ["n1"]
     missing = await client.get("/inspect/ghost")
     assert (missing.status, (await missing.json())["Error"]) == (404, "node ghost is not in the extender's cache")
+
+
+async def test_a_pod_refused_everywhere_is_told_where_preemption_could_help(client_for: ClientFor) -> None:
+    """n1 runs a pod of priority 10, n2 one of priority 100: a pod of priority 50 could evict only on n1. The others
+    are unresolvable, so kube-scheduler's preemption simulates nothing there (`core/preemption.py`)."""
+    running = (bound_pod("low", "n1", (0,), 16, gpus=None), bound_pod("high", "n2", (0,), 16, gpus=None))
+    running[0]["spec"]["priority"], running[1]["spec"]["priority"] = 10, 100
+    cluster = make_cluster(make_node("n1", gpus=1), make_node("n2", gpus=1), pods=running)
+    client = await client_for(make_service(cluster))
+    pod = make_pod("p", gpu_mem=8)
+    pod["spec"]["priority"] = 50
+    reply = await (await client.post("/filter", data=orjson.dumps(filter_body(pod, names=["n1", "n2"])))).json()
+    assert list(reply["FailedNodes"]) == ["n1"] and list(reply["FailedAndUnresolvableNodes"]) == ["n2"]
+    assert reply["FailedAndUnresolvableNodes"]["n2"].startswith("needs 8 GiB on one GPU")
+
+
+async def test_inspect_shows_the_workload_the_policy_has_learned(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("n1"), pods=(bound_pod("a", "n1", (1,), 6), bound_pod("b", "n1", (0,), 6)))
+    client = await client_for(make_service(cluster, policy=PolicyConfig()))
+    await client.post("/filter", data=orjson.dumps(filter_body(make_pod("c", gpu_mem=4))))  # learned when asked
+    workload = (await (await client.get("/inspect")).json())["workload"]
+    assert (workload["policy"], workload["narrowing"], workload["pods_seen"]) == ("fragmentation", "best", 3)
+    assert [(shape["memory_per_gpu"], shape["weight"]) for shape in workload["shapes"]] == [(6, 0.6667), (4, 0.3333)]
 
 
 async def test_prioritize_answers_follow_the_cache_after_a_bind(client_for: ClientFor) -> None:
