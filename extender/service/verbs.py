@@ -28,9 +28,11 @@ from extender.core import contract, objects
 from extender.core.binding import BindContext, BindRequest, Guard, Outcome, bind
 from extender.core.cache import NodeState, PodRecord
 from extender.core.devices import Demand
+from extender.core.fit import Cause
 from extender.core.objects import Raw, pod_key, pod_priority
 from extender.core.policy import FilterOutcome, ask_of, filter_pod, prioritize
 from extender.core.preemption import preempt_candidates
+from extender.core.quota_fit import quota_filter
 from extender.core.recheck import Recheck, suspects
 from extender.core.resources import InvalidPod, required_values
 from extender.core.workload import shape_of
@@ -161,7 +163,9 @@ def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], servic
     ask = ask_of(args.Pod, demand)
     label = cache.protocol.model_label
     cache.asked(objects.uid(args.Pod), shape_of(demand, ask.cpu, ask.memory, required_values(args.Pod, label)))
-    return filter_pod(demand, names, _states(args, service), cache, unit, pod, ask, service.policy)
+    states = _states(args, service)
+    admit = quota_filter(args.Pod, demand, cache, states, service.policy, ask)
+    return filter_pod(demand, names, states, cache, unit, pod, ask, service.policy, admit)
 
 
 def _not_ready_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult:
@@ -207,10 +211,10 @@ def _filter_reply(
         metrics.nodes_unresolvable.inc(len(outcome.unresolvable))
     for cause, count in outcome.causes.items():
         metrics.rejected_by[cause].inc(count)
-    if demand.memory and len(outcome.passed) < len(names):
+    if not demand.is_zero and len(outcome.passed) < len(names):
         log.debug("filter %s: %d of %d nodes fit", pod_key(args.Pod), len(outcome.passed), len(names))
-        if not outcome.passed and outcome.failed:
-            service.requeue.refused(objects.uid(args.Pod), demand)
+        if not outcome.passed and (outcome.failed or outcome.causes[Cause.QUOTA]):
+            service.requeue.refused(objects.uid(args.Pod), demand, objects.namespace(args.Pod))
     return contract.filter_reply(args, outcome.passed, outcome.failed, outcome.unresolvable), ""
 
 
@@ -248,7 +252,7 @@ def _preempt(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderPreemptionArgs)
     demand = _demand(args.Pod, service)
     candidates, violations = contract.preemption_candidates(args)
-    kept = preempt_candidates(demand, candidates, service.cache, pod_priority(args.Pod))
+    kept = preempt_candidates(demand, candidates, service.cache, pod_priority(args.Pod), objects.namespace(args.Pod))
     if not demand.is_zero:
         service.preemptions.remember(objects.uid(args.Pod), kept)
     return contract.preemption_reply(kept, violations), ""
