@@ -112,6 +112,7 @@ def _inspect(service: Service, request: Request) -> Response:
             "pods": len(cache.pods),
             "reservations": len(cache.reserved),
             "ready": service.ready(),
+            "quotas": cache.quotas.report(),
         }
     )
 
