@@ -717,3 +717,17 @@ async def test_with_quotas_off_no_quota_is_read(api: ApiDouble, kube: KubeClient
         assert not any(path.startswith("/api/v1/resourcequotas") for _, path in api.requests)
     finally:
         await source.stop()
+
+
+async def test_a_nodes_gpu_model_label_reaches_the_cache_and_its_quota(api: ApiDouble, replicas: Replicas) -> None:
+    """gpushare's GPU model is a node label (`model_label`): the watch keeps labels, so a quota for a model counts
+    the pods on that node's GPUs."""
+    node = make_node("n1", gpus=2, mem=16)
+    node["metadata"]["labels"]["nvidia.com/gpu.product"] = "Tesla-T4"
+    api.add_node(node)
+    api.add_pod(bound_pod("held", "n1", (0,), 8, namespace="ml-a"))
+    api.add_quota(make_quota("team", "ml-a", **{"limits.aliyun.com/gpu-mem.T4": "8"}))
+    replica = await replicas.start()
+    await asyncio.wait_for(replica.source.synced(), 5.0)
+    assert [device.model for device in replica.cluster.nodes["n1"].devices] == ["Tesla-T4", "Tesla-T4"]
+    assert replica.cluster.quotas.report()[0]["limits"][0]["used"] == 8
