@@ -38,7 +38,6 @@ import orjson
 import pytest
 import yaml
 
-from extender.tools.certs import write_certificates
 from tests.e2e.conftest import Remember
 from tests.e2e.controlplane import (
     EXTENDER_NAMESPACE,
@@ -61,7 +60,7 @@ from tests.e2e.deviceplugin import (
     decode_entries,
     lock_holder,
 )
-from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees
+from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees, serving_with_own_pod
 from tests.e2e.scheduler import Scheduler, running_scheduler
 
 pytestmark = pytest.mark.e2e
@@ -164,14 +163,6 @@ def hami_node(name: str, rng: random.Random) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
-    files = write_certificates(tmp_path_factory.mktemp("hami-extender-tls"), dns_names=(), ips=("127.0.0.1",))
-    return TLSFiles(
-        files.ca_certificate, files.server_certificate, files.server_key, files.client_certificate, files.client_key
-    )
-
-
-@pytest.fixture(scope="module")
 def hami_nodes(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
     rng = random.Random(2100)
     for name in NODES:
@@ -214,21 +205,11 @@ def hami_rights(control_plane: ControlPlane) -> Iterator[None]:
 def extender(
     control_plane: ControlPlane, tls: TLSFiles, hami_nodes: tuple[str, ...], hami_rights: None
 ) -> Iterator[ExtenderProcess]:
-    own = {
-        "metadata": {"name": SELF, "namespace": EXTENDER_NAMESPACE},
-        "spec": {"nodeName": hami_nodes[0], "containers": [{"name": "extender", "image": "registry.example/none"}]},
-    }
-    control_plane.request("POST", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods", own)
     process = ExtenderProcess(
         "e2e-hami", control_plane.workdir, control_plane.kubeconfig("extender"), tls, EXTENDER_FLAGS
     )
-    process.start()
-    try:
-        process.wait_until(200)
-        yield process
-    finally:
-        process.stop()
-        control_plane.request("DELETE", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods/{SELF}")
+    with serving_with_own_pod(control_plane, process, SELF, hami_nodes[0]) as serving:
+        yield serving
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ without waiting for kube-scheduler's five-minute flush; and killing the extender
 namespace is given pass its limit. Every check of what is given is computed from the API's objects alone (each
 bound pod's own limit, its node's model label), polled all along, never from the extender.
 
-The module has its own extender and kube-scheduler (its own schedulerName), and four nodes of 2 GPUs x 16 GiB,
-two labelled A100 and two T4 by GPU feature discovery's label, as the gpushare protocol reads models. No
+The module has its own extender and kube-scheduler (its own schedulerName), and four nodes, labelled with their
+GPU model by GPU feature discovery's label, as the gpushare protocol reads models: two with 2 A100 GPUs of 16 GiB,
+two with 1 T4 GPU of 16 GiB. No
 controller runs here: a ResourceQuota's status stays empty, so kube-apiserver's own quota admission, which acts
 on `status.hard` and counts only `requests.` keys, never refuses these pods: only the extender limits them.
 """
@@ -25,10 +26,9 @@ from typing import Any
 
 import pytest
 
-from extender.tools.certs import write_certificates
 from tests.e2e.conftest import Remember
 from tests.e2e.controlplane import EXTENDER_NAMESPACE, GPU_MEM, ApiError, ControlPlane, eventually
-from tests.e2e.extender_process import ExtenderProcess, TLSFiles
+from tests.e2e.extender_process import ExtenderProcess, TLSFiles, serving_with_own_pod
 from tests.e2e.scheduler import Scheduler, running_scheduler
 
 pytestmark = pytest.mark.e2e
@@ -45,19 +45,12 @@ SELF = "e2e-quota-extender"
 """The extender's own pod (no kubelet runs it), which it annotates to make kube-scheduler retry pods."""
 FLAGS = ("--no-leader-elect", "--lease-namespace", EXTENDER_NAMESPACE, "--pod-name", SELF, "--expiry-interval", "1")
 QUOTA = "gpus"
-LIMIT, A100_LIMIT, SIZE = 40, 16, 8
-"""ml's quota: 40 GiB of GPU memory, 16 of it on A100s; pods of 8 GiB: exactly 5 fit, at most 2 on A100s. The
-GPUs hold 128 GiB: only the quota stops the pods."""
+LIMIT, A100_LIMIT, SIZE = 56, 16, 8
+"""The namespace's quota: 56 GiB of GPU memory, 16 of it on A100s; pods of 8 GiB. The T4s hold 4 of them, the
+A100s 8, but their quota 2: exactly 6 fit, and the A100 limit is what stops the seventh (48 + 8 <= 56)."""
+PLACED = 6
 QUOTAS = f"/api/v1/namespaces/{NAMESPACE}/resourcequotas"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
-    files = write_certificates(tmp_path_factory.mktemp("quota-tls"), dns_names=(), ips=("127.0.0.1",))
-    return TLSFiles(
-        files.ca_certificate, files.server_certificate, files.server_key, files.client_certificate, files.client_key
-    )
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +66,8 @@ def cluster(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
             if error.status != 409:
                 raise
     for name, model in MODELS.items():
-        control_plane.create_node_now(name, gpus=2, gpu_mem=16, labels={MODEL_LABEL: model})
+        gpus = 2 if "A100" in model else 1
+        control_plane.create_node_now(name, gpus=gpus, gpu_mem=16, labels={MODEL_LABEL: model})
     yield NODES
     for name in NODES:
         control_plane.request("DELETE", f"/api/v1/nodes/{name}")
@@ -81,19 +75,9 @@ def cluster(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
 
 @pytest.fixture(scope="module")
 def extender(control_plane: ControlPlane, tls: TLSFiles, cluster: tuple[str, ...]) -> Iterator[ExtenderProcess]:
-    own = {
-        "metadata": {"name": SELF, "namespace": EXTENDER_NAMESPACE},
-        "spec": {"nodeName": cluster[0], "containers": [{"name": "extender", "image": "registry.example/none"}]},
-    }
-    control_plane.request("POST", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods", own)
     process = ExtenderProcess("e2e-quota", control_plane.workdir, control_plane.kubeconfig("extender"), tls, FLAGS)
-    process.start()
-    try:
-        process.wait_until(200)
-        yield process
-    finally:
-        process.stop()
-        control_plane.request("DELETE", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods/{SELF}")
+    with serving_with_own_pod(control_plane, process, SELF, cluster[0]) as serving:
+        yield serving
 
 
 @pytest.fixture(scope="module")
@@ -286,26 +270,26 @@ async def test_a_burst_into_a_quota_places_exactly_what_fits_and_the_rest_wait_w
     scheduler: Scheduler,
     pods: list[str],
 ) -> None:
-    """Ten pods of 8 GiB into 40 GiB, 16 of it on A100s: five are placed, never more (polled all along), at
-    most two on A100 nodes; the other five wait, their events saying why. Then one of the five is deleted: a
-    waiting pod takes its place, without waiting for kube-scheduler's five-minute flush of unschedulable pods
-    (its own backoff, at most 10 s, is what it waits)."""
+    """Ten pods of 8 GiB: four fill the T4s, two the A100 limit of 16 GiB, never more (polled all along); the
+    other four wait, their events saying why. Then one of the six is deleted: a waiting pod takes its room,
+    without waiting for kube-scheduler's five-minute flush of unschedulable pods (its own backoff, at most 10 s,
+    is what it waits)."""
     started = time.monotonic()
     async with Watcher(control_plane) as watcher:
         await create_pods(control_plane, "burst", 10, pods)
-        state = await eventually(lambda: settled(control_plane, 5), timeout=60, what="5 bound, 5 refused")
+        state = await eventually(lambda: settled(control_plane, PLACED), timeout=60, what="6 bound, 4 refused")
         placed_in = time.monotonic() - started
         reason = (
-            f"namespace {NAMESPACE} uses 40 of its 40 GiB of GPU memory (ResourceQuota {QUOTA}); this pod needs 8 GiB"
+            f"namespace {NAMESPACE} uses 16 of its 16 GiB of A100 memory (ResourceQuota {QUOTA}); this pod needs 8 GiB"
         )
         for pod in state.pending:
             messages = await eventually(lambda pod=pod: refused(control_plane, pod), what="a FailedScheduling event")
-            assert any(f"4 {reason}" in message for message in messages), messages
+            assert any(reason in message for message in messages), messages
         report = await extender.inspect()
         (shown,) = [entry for entry in report["quotas"] if entry["name"] == QUOTA]
         assert [(limit["key"], limit["used"]) for limit in shown["limits"]] == [
-            ("limits.aliyun.com/gpu-mem", 40),
-            ("limits.aliyun.com/gpu-mem.A100", state.a100),
+            ("limits.aliyun.com/gpu-mem", 48),
+            ("limits.aliyun.com/gpu-mem.A100", 16),
         ]
 
         deleted = state.bound[0]["metadata"]["name"]
@@ -313,15 +297,17 @@ async def test_a_burst_into_a_quota_places_exactly_what_fits_and_the_rest_wait_w
         await control_plane.delete(f"{PODS}/{deleted}")
         pods.remove(deleted)
         after = await eventually(
-            lambda: settled(control_plane, 5), timeout=30, what="a waiting pod placed in the deleted one's room"
+            lambda: settled(control_plane, PLACED), timeout=30, what="a waiting pod placed in the deleted one's room"
         )
         replaced_in = time.monotonic() - deleting
         assert deleted not in {pod["metadata"]["name"] for pod in after.pods}
     metrics = await extender.metrics()
-    assert f'extender_quota_used{{model="",namespace="{NAMESPACE}",quota="{QUOTA}",resource="memory"}} 40.0' in metrics
+    assert (
+        f'extender_quota_used{{model="A100",namespace="{NAMESPACE}",quota="{QUOTA}",resource="memory"}} 16.0' in metrics
+    )
     print(
-        f"\nquota burst: 5 of 10 placed in {placed_in:.1f} s (at most {watcher.most_a100} GiB on A100s); "
-        f"a deleted pod's room taken {replaced_in:.1f} s after; {watcher.polls} polls, never over {LIMIT} GiB"
+        f"\nquota burst: {PLACED} of 10 placed in {placed_in:.1f} s; a deleted pod's room taken {replaced_in:.1f} s "
+        f"after; {watcher.polls} polls, never over {A100_LIMIT} GiB on A100s (most {watcher.most_a100})"
     )
 
 
@@ -348,9 +334,9 @@ async def test_a_burst_with_the_extender_killed_mid_way_never_passes_the_quota(
             await asyncio.sleep(1.0)  # kube-scheduler calls a dead extender meanwhile
         finally:
             extender.start()
-            extender.wait_until(200)
-        state = await eventually(lambda: settled(control_plane, 5), timeout=60, what="5 bound after the restart")
+            await asyncio.to_thread(extender.wait_until, 200)  # the watcher polls on meanwhile
+        state = await eventually(lambda: settled(control_plane, PLACED), timeout=60, what="6 bound after the restart")
     print(
         f"\nkilled with {at_kill} of 8 bound; after the restart {len(state.bound)} bound, {len(state.pending)} "
-        f"waiting; {watcher.polls} polls, never over {LIMIT} GiB (most {watcher.most_total})"
+        f"waiting; {watcher.polls} polls, never over {A100_LIMIT} GiB on A100s (most {watcher.most_a100})"
     )
