@@ -215,15 +215,19 @@ class Charge:
     models: tuple[tuple[str, Amounts], ...] = ()
 
     @classmethod
+    def summed(cls, parts: Iterable[tuple[str, Amounts]]) -> Charge:
+        """The charge of these (model, amounts), added up per model."""
+        totals: dict[str, list[int]] = {}
+        for model, amounts in parts:
+            total = totals.setdefault(model, [0, 0, 0])
+            for index, amount in enumerate(amounts):
+                total[index] += amount
+        return cls(tuple((model, (m, c, g)) for model, (m, c, g) in sorted(totals.items())))
+
+    @classmethod
     def merged(cls, charges: Iterable[Charge]) -> Charge:
         """Several pods' charges as one."""
-        totals: dict[str, list[int]] = {}
-        for charge in charges:
-            for model, amounts in charge.models:
-                total = totals.setdefault(model, [0, 0, 0])
-                for index, amount in enumerate(amounts):
-                    total[index] += amount
-        return cls(tuple((model, (m, c, g)) for model, (m, c, g) in sorted(totals.items())))
+        return cls.summed(part for charge in charges for part in charge.models)
 
     def amount(self, limit: Limit) -> int:
         """What of it the limit counts."""
@@ -238,14 +242,10 @@ def charge_of(allocation: Allocation, devices: Sequence[Device]) -> Charge:
     unknown model, "")."""
     by_index = {device.index: device.model for device in devices}
     by_uuid = {device.uuid: device.model for device in devices if device.uuid}
-    totals: dict[str, list[int]] = {}
-    for use in allocation.uses:
-        model = by_index.get(use.index, "") if use.index >= 0 else by_uuid.get(use.uuid, "")
-        amounts = totals.setdefault(model, [0, 0, 0])
-        amounts[0] += use.memory
-        amounts[1] += use.cores
-        amounts[2] += 1
-    return Charge(tuple((model, (m, c, g)) for model, (m, c, g) in sorted(totals.items())))
+    return Charge.summed(
+        (by_index.get(use.index, "") if use.index >= 0 else by_uuid.get(use.uuid, ""), (use.memory, use.cores, 1))
+        for use in allocation.uses
+    )
 
 
 def namespace_of(allocation: Allocation) -> str:
