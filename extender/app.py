@@ -46,7 +46,7 @@ def build_service(settings: Settings, cache: Cache, source: Source, ask: Callabl
         policy=settings.policy,
         source=source,
         requeue=Requeue(cache, ask),
-        metrics=Metrics(settings.gpu_metrics, settings.gpu_metrics_limit),
+        metrics=Metrics(settings.gpu_metrics, settings.gpu_metrics_limit, settings.quota_metrics_limit),
         expiry_interval=settings.expiry_interval,
         max_body_bytes=settings.max_body_bytes,
         limits=listener_limits(settings, settings.max_connections),
@@ -79,6 +79,8 @@ def file_service(settings: Settings, path: str) -> Service:
     objects = load_cluster_file(path)
     cache = build_cache(settings)
     cache.replace(objects.nodes, objects.pods)
+    if settings.resource_quotas:
+        cache.quotas.replace(cache.quotas.read(quota) for quota in objects.quotas)
     source = FileSource(cache, objects.pods)
     del objects
     settle_heap()
@@ -101,6 +103,7 @@ def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
         lease_name=settings.lease_name,
         timings=settings.lease_timings,
         pod_name=settings.pod_name,
+        resource_quotas=settings.resource_quotas,
     )
 
 
@@ -111,6 +114,7 @@ def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeS
     source = KubeSource(client, cache, kube_options(settings, client.config))
     service = build_service(settings, cache, source, source.requeue if source.requeuer is not None else None)
     source.on_freed = service.requeue.freed
+    source.on_quotas = service.requeue.quota_changed
     return service, source
 
 

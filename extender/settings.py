@@ -241,6 +241,17 @@ class Settings:
         "which GPUs they can use. Empty: models unknown.",
         default=_PROFILE.model_label,
     )
+    # -- quotas
+    resource_quotas: bool = _doc(
+        "Hold each namespace to the GPU keys of its ResourceQuotas, counted on what its pods are given, per GPU "
+        "model too: HAMi's limits.nvidia.com/gpumem and gpucores, limits.<memory or GPU resource>[.<model>] "
+        "(docs/operations/quotas.md). False: ResourceQuotas are not read.",
+        default=True,
+    )
+    quota_metrics_limit: int = _doc(
+        "The most quota limits exported as series of their own on /metrics (2 each); beyond it only their count.",
+        default=1000,
+    )
     # -- policy
     placement: Policy = _doc(
         "How nodes and GPUs are chosen: fragmentation (where the GPU capacity left unusable for the pods the "
@@ -397,6 +408,8 @@ class Settings:
             raise SettingsError(refusal)
         if self.hami_default_memory < 0 or not 0 <= self.hami_default_cores <= 100:
             raise SettingsError("hami_default_memory must be >= 0 and hami_default_cores between 0 and 100")
+        if self.quota_metrics_limit < 0:
+            raise SettingsError(f"quota_metrics_limit must be >= 0, not {self.quota_metrics_limit}")
         if self.weight <= 0:
             raise SettingsError(f"weight must be > 0, not {self.weight}")
         if self.node_weight < 0 or self.device_weight < 0 or self.node_weight + self.device_weight == 0:

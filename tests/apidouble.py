@@ -339,6 +339,10 @@ CONFIGMAP_FIELDS: dict[str, FieldGetter] = {
 }
 ZERO_CONFIGMAP: Obj = {}
 """A BOOKMARK's ConfigMap: nothing but its metadata."""
+QUOTA_FIELDS = CONFIGMAP_FIELDS
+"""A ResourceQuota's field selectors: its name and namespace only, as a ConfigMap's."""
+ZERO_QUOTA: Obj = {"spec": {}, "status": {}}
+"""A BOOKMARK's ResourceQuota: empty spec and status, as Go's zero value marshals them."""
 
 NODE_FIELDS: dict[str, FieldGetter] = {
     "metadata.name": _path("metadata", "name"),
@@ -638,6 +642,7 @@ class ApiDouble:
         self._pods = Resource("pods", "Pod", POD_FIELDS, history, ZERO_POD)
         self._nodes = Resource("nodes", "Node", NODE_FIELDS, history, ZERO_NODE)
         self._configmaps = Resource("configmaps", "ConfigMap", CONFIGMAP_FIELDS, history, ZERO_CONFIGMAP)
+        self._quotas = Resource("resourcequotas", "ResourceQuota", QUOTA_FIELDS, history, ZERO_QUOTA)
         self._leases: dict[str, Obj] = {}
         self._faults: list[Fault] = []
         self._stopping = asyncio.Event()
@@ -660,7 +665,7 @@ class ApiDouble:
     async def stop(self) -> None:
         """Release hung requests, cut open watches, close the listener."""
         self._stopping.set()
-        for resource in (self._pods, self._nodes, self._configmaps):
+        for resource in (self._pods, self._nodes, self._configmaps, self._quotas):
             for watch in resource.watches:
                 watch.queue.put_nowait(Signal.DROP)
         if self._runner is not None:
@@ -696,6 +701,19 @@ class ApiDouble:
 
     def delete_configmap(self, namespace: str, name: str) -> None:
         self._remove(self._configmaps, object_key(namespace, name))
+
+    def add_quota(self, quota: Obj) -> Obj:
+        """A ResourceQuota, as an administrator would create it (no controller fills its status here)."""
+        obj = self._new_object(quota, namespace="default")
+        meta = obj["metadata"]
+        return self._create(self._quotas, object_key(meta["namespace"], meta["name"]), obj)
+
+    def update_quota(self, quota: Obj) -> Obj:
+        obj = copy(quota)
+        return self._replace(self._quotas, object_key(obj["metadata"]["namespace"], obj["metadata"]["name"]), obj)
+
+    def delete_quota(self, namespace: str, name: str) -> None:
+        self._remove(self._quotas, object_key(namespace, name))
 
     def add_pod(self, pod: Obj) -> Obj:
         obj = self._new_object(pod, namespace="default")
@@ -858,7 +876,7 @@ class ApiDouble:
         return after if after is not None else with_resource_version(before or {}, rv)
 
     def _signal_watches(self, signal: Signal) -> None:
-        for resource in (self._pods, self._nodes, self._configmaps):
+        for resource in (self._pods, self._nodes, self._configmaps, self._quotas):
             for watch in resource.watches:
                 watch.queue.put_nowait(signal)
 
@@ -872,6 +890,7 @@ class ApiDouble:
         router.add_get("/api/v1/nodes", self._collection(self._nodes, namespaced=False))
         router.add_get("/api/v1/nodes/{name}", self._get_node)
         router.add_get("/api/v1/namespaces/{namespace}/configmaps", self._collection(self._configmaps, namespaced=True))
+        router.add_get("/api/v1/resourcequotas", self._collection(self._quotas, namespaced=False))
         router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         router.add_get("/api/v1/pods", self._collection(self._pods, namespaced=False))
         router.add_get(pods, self._collection(self._pods, namespaced=True))

@@ -105,6 +105,16 @@ def bound_pod(name: str, node: str, indexes: tuple[int, ...], gpu_mem: int, **kw
     return make_pod(name, gpu_mem=gpu_mem, node=node, indexes=indexes, phase="Running", **kwargs)
 
 
+def make_quota(name: str = "gpus", namespace: str = "default", **hard: str) -> dict[str, Any]:
+    """A ResourceQuota whose spec.hard is `hard` (keys hold dots and slashes: `**{"limits.nvidia.com/gpu": "2"}`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-quota-{namespace}-{name}"},
+        "spec": {"hard": dict(hard)},
+    }
+
+
 def make_cluster(*nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] = (), profile: Profile = PROFILE) -> Cache:
     cluster = Cache(profile)
     cluster.replace(list(nodes), list(pods))

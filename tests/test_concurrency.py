@@ -13,8 +13,17 @@ from typing import Any
 
 import orjson
 
+from extender.core.quota import read_quota
 from extender.sources.file import FileBinder
-from tests.builders import make_cluster, make_hami_cluster, make_hami_node, make_hami_pod, make_node, make_pod
+from tests.builders import (
+    make_cluster,
+    make_hami_cluster,
+    make_hami_node,
+    make_hami_pod,
+    make_node,
+    make_pod,
+    make_quota,
+)
 from tests.conftest import ClientFor, make_service
 
 NODES = ("small-a", "small-b", "small-c")
@@ -124,3 +133,59 @@ async def test_concurrent_hami_binds_never_overcommit_memory_compute_or_slots(cl
     assert shown == set(bound)
     annotated = [pod for pod in cluster.pods.values() if pod.allocation is not None]
     assert len(annotated) == len(bound), "every bound pod carries its HAMi allocation"
+
+
+async def test_concurrent_binds_never_take_a_namespace_over_its_quota(client_for: ClientFor) -> None:
+    """The burst again, in two namespaces with quotas: ml-a may hold 40 GiB in all and 8 of it on the A100 node;
+    ml-b 12 GiB. The GPUs (3 nodes x 2 x 16 GiB) hold more than both quotas: only the quotas stop the pods. At every
+    step neither namespace holds more than its limits (summed from the cache's holds, not from the quota book), and
+    in the end each holds exactly what its quota lets pods of 4 GiB take: 10 pods (2 on the A100 node), 3 pods."""
+    rng = random.Random(11)
+    cluster = make_cluster(*(make_node(name, gpus=2, mem=16) for name in NODES))
+    a100 = make_node(NODES[0], gpus=2, mem=16)
+    a100["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-A100-SXM4-40GB"
+    cluster.apply_node(a100)
+    resources = cluster.protocol.quota_resources
+    cluster.quotas.replace(
+        [
+            read_quota(
+                make_quota(
+                    "team", "ml-a", **{"limits.aliyun.com/gpu-mem": "40", "limits.aliyun.com/gpu-mem.A100": "8"}
+                ),
+                resources,
+            ),
+            read_quota(make_quota("team", "ml-b", **{"limits.aliyun.com/gpu-mem": "12"}), resources),
+        ]
+    )
+    client = await client_for(make_service(cluster, binder=SlowApi(cluster, rng)))
+    pods = [make_pod(f"q-{i}", gpu_mem=4, namespace=rng.choice(("ml-a", "ml-b"))) for i in range(60)]
+    results: dict[str, str] = {}
+
+    def held(namespace: str, node: str | None = None) -> int:
+        return sum(
+            hold.allocation.memory
+            for state in cluster.nodes.values()
+            for hold in state.holds.values()
+            if hold.allocation.pod.startswith(namespace + "/") and node in (None, state.name)
+        )
+
+    def within_quotas() -> None:
+        assert held("ml-a") <= 40 and held("ml-a", NODES[0]) <= 8 and held("ml-b") <= 12
+
+    async def schedule(pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        body = orjson.dumps({"Pod": pod, "NodeNames": list(NODES)})
+        passed = (await (await client.post("/filter", data=body)).json())["NodeNames"]
+        within_quotas()
+        if not passed:
+            results[meta["uid"]] = "unschedulable"
+            return
+        bind = {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"]}
+        bind["Node"] = rng.choice(passed)
+        results[meta["uid"]] = (await (await client.post("/bind", data=orjson.dumps(bind))).json())["Error"]
+        within_quotas()
+
+    await asyncio.gather(*(schedule(pod) for pod in pods))
+    refused = [error for error in results.values() if error not in ("", "unschedulable")]
+    assert refused and all("ResourceQuota team" in error for error in refused), "binds raced past the filter"
+    assert (held("ml-a"), held("ml-a", NODES[0]), held("ml-b")) == (40, 8, 12)

@@ -31,7 +31,7 @@ from extender.service.metrics import SOURCE_FAMILIES
 from extender.settings import GpuSeries, Settings
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.config import KubeConfig
-from tests.builders import bound_pod, make_node
+from tests.builders import bound_pod, make_node, make_quota
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_FILE = ROOT / "dashboards" / "gpu-extender.json"
@@ -162,6 +162,9 @@ def variable_queries(model: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
 
 CLUSTER_NODES = [make_node("n1", gpus=2, mem=16), make_node("n2", gpus=1, mem=24)]
 CLUSTER_PODS = [bound_pod("a", "n1", (0,), 10), bound_pod("b", "n1", (1,), 12)]
+CLUSTER_QUOTAS = [
+    make_quota("team", "default", **{"limits.aliyun.com/gpu-mem": "40", "limits.aliyun.com/gpu-count.T4": "2"})
+]
 
 
 async def scrape() -> str:
@@ -180,6 +183,7 @@ async def scrape() -> str:
     async with KubeClient(never_contacted) as client:
         service, _ = kube_service(settings, client)
         service.cache.replace(CLUSTER_NODES, CLUSTER_PODS)
+        service.cache.quotas.replace(service.cache.quotas.read(quota) for quota in CLUSTER_QUOTAS)
         async with (
             serving(service, settings, None) as listeners,
             aiohttp.ClientSession() as session,

@@ -24,6 +24,7 @@ from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.memo import FitIndex, Lru, NodeMemo
 from extender.core.objects import Raw, as_object, pod_priority
 from extender.core.protocols import DeviceProtocol
+from extender.core.quota import Quotas
 from extender.core.resources import InvalidPod, node_allocatable, node_ready, pod_request, required_values
 from extender.core.workload import Classes, Shape, Workload, shape_of
 
@@ -287,6 +288,8 @@ class Cache:
         """Pod UID -> (node, millicores, bytes) it requests there: bound, or reserved by us."""
         self._requested: dict[str, list[int]] = {}
         """Node -> [millicores, bytes] its pods request (`_placed` summed)."""
+        self.quotas = Quotas(protocol.quota_resources, protocol.unit, lambda: self.nodes.values())
+        """ResourceQuotas' GPU limits, and what each namespace holds under them, following the holds (`quota.py`)."""
 
     def _changed(self, state: NodeState) -> None:
         """Recompute a node's summary after any change, and the indexes built on it (once per node at the end
@@ -300,6 +303,7 @@ class Cache:
         self.memo.forget(state.name)
         self.fragment_tables.forget(state.name)
         self._lowest.pop(state.name, None)
+        self.quotas.node_changed(state)
 
     @contextmanager
     def _batched(self) -> Iterator[None]:

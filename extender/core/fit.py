@@ -60,6 +60,8 @@ class Cause(enum.StrEnum):
     SLOTS = "slots"
     EXCLUSIVE = "exclusive"
     NUMA = "numa"
+    QUOTA = "quota"
+    """The namespace's ResourceQuota has no room left for what the pod would be given here (`quota.py`)."""
 
 
 class Judgement(NamedTuple):

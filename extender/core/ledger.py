@@ -1,10 +1,11 @@
 """Reservations: device memory taken at bind, before the API shows the pod bound (DESIGN §3).
 
 The rules live here and nowhere else:
-- `reserve` re-checks free memory and records the hold in one step (no await in between), so two binds can
-  never take the same memory; callers hold `locked(node)` while they decide and reserve (not across the API
-  write that follows, so binds to one node do not queue behind each other's API calls), and mark the bind
-  `in_flight` so no second bind of the same pod starts meanwhile.
+- `reserve` re-checks free memory and the namespace's quotas (`quota.py`) and records the hold in one step (no
+  await in between), so two binds can never take the same memory, nor together more than a quota allows;
+  callers hold `locked(node)` while they decide and reserve (not across the API write that follows, so binds
+  to one node do not queue behind each other's API calls), and mark the bind `in_flight` so no second bind of
+  the same pod starts meanwhile.
 - `release` undoes a reservation after any failure and marks the pod abandoned (its annotations alone no
   longer reserve); an observed allocation is never released from here.
 - `expire` frees reservations the API has not confirmed within the TTL, except those whose bind is running.
@@ -93,6 +94,9 @@ class Ledger:
             slots = device.slots - state.used_slots[position] + (mine.slots if mine else 0)
             if device.slots and slots < use.slots:
                 return f"GPU {use.index} on {allocation.node} runs its most pods ({device.slots})"
+        over_quota = self.cluster.quotas.admits(allocation, state.devices)
+        if over_quota is not None:
+            return over_quota.reason
         self.cluster.hold(Hold(allocation, HoldState.RESERVED, since=self.clock()))
         return None
 

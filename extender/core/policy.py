@@ -14,7 +14,7 @@ import enum
 import math
 import operator
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any, cast
@@ -218,6 +218,7 @@ def filter_pod(
     pod: str = "",
     ask: Ask | None = None,
     config: PolicyConfig | None = None,
+    admit: Callable[[FilterOutcome], None] | None = None,
 ) -> FilterOutcome:
     """The filter verb's decision: which of `names` take the demand, and why each other one does not.
 
@@ -230,6 +231,9 @@ def filter_pod(
     Under the fragmentation policy (`config`, with the pod's `ask`), the nodes that fit are then narrowed to the
     best (`narrow`): the others are left out of the reply, neither passed nor failed, so they cost the scheduler
     nothing, and a pod that fits somewhere is never refused for it.
+
+    `admit`, when given, refuses some of the nodes that fit for reasons of the pod's namespace before any
+    narrowing (its ResourceQuotas: `quota_fit.quota_filter`).
     """
     own_cache = states is cache.nodes and not demand.is_zero
     plain_one = own_cache and demand.plain and demand.devices == 1
@@ -239,6 +243,8 @@ def filter_pod(
     else:
         memo = cache.memo.table(judged(demand, unit)) if own_cache else None
         outcome = filter_nodes(demand, checked_names(names), states, unit, fitting, memo, pod)
+    if admit is not None:
+        admit(outcome)
     if ask is not None and config is not None and config.by_fragmentation(demand) and len(outcome.passed) > 1:
         outcome.passed = narrow(ask, outcome.passed, cache, states, config)
     return outcome

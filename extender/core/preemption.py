@@ -2,7 +2,9 @@
 
 kube-scheduler picks victims by a node's totals, which may leave every GPU short; `preempt_candidates` keeps a
 node only when its victims free room on the GPUs themselves, or names victims of our own that do (the extender
-API lets it). Pure: it reads the cache's holds and summaries, never changes them.
+API lets it). Where a ResourceQuota limits the preemptor's namespace (`quota.py`), the victims must also free
+room under it: only the namespace's own pods do. Pure: it reads the cache's holds and summaries, never changes
+them.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ from collections.abc import Iterable, Mapping
 
 from extender.core.cache import Cache, NodeState
 from extender.core.devices import Demand, Strategy
-from extender.core.fit import Judgement, place
+from extender.core.fit import Judgement, Usage, place
 from extender.core.holds import Allocation
 from extender.core.objects import Raw, as_object, pod_priority
 from extender.core.policy import usage_of
+from extender.core.quota import Charge, charge_of, namespace_of
 
 
-def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allocation]) -> bool:
-    """Whether the demand fits on the node once what the victims hold on it is free."""
+def _freed(state: NodeState, victims: Iterable[Allocation]) -> Usage:
+    """What the node's GPUs hold once what the victims hold on it is free."""
     usage = usage_of(state)
     for allocation in victims:
         if allocation.node != state.name:
@@ -29,6 +32,12 @@ def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allo
                 usage.memory[position] -= use.memory
                 usage.cores[position] -= use.cores
                 usage.slots[position] -= use.slots
+    return usage
+
+
+def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allocation]) -> bool:
+    """Whether the demand fits on the node once what the victims hold on it is free."""
+    usage = _freed(state, victims)
     if not demand.plain or any(device.slots or device.cores for device in state.devices):
         placed = place(demand, state.devices, usage, demand.device_strategy or Strategy.BINPACK, "")
         return state.ready and not isinstance(placed, Judgement)
@@ -41,8 +50,24 @@ def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allo
     return room >= demand.devices and state.ready
 
 
+def quota_after_eviction(
+    demand: Demand, state: NodeState, victims: list[Allocation], cluster: Cache, namespace: str
+) -> bool:
+    """Whether the namespace's quotas have room for what the pod would be given on the node once the victims
+    are evicted (those of its own namespace give back what they hold under them)."""
+    quotas = cluster.quotas
+    if not quotas.limited(namespace):
+        return True
+    placed = place(demand, state.devices, _freed(state, victims), demand.device_strategy or Strategy.BINPACK, "")
+    if isinstance(placed, Judgement):
+        return False
+    charge = charge_of(Allocation("", "", state.name, placed.containers, placed.init_containers), state.devices)
+    freed = Charge.merged(quotas.held(victim.pod_uid) for victim in victims if namespace_of(victim) == namespace)
+    return quotas.refusal(namespace, charge, (freed,)) is None
+
+
 def preempt_candidates(
-    demand: Demand, candidates: Mapping[str, list[str]], cluster: Cache, priority: int = 0
+    demand: Demand, candidates: Mapping[str, list[str]], cluster: Cache, priority: int = 0, namespace: str = ""
 ) -> dict[str, list[str]]:
     """The candidate nodes where evicting victims frees enough memory on the GPUs, with those victims.
 
@@ -52,7 +77,8 @@ def preempt_candidates(
     lower priority than the preemptor's (`priority`), the fewest that free a device set (the extender API
     lets us return other victims per node). What a victim frees is what the cache counts for its UID on that
     node (observed or reserved): a pod the cache does not count holds no GPU memory there. A demand of zero
-    keeps every candidate: we have no say over such pods.
+    keeps every candidate: we have no say over such pods. Where a quota limits the preemptor's `namespace`,
+    victims must also leave room under it (`quota_after_eviction`).
     """
     if demand.is_zero:
         return {node: list(uids) for node, uids in candidates.items()}
@@ -62,16 +88,20 @@ def preempt_candidates(
         if state is None or not state.known:
             continue
         victims = [state.holds[uid].allocation for uid in uids if uid in state.holds]
-        if fits_after_eviction(demand, state, victims):
+        if fits_after_eviction(demand, state, victims) and quota_after_eviction(
+            demand, state, victims, cluster, namespace
+        ):
             kept[node] = list(uids)
             continue
-        ours = _fewest_victims(demand, state, cluster, priority)
+        ours = _fewest_victims(demand, state, cluster, priority, namespace)
         if ours is not None:
             kept[node] = ours
     return kept
 
 
-def _fewest_victims(demand: Demand, state: NodeState, cluster: Cache, priority: int) -> list[str] | None:
+def _fewest_victims(
+    demand: Demand, state: NodeState, cluster: Cache, priority: int, namespace: str = ""
+) -> list[str] | None:
     """The fewest evictable pods on the node (lower priority than `priority`) whose eviction lets the demand
     fit, preferring lower priorities; None when even all of them do not make room.
 
@@ -85,36 +115,46 @@ def _fewest_victims(demand: Demand, state: NodeState, cluster: Cache, priority: 
             evictable.append((record.priority, -hold.allocation.memory, uid, hold.allocation))
     evictable.sort()
     chosen: list[tuple[int, int, str, Allocation]] = []
+
+    def enough(victims: list[tuple[int, int, str, Allocation]]) -> bool:
+        evicted = [victim[3] for victim in victims]
+        return fits_after_eviction(demand, state, evicted) and quota_after_eviction(
+            demand, state, evicted, cluster, namespace
+        )
+
     for entry in evictable:
         chosen.append(entry)
-        if fits_after_eviction(demand, state, [victim[3] for victim in chosen]):
+        if enough(chosen):
             break
     else:
         return None
     for entry in sorted(chosen, reverse=True):
         rest = [victim for victim in chosen if victim is not entry]
-        if fits_after_eviction(demand, state, [victim[3] for victim in rest]):
+        if enough(rest):
             chosen = rest
     return [victim[2] for victim in chosen]
 
 
 NEVER = "Never"
 """`spec.preemptionPolicy` of a pod that may not preempt anyone."""
+NO_LOWER_PRIORITY = "; no pod on its GPUs has a lower priority, so preemption cannot help"
+MAY_NOT_PREEMPT = "; this pod may not preempt (preemptionPolicy: Never)"
+BEYOND_PREEMPTION = (NO_LOWER_PRIORITY, MAY_NOT_PREEMPT)
+"""What `beyond_preemption` adds to a full node's reason: it has no room now, and no eviction will make some."""
 
 
 def beyond_preemption(refused: Mapping[str, str], cluster: Cache, preemptor: Raw) -> dict[str, str]:
-    """Of the nodes refused as full now, those where no eviction could make room for this pod: no pod holding
-    GPUs there has a lower priority than its own (kube-scheduler evicts only lower priorities), or it may not
-    preempt at all (`preemptionPolicy: Never`). Answered as unresolvable, kube-scheduler's preemption skips them
-    instead of simulating evictions on each (in a saturated cluster, for every pod it cannot place: measured in
-    `make bench-placement --mode burst`); the reason given stays the node's."""
-    spec = as_object(preemptor.get("spec"))
-    if spec.get("preemptionPolicy") == NEVER:
-        return dict(refused)
+    """Of the nodes refused as full now, those where no eviction could make room for this pod, with their reason
+    and why: no pod holding GPUs there has a lower priority than its own (kube-scheduler evicts only lower
+    priorities), or it may not preempt at all (`preemptionPolicy: Never`). Answered as unresolvable,
+    kube-scheduler's preemption skips them instead of simulating evictions on each (in a saturated cluster, for
+    every pod it cannot place: `make bench-placement --mode burst`)."""
+    if as_object(preemptor.get("spec")).get("preemptionPolicy") == NEVER:
+        return {node: reason + MAY_NOT_PREEMPT for node, reason in refused.items()}
     priority = pod_priority(preemptor)
     hopeless = {}
     for node, reason in refused.items():
         lowest = cluster.lowest_priority(node)
         if lowest is None or lowest >= priority:
-            hopeless[node] = reason
+            hopeless[node] = reason + NO_LOWER_PRIORITY
     return hopeless

@@ -8,9 +8,13 @@ in our cache with no such event to come after them:
   pod waits out the flush.
 - **A reservation expires** (its binding never showed up in the API): nothing in the API changed at all.
 
+A third frees room under a quota with no event kube-scheduler acts on: **a ResourceQuota raised or deleted**
+(`quota.py`; kube-scheduler does not watch quotas).
+
 So when the cache frees room on a node (a pod deleted or finished, seen by the watch, a relist or a read of
 the API; a node added or changed; an expired reservation), and a pod refused everywhere since then would fit
-there now, we ask kube-scheduler to retry:
+there now, within its namespace's quotas, we ask kube-scheduler to retry; and when a namespace's quotas
+change, if a pod of it refused in the last `MEMORY` seconds would fit on some node now:
 the API source writes an annotation on the extender's own pod (`REQUEUE_ANNOTATION`), an update of an
 assigned pod, which kube-scheduler (1.32 and later, with its queueing hints) answers by retrying every pod an
 extender rejected. "Since then" is `WATCH_LAG` seconds before a watch event (a refusal longer ago had its
@@ -29,13 +33,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from extender.core.cache import Cache, NodeState
 from extender.core.contract import UNSCHEDULABLE_FLUSH
 from extender.core.devices import Demand
 from extender.core.fit import Verdict
 from extender.core.memo import Lru
-from extender.core.policy import judge
+from extender.core.policy import PolicyConfig, judge
+from extender.core.quota import Quotas
+from extender.core.quota_fit import charge_on
 
 log = logging.getLogger(__name__)
 
@@ -52,25 +59,32 @@ PERIOD = 1.0
 """Seconds between two requests to kube-scheduler, at least."""
 
 
+class Refused(NamedTuple):
+    """What a refused pod asked, and the namespace whose quotas it is counted under."""
+
+    demand: Demand
+    namespace: str = ""
+
+
 class Refusals:
-    """Pods our filter refused on every node it was asked about (and not as never fitting), by UID, with when
-    and what they asked. Bounded, oldest forgotten first."""
+    """Pods our filter refused on every node it was asked about (and not as never fitting, unless for a quota),
+    by UID, with when and what they asked. Bounded, oldest forgotten first."""
 
     def __init__(self, memory: float = MEMORY, limit: int = 4096, clock: Callable[[], float] = time.time) -> None:
         self.memory = memory
         self.clock = clock
-        self._refused: Lru[str, tuple[float, Demand]] = Lru(limit)
+        self._refused: Lru[str, tuple[float, Refused]] = Lru(limit)
 
-    def refused(self, uid: str, demand: Demand) -> None:
+    def refused(self, uid: str, demand: Demand, namespace: str = "") -> None:
         if uid:
-            self._refused.put(uid, (self.clock(), demand))
+            self._refused.put(uid, (self.clock(), Refused(demand, namespace)))
 
     def forget(self, uid: str) -> None:
         """The pod is bound."""
         self._refused.pop(uid, None)
 
-    def demands_since(self, since: float) -> set[Demand]:
-        """What the pods refused at `since` or later (Unix seconds) asked, each demand once."""
+    def demands_since(self, since: float) -> set[Refused]:
+        """What the pods refused at `since` or later (Unix seconds) asked, each demand once per namespace."""
         oldest = self.clock() - self.memory
         while self._refused:
             uid, (when, _) = next(iter(self._refused.items()))
@@ -88,9 +102,18 @@ class Refusals:
         return len(self._refused)
 
 
-def fits_any(demands: Iterable[Demand], state: NodeState) -> bool:
-    """Whether one of the demands would fit on the node now."""
-    return any(judge(demand, state, "")[0] is Verdict.FITS for demand in demands)
+def fits_any(refused: Iterable[Refused], state: NodeState, quotas: Quotas | None = None) -> bool:
+    """Whether one of the refused pods would fit on the node now, within its namespace's `quotas` (what it
+    would be given there as the fill policy places it)."""
+    for demand, namespace in refused:
+        if judge(demand, state, "")[0] is not Verdict.FITS:
+            continue
+        if quotas is None or not quotas.limited(namespace):
+            return True
+        charge = charge_on(demand, state, PolicyConfig(), None, None)
+        if charge is not None and quotas.refusal(namespace, charge) is None:
+            return True
+    return False
 
 
 class Requeue:
@@ -103,10 +126,11 @@ class Requeue:
         self.ask = ask
         self.refusals = refusals if refusals is not None else Refusals()
 
-    def refused(self, uid: str, demand: Demand) -> None:
-        """The filter refused this pod on every node it was asked about, for want of room now."""
+    def refused(self, uid: str, demand: Demand, namespace: str = "") -> None:
+        """The filter refused this pod on every node it was asked about, for want of room now (on the GPUs, or
+        under its `namespace`'s quotas)."""
         if self.ask is not None:
-            self.refusals.refused(uid, demand)
+            self.refusals.refused(uid, demand, namespace)
 
     def bound(self, uid: str) -> None:
         self.refusals.forget(uid)
@@ -125,8 +149,25 @@ class Requeue:
                 return
             for node in nodes:
                 state = self.cache.nodes.get(node)
-                if state is not None and fits_any(demands, state):
+                if state is not None and fits_any(demands, state, self.cache.quotas):
                     self.ask(f"room came free on {node} for a pod refused since")
                     return
         except Exception:  # a bug here must not stop the informer or the expiry sweep that called it
+            log.exception("deciding whether to ask kube-scheduler to retry")
+
+    def quota_changed(self, namespace: str) -> None:
+        """A ResourceQuota of the namespace changed (kube-scheduler is told of no such event): if a pod of it
+        refused in the last `MEMORY` seconds fits on some node now, within its quotas, ask kube-scheduler to
+        retry. Quotas change seldom (a change of their status alone is not one): one pass over the nodes."""
+        if self.ask is None:
+            return
+        try:
+            refused = {found for found in self.refusals.demands_since(0.0) if found.namespace == namespace}
+            if not refused:
+                return
+            for name, state in self.cache.nodes.items():
+                if fits_any(refused, state, self.cache.quotas):
+                    self.ask(f"the quotas of namespace {namespace} changed, and a pod refused there fits {name} now")
+                    return
+        except Exception:  # a bug here must not stop the informer that called it
             log.exception("deciding whether to ask kube-scheduler to retry")

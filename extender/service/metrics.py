@@ -96,10 +96,14 @@ class _SourceCollector:
 
 
 class Metrics:
-    def __init__(self, gpu_series: GpuSeries = GpuSeries.AUTO, gpu_series_limit: int = 10_000) -> None:
+    def __init__(
+        self, gpu_series: GpuSeries = GpuSeries.AUTO, gpu_series_limit: int = 10_000, quota_series_limit: int = 1000
+    ) -> None:
         self.gpu_series = gpu_series
         self.gpu_series_limit = gpu_series_limit
         """Per-GPU series only while the cache holds at most this many GPUs (`gpu_metrics.py`)."""
+        self.quota_series_limit = quota_series_limit
+        """Per-limit quota series only while the quotas hold at most this many GPU limits."""
         self.demands = RecentDemands()
         """Memory per GPU of recent filter requests: the sizes fragmentation is measured against."""
         self.registry = CollectorRegistry()
@@ -127,7 +131,7 @@ class Metrics:
             "extender_filter_rejections",
             "Nodes refused by filter, by cause (core/fit.py Cause): not_in_cache, not_ready, locked, no_gpus, "
             "too_small, too_few, no_match (unresolvable: no GPU here could ever serve the pod), memory, compute, "
-            "slots, exclusive, numa (failed: not now).",
+            "slots, exclusive, numa (failed: not now), quota (the namespace's ResourceQuota has no room left).",
             ["cause"],
             registry=self.registry,
         )
@@ -165,6 +169,28 @@ class Metrics:
         )
         for outcome in Outcome:
             self.binds.labels(outcome.value)
+        quota_labels = ["namespace", "quota", "resource", "model"]
+        self.quota_limit = Gauge(
+            "extender_quota_limit",
+            "A GPU limit of a ResourceQuota (core/quota.py), in its resource's unit: memory in the device plugin's, "
+            "compute in % of a GPU, GPUs; model empty for every GPU.",
+            quota_labels,
+            registry=self.registry,
+        )
+        self.quota_used = Gauge(
+            "extender_quota_used",
+            "What the namespace's pods are given (observed and reserved) of what the quota's limit counts.",
+            quota_labels,
+            registry=self.registry,
+        )
+        self.quota_limits = Gauge(
+            "extender_quota_limits", "GPU limits read from ResourceQuotas, in all.", registry=self.registry
+        )
+        self.quota_series = Gauge(
+            "extender_quota_series",
+            "1 while each quota limit has series of its own (see --quota-metrics-limit).",
+            registry=self.registry,
+        )
         self.cache_nodes = Gauge("extender_cache_nodes", "Nodes in the cache.", registry=self.registry)
         self.cache_pods = Gauge("extender_cache_pods", "Pods in the cache.", registry=self.registry)
         # The labelled children, bound once: `labels()` on every request costs more than the increment.
@@ -216,4 +242,20 @@ class Metrics:
             self.allocations.labels(state.value).set(count)
         self.cache_nodes.set(sum(1 for state in cluster.nodes.values() if state.known))
         self.cache_pods.set(len(cluster.pods))
+        self._quotas(cluster)
         return generate_latest(self.registry)
+
+    def _quotas(self, cluster: Cache) -> None:
+        """The quota families, read from the quotas now: per limit while there are at most `quota_series_limit`
+        (a namespace's quotas come and go, so the series are written afresh)."""
+        series = cluster.quotas.series()
+        each = len(series) <= self.quota_series_limit
+        self.quota_limit.clear()
+        self.quota_used.clear()
+        if each:
+            for namespace, quota, limit, used in series:
+                labels = (namespace, quota, limit.resource.value, limit.model)
+                self.quota_limit.labels(*labels).set(limit.amount)
+                self.quota_used.labels(*labels).set(used)
+        self.quota_limits.set(len(series))
+        self.quota_series.set(int(each))

@@ -144,6 +144,7 @@ def _inspect(service: Service, request: Request) -> Response:
             "reservations": len(cache.reserved),
             "ready": service.ready(),
             "workload": inspect_workload(service),
+            "quotas": cache.quotas.report(),
         }
     )
 

@@ -28,9 +28,11 @@ from extender.core import contract, objects
 from extender.core.binding import BindContext, BindRequest, Guard, Outcome, bind
 from extender.core.cache import NodeState, PodRecord
 from extender.core.devices import Demand
+from extender.core.fit import Cause
 from extender.core.objects import Raw, pod_key, pod_priority
 from extender.core.policy import FilterOutcome, ask_of, filter_pod, prioritize
 from extender.core.preemption import beyond_preemption, preempt_candidates
+from extender.core.quota_fit import quota_filter
 from extender.core.recheck import Recheck, suspects
 from extender.core.resources import InvalidPod, required_values
 from extender.core.workload import shape_of
@@ -161,7 +163,9 @@ def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], servic
     ask = ask_of(args.Pod, demand)
     label = cache.protocol.model_label
     cache.asked(objects.uid(args.Pod), shape_of(demand, ask.cpu, ask.memory, required_values(args.Pod, label)))
-    return filter_pod(demand, names, _states(args, service), cache, unit, pod, ask, service.policy)
+    states = _states(args, service)
+    admit = quota_filter(args.Pod, demand, cache, states, service.policy, ask)
+    return filter_pod(demand, names, states, cache, unit, pod, ask, service.policy, admit)
 
 
 def _not_ready_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult:
@@ -208,10 +212,10 @@ def _filter_reply(
     for cause, count in outcome.causes.items():
         metrics.rejected_by[cause].inc(count)
     failed, unresolvable = outcome.failed, outcome.unresolvable
-    if not outcome.passed and failed:
+    if not outcome.passed and (failed or outcome.causes[Cause.QUOTA]):
         log.debug("filter %s: none of %d nodes fit", pod_key(args.Pod), len(names))
-        if demand.memory:
-            service.requeue.refused(objects.uid(args.Pod), demand)
+        if not demand.is_zero:
+            service.requeue.refused(objects.uid(args.Pod), demand, objects.namespace(args.Pod))
         hopeless = beyond_preemption({node: failed[node] for node in outcome.full}, service.cache, args.Pod)
         if hopeless:
             failed = {node: reason for node, reason in failed.items() if node not in hopeless}
@@ -253,7 +257,7 @@ def _preempt(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderPreemptionArgs)
     demand = _demand(args.Pod, service)
     candidates, violations = contract.preemption_candidates(args)
-    kept = preempt_candidates(demand, candidates, service.cache, pod_priority(args.Pod))
+    kept = preempt_candidates(demand, candidates, service.cache, pod_priority(args.Pod), objects.namespace(args.Pod))
     if not demand.is_zero:
         service.preemptions.remember(objects.uid(args.Pod), kept)
     return contract.preemption_reply(kept, violations), ""

@@ -1,10 +1,10 @@
-"""The file source: Nodes and Pods from a YAML or JSON file of Kubernetes objects, and a binder that
-applies binds to that in-memory state as the API server would.
+"""The file source: Nodes, Pods and ResourceQuotas from a YAML or JSON file of Kubernetes objects, and a binder
+that applies binds to that in-memory state as the API server would.
 
-It reads what `kubectl get nodes,pods -A -o yaml` prints (a `List`), several YAML documents, a JSON object
-or a JSON array, and `NodeList`/`PodList`. Other kinds are skipped (and counted); a document that is not a
-Kubernetes object is a `ClusterFileError` naming the file and the document. For demos, load tests and
-offline what-if runs; it never talks to a cluster.
+It reads what `kubectl get nodes,pods,resourcequotas -A -o yaml` prints (a `List`), several YAML documents, a
+JSON object or a JSON array, and `NodeList`/`PodList`/`ResourceQuotaList`. Other kinds are skipped (and
+counted); a document that is not a Kubernetes object is a `ClusterFileError` naming the file and the document.
+For demos, load tests and offline what-if runs; it never talks to a cluster.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class ClusterFileError(UserError):
 class ClusterObjects:
     nodes: list[Raw] = field(default_factory=list)
     pods: list[Raw] = field(default_factory=list)
+    quotas: list[Raw] = field(default_factory=list)
+    """ResourceQuotas (their GPU keys limit what the namespaces' pods are given: `core/quota.py`)."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Kinds present in the file that the extender does not use, with their counts."""
 
@@ -86,6 +88,8 @@ def _collect(objects: ClusterObjects, document: Any, where: str) -> None:
         if not meta.get("uid"):
             raise ClusterFileError(f"{where}: Pod {meta.get('name')} without metadata.uid")
         objects.pods.append(document)
+    elif kind == "ResourceQuota":
+        objects.quotas.append(document)
     else:
         objects.skipped[str(kind)] = objects.skipped.get(str(kind), 0) + 1
 

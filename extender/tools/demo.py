@@ -42,6 +42,7 @@ from extender.tools.demo_report import (
     fit,
     latency_lines,
     misplaced,
+    never_fits,
     over_capacity,
     placements,
     pod_lines,
@@ -145,7 +146,7 @@ async def _drive(
         problems += unasked(burst, decisions, after)
     placed = [decision for decision in decisions.values() if decision.node]
     unplaced = [decision for decision in decisions.values() if not decision.node]
-    never = sum(1 for decision in unplaced if len(decision.unresolvable) == len(known))
+    never = sum(1 for decision in unplaced if never_fits(decision, len(known)))
     split = sum(1 for decision in placed if decision.pod.gpus > 1)
     used_after = sum(node["used"] for node in after["nodes"] if node["known"])
     requests = sum(len(times) for times in scheduler.latency.values())

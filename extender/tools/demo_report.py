@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from extender.core.objects import Raw
+from extender.core.preemption import BEYOND_PREEMPTION
 from extender.tools.demo_burst import BurstPod
 from extender.tools.demo_scheduler import Decision
 from extender.tools.inspect import BAR_WIDTH, bar, count, short_model
@@ -219,18 +220,33 @@ def dimension_lines(before: Raw, after: Raw) -> list[str]:
     return lines
 
 
+def full_now(decision: Decision) -> dict[str, str]:
+    """The nodes that refused the pod for lack of room now: those preemption could help (failed), and those the
+    filter answered unresolvable only because no eviction could make room (`preemption.BEYOND_PREEMPTION`)."""
+    full = {node: why for node, why in decision.failed.items() if node not in decision.unresolvable}
+    for node, why in decision.unresolvable.items():
+        for suffix in BEYOND_PREEMPTION:
+            if why.endswith(suffix):
+                full[node] = why.removesuffix(suffix)
+    return full
+
+
+def never_fits(decision: Decision, nodes: int) -> bool:
+    """Whether no node could ever hold the pod (not merely none now)."""
+    return len(decision.unresolvable) == nodes and not full_now(decision)
+
+
 def why_not(decision: Decision, nodes: int) -> list[str]:
     """Why a pod has no node: the filter's verdict over all nodes, then the most common reason."""
     attempt = f"attempt {decision.attempts}: " if decision.attempts > 1 else ""
     if decision.error:
         return ["NOT PLACED", f"{attempt}{decision.error}"]
-    if len(decision.unresolvable) == nodes:
+    no_room_now = full_now(decision)
+    if never_fits(decision, nodes):
         verdict = f"unresolvable on all {count(nodes, 'node')} (preemption cannot help)"
     else:
-        no_room = len(set(decision.failed) - set(decision.unresolvable))
-        verdict = f"no room now on {count(no_room, 'node')}, unresolvable on {len(decision.unresolvable)}"
+        verdict = f"no room now on {count(len(no_room_now), 'node')}, unresolvable on {nodes - len(no_room_now)}"
     # The nodes without room now are the ones that could take the pod later: their reasons matter most.
-    no_room_now = {node: why for node, why in decision.failed.items() if node not in decision.unresolvable}
     reasons = Counter((no_room_now or decision.unresolvable).values())
     if not reasons:
         return [f"NOT PLACED: {verdict}"]

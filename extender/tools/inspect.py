@@ -11,7 +11,8 @@ draws too.
 
 What a GPU shows follows what the report carries: memory always; compute (`used_cores/cores %`) and pod slots
 (`used_slots/slots`), the GPU's model and a cordon mark where the device plugin tracks them (HAMi); a node's
-lock where its plugin holds one. A report without them (gpushare) draws exactly the four memory columns.
+lock where its plugin holds one. A report without them (gpushare) draws exactly the four memory columns. The
+ResourceQuotas that limit GPUs follow the nodes: per limit, what its namespace uses of it (`core/quota.py`).
 """
 
 from __future__ import annotations
@@ -275,6 +276,38 @@ def _lines(nodes: list[dict[str, Any]], unit: str) -> list[str]:
     return lines
 
 
+_QUOTA_UNITS = {"memory": "", "compute": " %", "gpus": ""}
+
+
+def _quota_lines(quotas: list[dict[str, Any]], unit: str) -> list[str]:
+    """Per quota its name, then per limit what it counts, `used/limit` and a bar; unread keys and a quota that
+    cannot be read said in words."""
+    rows: list[tuple[str, str, str, str]] = []
+    notes: dict[int, list[str]] = {}
+    for quota in quotas:
+        name = f"{quota.get('namespace', '?')}/{quota.get('name', '?')}"
+        limits = [limit for limit in quota.get("limits") or [] if isinstance(limit, dict)]
+        first = len(rows)
+        for limit in limits:
+            resource = str(limit.get("resource", "?"))
+            what = f"{resource} {limit['model']}" if limit.get("model") else resource
+            used, amount = _whole(limit.get("used")), _whole(limit.get("limit"))
+            units = f" {unit}" if resource == "memory" and unit else _QUOTA_UNITS.get(resource, "")
+            rows.append((name if len(rows) == first else "", what, f"{used}/{amount}{units}", bar(used, amount)))
+        if not limits:
+            rows.append((name, "-", "", ""))
+        problems = [f"cannot be read: {quota['broken']}"] if quota.get("broken") else []
+        problems += [f"unread: {text}" for text in quota.get("unread") or []]
+        notes[len(rows) - 1] = problems
+    widths = [max((len(row[column]) for row in rows), default=0) for column in range(3)]
+    lines = ["ResourceQuotas (what each namespace is given of each GPU limit):"]
+    for number, row in enumerate(rows):
+        cells = [cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)]
+        lines.append(("  " + "  ".join([*cells, row[3]])).rstrip())
+        lines.extend("    " + note for note in notes.get(number, ()))
+    return lines
+
+
 def render_table(report: dict[str, Any]) -> str:
     """The report as text: per node a header line, per GPU a line with its pods and reservations."""
     unit = str(report.get("unit", ""))
@@ -288,7 +321,11 @@ def render_table(report: dict[str, Any]) -> str:
         f"{_whole(report.get('pods'))} pods in the cache, {_whole(report.get('reservations'))} reserved; "
         f"extender {readiness}"
     )
-    return "\n".join([*_lines(nodes, unit), "", summary]) + "\n" if nodes else summary + "\n"
+    quotas = [quota for quota in report.get("quotas") or [] if isinstance(quota, dict)]
+    quota_lines = ["", *_quota_lines(quotas, unit)] if quotas else []
+    if not nodes:
+        return "\n".join([*quota_lines[1:], summary]) + "\n" if quotas else summary + "\n"
+    return "\n".join([*_lines(nodes, unit), *quota_lines, "", summary]) + "\n"
 
 
 def fetch_and_render(url: str, node: str, ca: str, cert: str, key: str, insecure: bool, as_json: bool) -> str:

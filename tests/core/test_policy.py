@@ -22,7 +22,7 @@ from extender.core.policy import (
     most_allocated,
     score_node,
 )
-from extender.core.preemption import beyond_preemption, preempt_candidates
+from extender.core.preemption import MAY_NOT_PREEMPT, NO_LOWER_PRIORITY, beyond_preemption, preempt_candidates
 from tests.builders import bound_pod, make_cluster, make_node, make_pod
 
 BINPACK = PolicyConfig()
@@ -319,15 +319,16 @@ def test_a_full_node_is_beyond_preemption_when_no_pod_on_its_gpus_has_a_lower_pr
         _with_priority(bound_pod("p50", "high", (0,), 16), 50),
     )
     cluster = make_cluster(make_node("low", gpus=1), make_node("high", gpus=1), make_node("empty", gpus=1), pods=pods)
-    refused = {"low": "full", "high": "full", "empty": "locked"}
-    assert beyond_preemption(refused, cluster, _preemptor(50)) == {"high": "full", "empty": "locked"}
-    assert beyond_preemption(refused, cluster, _preemptor(100)) == {"empty": "locked"}
-    assert beyond_preemption(refused, cluster, _preemptor(10)) == refused
+    refused = {"low": "full", "high": "full", "empty": "full"}
+    why = "full" + NO_LOWER_PRIORITY
+    assert beyond_preemption(refused, cluster, _preemptor(50)) == {"high": why, "empty": why}
+    assert beyond_preemption(refused, cluster, _preemptor(100)) == {"empty": why}
+    assert beyond_preemption(refused, cluster, _preemptor(10)) == {"low": why, "high": why, "empty": why}
 
 
 def test_a_pod_that_may_not_preempt_finds_every_full_node_beyond_preemption() -> None:
     cluster = make_cluster(make_node("a", gpus=1), pods=(bound_pod("p", "a", (0,), 16),))
-    assert beyond_preemption({"a": "full"}, cluster, _preemptor(1000, "Never")) == {"a": "full"}
+    assert beyond_preemption({"a": "full"}, cluster, _preemptor(1000, "Never")) == {"a": "full" + MAY_NOT_PREEMPT}
 
 
 def test_the_lowest_priority_on_a_node_follows_its_pods() -> None:

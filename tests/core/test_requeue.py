@@ -15,7 +15,7 @@ import orjson
 
 from extender.core.devices import Demand
 from extender.core.ledger import Ledger
-from extender.core.requeue import Refusals, fits_any
+from extender.core.requeue import Refusals, Refused, fits_any
 from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
 from tests.conftest import ClientFor, eventually, make_service
 
@@ -27,7 +27,7 @@ def test_a_refusal_counts_only_from_since_and_only_if_the_pod_fits_now() -> None
     refusals.refused("big", Demand(memory=8))
     refusals.refused("also-big", Demand(memory=8))
     state = cluster.nodes["n1"]
-    assert refusals.demands_since(clock.now - 1) == {Demand(memory=8)}, "each demand once"
+    assert refusals.demands_since(clock.now - 1) == {Refused(Demand(memory=8))}, "each demand once"
     assert not fits_any(refusals.demands_since(clock.now - 1), state), "4 GiB free: an 8 GiB pod does not fit"
     cluster.forget_pod(next(iter(cluster.pods)))
     assert fits_any(refusals.demands_since(clock.now - 1), state)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
+from extender.tools.certs import write_certificates
 from tests.e2e.controlplane import (
     BUILD_SCRIPT,
     ApiError,
@@ -19,6 +20,7 @@ from tests.e2e.controlplane import (
     go_toolchain,
     missing_binaries,
 )
+from tests.e2e.extender_process import TLSFiles
 
 Remember = Callable[[str], None]
 
@@ -53,3 +55,13 @@ async def cleanup(control_plane: ControlPlane) -> AsyncIterator[Remember]:
         except ApiError as error:
             if error.status != 404:
                 raise
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    """A module's extender certificates: one CA for its serving certificate (127.0.0.1) and the client
+    certificate kube-scheduler and the tests show it."""
+    files = write_certificates(tmp_path_factory.mktemp("extender-tls"), dns_names=(), ips=("127.0.0.1",))
+    return TLSFiles(
+        files.ca_certificate, files.server_certificate, files.server_key, files.client_certificate, files.client_key
+    )

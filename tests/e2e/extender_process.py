@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,14 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.e2e.controlplane import LOG_TAIL_LINES, ControlPlaneError, eventually, free_port
+from tests.e2e.controlplane import (
+    EXTENDER_NAMESPACE,
+    LOG_TAIL_LINES,
+    ControlPlane,
+    ControlPlaneError,
+    eventually,
+    free_port,
+)
 
 STARTUP_TIMEOUT = 30.0
 
@@ -196,6 +203,27 @@ class ExtenderProcess:
         if status != 200:
             raise self.failure(f"answered {status} to /metrics")
         return str(reply)
+
+
+@contextlib.contextmanager
+def serving_with_own_pod(
+    control_plane: ControlPlane, process: ExtenderProcess, own_pod: str, node: str
+) -> Iterator[ExtenderProcess]:
+    """The extender started beside its own pod (in the extender's namespace, bound to `node`, as a Deployment's
+    pod would be; no kubelet runs it), which `--pod-name` makes it label while it leads and annotate to ask
+    kube-scheduler for retries; ready when the block starts, stopped and its pod deleted when it ends."""
+    own = {
+        "metadata": {"name": own_pod, "namespace": EXTENDER_NAMESPACE},
+        "spec": {"nodeName": node, "containers": [{"name": "extender", "image": "registry.example/none"}]},
+    }
+    control_plane.request("POST", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods", own)
+    process.start()
+    try:
+        process.wait_until(200)
+        yield process
+    finally:
+        process.stop()
+        control_plane.request("DELETE", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods/{own_pod}")
 
 
 async def assert_agrees(extender: ExtenderProcess, differences: Callable[[], Awaitable[list[str]]]) -> None:

@@ -38,7 +38,7 @@ import orjson
 import pytest
 import yaml
 
-from extender.tools.certs import write_certificates
+from tests.e2e.conftest import Remember
 from tests.e2e.controlplane import (
     EXTENDER_NAMESPACE,
     MANIFESTS,
@@ -60,7 +60,7 @@ from tests.e2e.deviceplugin import (
     decode_entries,
     lock_holder,
 )
-from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees
+from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees, serving_with_own_pod
 from tests.e2e.scheduler import Scheduler, running_scheduler
 
 pytestmark = pytest.mark.e2e
@@ -163,14 +163,6 @@ def hami_node(name: str, rng: random.Random) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
-    files = write_certificates(tmp_path_factory.mktemp("hami-extender-tls"), dns_names=(), ips=("127.0.0.1",))
-    return TLSFiles(
-        files.ca_certificate, files.server_certificate, files.server_key, files.client_certificate, files.client_key
-    )
-
-
-@pytest.fixture(scope="module")
 def hami_nodes(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
     rng = random.Random(2100)
     for name in NODES:
@@ -213,21 +205,11 @@ def hami_rights(control_plane: ControlPlane) -> Iterator[None]:
 def extender(
     control_plane: ControlPlane, tls: TLSFiles, hami_nodes: tuple[str, ...], hami_rights: None
 ) -> Iterator[ExtenderProcess]:
-    own = {
-        "metadata": {"name": SELF, "namespace": EXTENDER_NAMESPACE},
-        "spec": {"nodeName": hami_nodes[0], "containers": [{"name": "extender", "image": "registry.example/none"}]},
-    }
-    control_plane.request("POST", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods", own)
     process = ExtenderProcess(
         "e2e-hami", control_plane.workdir, control_plane.kubeconfig("extender"), tls, EXTENDER_FLAGS
     )
-    process.start()
-    try:
-        process.wait_until(200)
-        yield process
-    finally:
-        process.stop()
-        control_plane.request("DELETE", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods/{SELF}")
+    with serving_with_own_pod(control_plane, process, SELF, hami_nodes[0]) as serving:
+        yield serving
 
 
 @pytest.fixture(scope="module")
@@ -1047,6 +1029,68 @@ async def test_pods_selecting_a_gpu_model_land_only_on_gpus_of_that_model(
     }
     assert all(models[name] == {V100[0]} for name in models if name.startswith("v100-")), models
     assert all(models[name] == {A100[0]} for name in models if not name.startswith("v100-")), models
+    await assert_extender_agrees(control_plane, extender)
+
+
+async def test_a_quota_counts_the_whole_card_hami_gives_and_a_compute_limit_of_0_keeps_pods_off_its_model(
+    control_plane: ControlPlane,
+    extender: ExtenderProcess,
+    scheduler: Scheduler,
+    plugin: DevicePluginDouble,
+    cleanup: Remember,
+    workload: Workload,
+) -> None:
+    """HAMi's own quota keys, as hami-scheduler enforces them in Fit (`pkg/device/nvidia/device.go:666-692`,
+    `pkg/device/quota.go:62-95`): four pods asking a whole card (`nvidia.com/gpu: 1`, no memory: Kubernetes'
+    own quota would count nothing) under 81,920 MiB of GPU memory and 0 % of V100 compute. Each is given a
+    whole A100 (40,960 MiB), none a V100: two are placed, the other two wait, saying why."""
+    await start_clean(extender)
+    path = "/api/v1/namespaces/default/resourcequotas/hami-team"
+    hard = {"limits.nvidia.com/gpumem": "81920", "limits.nvidia.com/gpucores.V100": "0"}
+    await control_plane.api(
+        "POST", "/api/v1/namespaces/default/resourcequotas", {"metadata": {"name": "hami-team"}, "spec": {"hard": hard}}
+    )
+    cleanup(path)
+
+    async def seen() -> bool:
+        return any(entry["name"] == "hami-team" for entry in (await extender.inspect())["quotas"])
+
+    await eventually(seen, what="the quota in the extender's /inspect")
+    await workload.burst([one(f"card-{number}", 1, None, None, 100) for number in range(4)])
+
+    async def placed() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        pods = await workload.pods()
+        bound = [pod for pod in pods if pod["spec"].get("nodeName")]
+        waiting = [pod for pod in pods if not pod["spec"].get("nodeName")]
+        refused = all(
+            condition.get("reason") == "Unschedulable"
+            for pod in waiting
+            for condition in (pod.get("status") or {}).get("conditions") or ()
+            if condition.get("type") == "PodScheduled"
+        )
+        admitted = all(plugin.admitted(pod["metadata"]["uid"]) for pod in bound)
+        return (bound, waiting) if len(bound) == 2 and len(waiting) == 2 and refused and admitted else None
+
+    bound, waiting = await eventually(placed, timeout=60, what="2 placed, 2 refused")
+    state = await api_state(control_plane)
+    assert not state.problems, state.problems
+    given = {
+        (GPUS[device.uuid].model, device.memory)
+        for pod in bound
+        for entry in decode_entries(annotations_of(pod)[ALLOCATED])
+        for device in entry
+    }
+    assert given == {A100}, "a whole A100 each"
+    reason = "namespace default uses 81920 of its 81920 MiB of GPU memory (ResourceQuota hami-team); this pod needs"
+    events = await control_plane.api("GET", "/api/v1/namespaces/default/events")
+    for pod in waiting:
+        messages = [
+            str(event.get("message"))
+            for event in events["items"]
+            if event.get("reason") == "FailedScheduling"
+            and (event.get("involvedObject") or {}).get("uid") == pod["metadata"]["uid"]
+        ]
+        assert any(reason in message for message in messages), messages
     await assert_extender_agrees(control_plane, extender)
 
 

@@ -24,9 +24,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from extender.tools.certs import write_certificates
 from tests.e2e.controlplane import EXTENDER_NAMESPACE, GPU_MEM, ApiError, ControlPlane, eventually
-from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees
+from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees, serving_with_own_pod
 from tests.e2e.scheduler import Scheduler, running_scheduler
 
 pytestmark = pytest.mark.e2e
@@ -71,14 +70,6 @@ Key = tuple[str, int]
 
 
 @pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
-    files = write_certificates(tmp_path_factory.mktemp("extender-tls"), dns_names=(), ips=("127.0.0.1",))
-    return TLSFiles(
-        files.ca_certificate, files.server_certificate, files.server_key, files.client_certificate, files.client_key
-    )
-
-
-@pytest.fixture(scope="module")
 def gpu_nodes(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
     for name in NODES:
         control_plane.create_node_now(name, gpus=GPUS, gpu_mem=GPU_MEMORY)
@@ -95,18 +86,11 @@ def start_extender(control_plane: ControlPlane, tls: TLSFiles, name: str, *flags
 
 @pytest.fixture(scope="module")
 def extender(control_plane: ControlPlane, tls: TLSFiles, gpu_nodes: tuple[str, ...]) -> Iterator[ExtenderProcess]:
-    own = {
-        "metadata": {"name": SELF, "namespace": EXTENDER_NAMESPACE},
-        "spec": {"nodeName": gpu_nodes[0], "containers": [{"name": "extender", "image": "registry.example/none"}]},
-    }
-    control_plane.request("POST", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods", own)
-    process = start_extender(control_plane, tls, "e2e-main", *EXTENDER_FLAGS)
-    try:
-        process.wait_until(200)
-        yield process
-    finally:
-        process.stop()
-        control_plane.request("DELETE", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods/{SELF}")
+    process = ExtenderProcess(
+        "e2e-main", control_plane.workdir, control_plane.kubeconfig("extender"), tls, EXTENDER_FLAGS
+    )
+    with serving_with_own_pod(control_plane, process, SELF, gpu_nodes[0]) as serving:
+        yield serving
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from extender.core.binding import BindError
 from extender.core.policy import PolicyConfig
 from extender.service.pages import build_health_server
 from extender.service.verbs import build_server
-from tests.builders import bound_pod, make_cluster, make_node, make_pod
+from tests.builders import bound_pod, make_cluster, make_node, make_pod, make_quota
 from tests.conftest import ClientFor, make_service
 
 
@@ -204,6 +204,29 @@ async def test_metrics_count_requests_nodes_and_allocations(client_for: ClientFo
     assert "extender_cache_nodes 2.0" in text
 
 
+async def test_metrics_show_each_quota_limit_and_what_its_namespace_uses_within_a_bound(
+    client_for: ClientFor,
+) -> None:
+    cluster = make_cluster(make_node("n1"), pods=(bound_pod("a", "n1", (0,), 6, namespace="ml-a"),))
+    hard = {"limits.aliyun.com/gpu-mem": "16", "limits.aliyun.com/gpu-count.T4": "2"}
+    cluster.quotas.replace([cluster.quotas.read(make_quota("team", "ml-a", **hard))])
+    service = make_service(cluster)
+    client = await client_for(service)
+    refused = make_pod("big", gpu_mem=12, namespace="ml-a")
+    reply = await (await client.post("/filter", data=orjson.dumps(filter_body(refused)))).json()
+    assert reply["NodeNames"] == [] and "uses 6 of its 16 GiB" in reply["FailedAndUnresolvableNodes"]["n1"]
+    text = await (await client.get("/metrics")).text()
+    assert 'extender_filter_rejections_total{cause="quota"} 1.0' in text
+    labels = 'model="",namespace="ml-a",quota="team",resource="memory"'
+    assert f"extender_quota_limit{{{labels}}} 16.0" in text and f"extender_quota_used{{{labels}}} 6.0" in text
+    assert 'extender_quota_limit{model="T4",namespace="ml-a",quota="team",resource="gpus"} 2.0' in text
+    assert "extender_quota_limits 2.0" in text and "extender_quota_series 1.0" in text
+    service.metrics.quota_series_limit = 1  # more limits than series allowed: their count alone
+    text = await (await client.get("/metrics")).text()
+    assert "extender_quota_limit{" not in text and "extender_quota_used{" not in text
+    assert "extender_quota_limits 2.0" in text and "extender_quota_series 0.0" in text
+
+
 async def test_inspect_shows_devices_pods_and_reservations_with_their_age(client_for: ClientFor) -> None:
     cluster = make_cluster(make_node("n1"), pods=(bound_pod("a", "n1", (1,), 6),))
     client = await client_for(make_service(cluster))
@@ -236,6 +259,7 @@ async def test_a_pod_refused_everywhere_is_told_where_preemption_could_help(clie
     reply = await (await client.post("/filter", data=orjson.dumps(filter_body(pod, names=["n1", "n2"])))).json()
     assert list(reply["FailedNodes"]) == ["n1"] and list(reply["FailedAndUnresolvableNodes"]) == ["n2"]
     assert reply["FailedAndUnresolvableNodes"]["n2"].startswith("needs 8 GiB on one GPU")
+    assert reply["FailedAndUnresolvableNodes"]["n2"].endswith("so preemption cannot help")
 
 
 async def test_inspect_shows_the_workload_the_policy_has_learned(client_for: ClientFor) -> None:

@@ -31,7 +31,7 @@ from extender.sources.kube.informer import Informer, WatchOptions
 from extender.sources.kube.source import KubeOptions, KubeSource
 from extender.sources.kube.writes import LEADER_LABEL, Requeuer
 from tests.apidouble import ApiDouble
-from tests.builders import PROFILE, FakeClock, bound_pod, cache_differences, make_node, make_pod
+from tests.builders import PROFILE, FakeClock, bound_pod, cache_differences, make_node, make_pod, make_quota
 from tests.conftest import ClientFor, eventually, make_service
 
 FAST = LeaseTimings(lease_duration=1.0, renew_deadline=0.6, retry_period=0.1)
@@ -649,3 +649,85 @@ async def test_gpus_listed_in_kube_systems_unhealthy_configmap_take_no_new_pods(
     api.delete_configmap("kube-system", "unhealthy-gpu-n1")
     await eventually(lambda: replica.cluster.nodes["n1"].devices[1].healthy, what="GPU 1 healthy again")
     assert replica.cluster.nodes["n1"].free == [16, 12]
+
+
+# ---- ResourceQuotas ----------------------------------------------------------------------------------------
+
+
+async def test_quotas_are_listed_and_watched_and_a_quota_raised_asks_for_a_retry(
+    api: ApiDouble, kube: KubeClient, client_for: ClientFor
+) -> None:
+    """A pod refused for its namespace's quota waits for no cluster event kube-scheduler knows: when the quota is
+    raised, the extender asks for the retry itself."""
+    api.add_node(make_node("n1", gpus=2, mem=16))
+    api.add_pod(bound_pod("held", "n1", (0,), 16, namespace="ml-a"))
+    api.add_quota(make_quota("team", "ml-a", **{"limits.aliyun.com/gpu-mem": "16", "limits.cpu": "4"}))
+    service, source = await requeue_source(api, kube)
+    try:
+        client = await client_for(service)
+        waiting = api.add_pod(make_pod("waiting", gpu_mem=8, namespace="ml-a"))
+        reply = await (await client.post("/filter", filter_body(waiting, ["n1"]))).json()
+        assert reply["FailedNodes"] == {}, "16+8>16, and no pod of ml-a of lower priority to evict: unresolvable"
+        assert reply["FailedAndUnresolvableNodes"] == {
+            "n1": "namespace ml-a uses 16 of its 16 GiB of GPU memory (ResourceQuota team); this pod needs 8 GiB"
+        }
+        quota = api.update_quota(make_quota("team", "ml-a", **{"limits.aliyun.com/gpu-mem": "24"}))
+        await eventually(lambda: requeue_requested(api), what="a retry asked")
+        reply = await (await client.post("/filter", filter_body(waiting, ["n1"]))).json()
+        assert reply["NodeNames"] == ["n1"]
+        api.delete_quota("ml-a", quota["metadata"]["name"])
+        await eventually(lambda: not service.cache.quotas.active, what="the quota's deletion seen")
+        metrics = await (await client.get("/metrics")).text()
+        assert 'extender_cache_synced{kind="resourcequotas"} 1.0' in metrics
+    finally:
+        await source.stop()
+
+
+async def test_a_replica_that_may_not_list_quotas_is_not_ready_and_says_why(
+    api: ApiDouble, kube: KubeClient, client_for: ClientFor
+) -> None:
+    """Serving without the quotas would let a burst pass them: the replica waits, naming the right it lacks."""
+    seed(api)
+    api.fail("GET", "/api/v1/resourcequotas", status=403, times=1000)
+    settings = Settings(insecure_http=True, identity="q1", lease_namespace="gpu-extender", leader_elect=False).check()
+    service, source = kube_service(settings, kube)
+    await source.start()
+    try:
+        client = await client_for(service)
+        await eventually(lambda: source.quotas is not None and source.quotas.failures > 0, what="a refused list")
+        response = await client.get("/readyz")
+        reason = (await response.json())["Error"]
+        assert response.status == 503 and reason.startswith("extender is not ready: it cannot list ResourceQuotas (")
+        assert "grant it resourcequotas list and watch (manifests/rbac.yaml)" in reason
+        api.clear_faults()
+        await eventually(source.ready, what="ready once the quotas are listed")
+    finally:
+        await source.stop()
+
+
+async def test_with_quotas_off_no_quota_is_read(api: ApiDouble, kube: KubeClient) -> None:
+    seed(api)
+    api.add_quota(make_quota("team", "default", **{"limits.aliyun.com/gpu-mem": "0"}))
+    settings = Settings(insecure_http=True, identity="q2", leader_elect=False, resource_quotas=False).check()
+    service, source = kube_service(settings, kube)
+    await source.start()
+    try:
+        await eventually(source.ready, what="ready")
+        assert source.quotas is None and not service.cache.quotas.active
+        assert not any(path.startswith("/api/v1/resourcequotas") for _, path in api.requests)
+    finally:
+        await source.stop()
+
+
+async def test_a_nodes_gpu_model_label_reaches_the_cache_and_its_quota(api: ApiDouble, replicas: Replicas) -> None:
+    """gpushare's GPU model is a node label (`model_label`): the watch keeps labels, so a quota for a model counts
+    the pods on that node's GPUs."""
+    node = make_node("n1", gpus=2, mem=16)
+    node["metadata"]["labels"]["nvidia.com/gpu.product"] = "Tesla-T4"
+    api.add_node(node)
+    api.add_pod(bound_pod("held", "n1", (0,), 8, namespace="ml-a"))
+    api.add_quota(make_quota("team", "ml-a", **{"limits.aliyun.com/gpu-mem.T4": "8"}))
+    replica = await replicas.start()
+    await asyncio.wait_for(replica.source.synced(), 5.0)
+    assert [device.model for device in replica.cluster.nodes["n1"].devices] == ["Tesla-T4", "Tesla-T4"]
+    assert replica.cluster.quotas.report()[0]["limits"][0]["used"] == 8

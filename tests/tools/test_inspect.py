@@ -23,7 +23,7 @@ from extender.service.transport import HttpServer
 from extender.service.verbs import build_server
 from extender.settings import Protocol, Settings
 from extender.tools.inspect import InspectError, bar, fetch_and_render, short_model
-from tests.builders import bound_pod, make_hami_node, make_node, running_hami_pod
+from tests.builders import bound_pod, make_hami_node, make_node, make_quota, running_hami_pod
 from tests.conftest import Pki, serve
 
 RESERVED_AGE = 600.0
@@ -253,3 +253,38 @@ async def test_a_locked_node_says_for_which_pod_and_since_when(hami_url: str, pk
 )
 def test_short_model_drops_the_vendor_hami_puts_first(model: str, short: str) -> None:
     assert short_model(model) == short
+
+
+# --- ResourceQuotas ---------------------------------------------------------------------------------------
+
+
+def quota_server(folder: Path) -> HttpServer:
+    """A cluster file with ResourceQuotas: ml-a holds 12 GiB on an A100 node; one key of ml-b unreadable."""
+    node = make_node("a100", gpus=2, mem=16)
+    node["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-A100-SXM4-40GB"
+    objects = [
+        node,
+        bound_pod("train", "a100", (0,), 12, namespace="ml-a"),
+        make_quota("team", "ml-a", **{"limits.aliyun.com/gpu-mem": "40", "limits.aliyun.com/gpu-count.A100": "2"}),
+        make_quota("odd", "ml-b", **{"limits.aliyun.com/gpu-mem": "1.5", "limits.aliyun.com/gpu-count": "4"}),
+        make_quota("cpu-only", "ml-b", **{"limits.cpu": "4"}),
+    ]
+    path = folder / "quotas.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}))
+    return build_server(file_service(Settings(), str(path)))
+
+
+async def test_quotas_show_what_each_namespace_uses_of_each_gpu_limit(tmp_path: Path) -> None:
+    async for url in serve(quota_server(tmp_path), None):
+        lines = (await inspect(url)).splitlines()
+        start = lines.index("ResourceQuotas (what each namespace is given of each GPU limit):")
+        assert lines[start + 1 :] == [
+            "  ml-a/team  gpus A100  1/2        [##########..........]",
+            "             memory     12/40 GiB  [######..............]",
+            "  ml-b/odd   gpus       0/4        [....................]",
+            "    unread: limits.aliyun.com/gpu-mem: '1.5' is not a whole number; HAMi reads only whole numbers too",
+            "",
+            "1 node, 2 GPUs, 1 pods in the cache, 0 reserved; extender ready",
+        ]
+        report = json.loads(await inspect(url, as_json=True))
+        assert [quota["name"] for quota in report["quotas"]] == ["team", "odd"], "one without GPU keys is not kept"

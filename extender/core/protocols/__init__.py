@@ -35,6 +35,21 @@ class Recorded:
 NOTHING_RECORDED = Recorded("", None, 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaResources:
+    """The resources whose `limits.<name>` keys in a ResourceQuota limit what this protocol's pods are given
+    (`core/quota.py`); "" for one the protocol does not track."""
+
+    memory: str
+    """GPU memory, in the quota as in the pods (HAMi: `nvidia.com/gpumem`)."""
+    gpus: str
+    """GPUs (HAMi: `nvidia.com/gpu`; gpushare: `aliyun.com/gpu-count`)."""
+    cores: str = ""
+    """Compute, in % of a GPU (HAMi: `nvidia.com/gpucores`)."""
+    memory_factor: int = 1
+    """What one unit of `memory` in a quota is worth in the protocol's memory unit (HAMi's memoryFactor)."""
+
+
 class DeviceProtocol(Protocol):
     """A device plugin's formats. Pure: reading and writing objects, never I/O."""
 
@@ -63,6 +78,10 @@ class DeviceProtocol(Protocol):
     def model_label(self) -> str:
         """The node label naming a node's GPU model, which pods may require by node affinity ("" when models
         come from elsewhere: the devices themselves and the demand's selectors)."""
+
+    @property
+    def quota_resources(self) -> QuotaResources:
+        """The resources a ResourceQuota's `limits.<name>` keys limit (`core/quota.py`)."""
 
     def node_devices(self, node: Raw) -> NodeDevices:
         """The node's GPUs (and lock), or why none could be read. Never raises."""

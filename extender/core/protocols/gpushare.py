@@ -22,7 +22,7 @@ from extender.core import objects
 from extender.core.devices import NO_DEMAND, Demand, Device, NodeDevices, ceil_div
 from extender.core.holds import Allocation
 from extender.core.objects import Raw, as_object
-from extender.core.protocols import NOTHING_RECORDED, Recorded
+from extender.core.protocols import NOTHING_RECORDED, QuotaResources, Recorded
 from extender.core.resources import MAX_DEVICES, InvalidQuantity, check_pod_shape, parse_count, pod_amount
 
 UNHEALTHY_NAMESPACE = "kube-system"
@@ -84,6 +84,11 @@ class Profile:
     @property
     def node_lock(self) -> str | None:
         return None
+
+    @property
+    def quota_resources(self) -> QuotaResources:
+        """`limits.<memory_resource>` (memory given, in the plugin's unit) and `limits.<count_resource>` (GPUs)."""
+        return QuotaResources(memory=self.memory_resource, gpus=self.count_resource)
 
     @property
     def unhealthy_namespace(self) -> str | None:

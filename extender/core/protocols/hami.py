@@ -44,7 +44,7 @@ from extender.core.devices import NO_DEMAND, Demand, Device, NodeDevices, NodeLo
 from extender.core.fit import WHOLE_GPU
 from extender.core.holds import Allocation, Grant
 from extender.core.objects import Raw, as_object
-from extender.core.protocols import NOTHING_RECORDED, Recorded
+from extender.core.protocols import NOTHING_RECORDED, QuotaResources, Recorded
 from extender.core.resources import (
     MAX_DEVICES,
     InvalidPod,
@@ -118,6 +118,12 @@ class Hami:
     @property
     def node_lock(self) -> str | None:
         return LOCK
+
+    @property
+    def quota_resources(self) -> QuotaResources:
+        """HAMi's own quota keys, `limits.nvidia.com/gpumem` (in units of `memory_factor` MiB) and
+        `limits.nvidia.com/gpucores`, and `limits.nvidia.com/gpu`, which HAMi does not read (`core/quota.py`)."""
+        return QuotaResources(memory=GPUMEM, gpus=GPU, cores=GPUCORES, memory_factor=self.memory_factor)
 
     @property
     def model_label(self) -> str:

@@ -1,8 +1,10 @@
 """The live-cluster source: informers that fill the cache, the API binder, Events, and leader election, and the
 readiness and health they add up to.
 
-Ready means: the first full list of both Nodes and Pods is in the cache and, with leader election on, this
-replica leads *and* has relisted pods since it took the lease. The relist matters: the previous leader's last
+Ready means: the first full list of Nodes, Pods and (unless quotas are off) ResourceQuotas is in the cache and,
+with leader election on, this replica leads *and* has relisted pods since it took the lease. Without the
+quotas' list a burst could be placed past a quota, so a replica that may not list them says so and is not
+ready. The relist matters: the previous leader's last
 binds may still be on their way through our watch, and a new leader that binds before it sees them could give
 the same memory twice. A list is a consistent read of everything written before it.
 
@@ -28,6 +30,7 @@ from extender.core.binding import BindRequest
 from extender.core.cache import TERMINAL_PHASES, Cache, PodRecord
 from extender.core.objects import Raw, as_object
 from extender.core.protocols import DeviceProtocol
+from extender.core.quota import Quota, Quotas
 from extender.core.recheck import TIMEOUT, Answer
 from extender.core.requeue import RECOVERY, WATCH_LAG
 from extender.settings import LeaseTimings
@@ -55,6 +58,8 @@ class KubeOptions:
     timings: LeaseTimings = field(default_factory=LeaseTimings)
     pod_name: str = ""
     """This replica's pod (in `lease_namespace`), labelled `LEADER_LABEL` while it leads; "" for none."""
+    resource_quotas: bool = True
+    """Watch ResourceQuotas and hold pods to their GPU keys (`core/quota.py`)."""
 
 
 Unhealthy = tuple[str, frozenset[int]] | None
@@ -64,6 +69,11 @@ Unhealthy = tuple[str, frozenset[int]] | None
 def configmaps_kind(namespace: str, protocol: DeviceProtocol) -> Kind[Unhealthy]:
     """The ConfigMaps of one namespace, each reduced, as soon as it is decoded, to the unhealthy GPUs it lists."""
     return Kind("configmaps", f"/api/v1/namespaces/{namespace}/configmaps", protocol.unhealthy_gpus)
+
+
+def quotas_kind(quotas: Quotas) -> Kind[Quota]:
+    """Every namespace's ResourceQuotas, each reduced, as soon as it is decoded, to its GPU keys."""
+    return Kind("resourcequotas", "/api/v1/resourcequotas", quotas.read)
 
 
 class KubeSource:
@@ -90,6 +100,14 @@ class KubeSource:
         )
         """Operators' lists of unhealthy GPUs (gpushare's ConfigMaps). Not waited for by readiness: where the
         list is refused (RBAC) or slow, pods are still placed, and its failures are counted and logged."""
+        self.quotas = (
+            Informer(client, quotas_kind(cluster.quotas), self._apply_quota, self._replace_quotas, options.watch)
+            if options.resource_quotas
+            else None
+        )
+        """ResourceQuotas' GPU keys. Waited for by readiness: without them a burst could pass a quota."""
+        self.on_quotas: Callable[[str], None] | None = None
+        """Told when a namespace's quota limits changed (kube-scheduler is not): the namespace."""
         self.on_freed: Callable[[list[str], float], None] | None = None
         """Told when the API's news frees room on nodes (a pod deleted or finished; a node added or changed): the
         nodes, and since when a refusal there may have been the cache's lag (Unix time; see `core/requeue.py`)."""
@@ -161,6 +179,15 @@ class KubeSource:
     def _replace_unhealthy(self, listed: list[Unhealthy]) -> None:
         self.cluster.replace_unhealthy(dict(found for found in listed if found is not None))
 
+    def _apply_quota(self, quota: Quota, deleted: bool) -> None:
+        if self.cluster.quotas.apply(quota, deleted) and self.on_quotas is not None:
+            self.on_quotas(quota.namespace)
+
+    def _replace_quotas(self, quotas: list[Quota]) -> None:
+        for namespace in self.cluster.quotas.replace(quotas):
+            if self.on_quotas is not None:
+                self.on_quotas(namespace)
+
     def _apply_node(self, node: Raw, deleted: bool) -> None:
         self.cluster.apply_node(node, deleted)
         if not deleted:
@@ -181,13 +208,23 @@ class KubeSource:
         if self.label is not None:
             self.label.wake.set()
 
+    def _listed(self) -> tuple[Informer[Any], ...]:
+        """The informers whose first list readiness waits for."""
+        return (self.nodes, self.pods, *((self.quotas,) if self.quotas is not None else ()))
+
     def is_synced(self) -> bool:
-        """The first lists of nodes and pods are in the cache: this replica could take over (/synced)."""
-        return self.nodes.synced.is_set() and self.pods.synced.is_set()
+        """The first lists of nodes, pods and quotas are in the cache: this replica could take over (/synced)."""
+        return all(informer.synced.is_set() for informer in self._listed())
 
     def why_not_ready(self) -> str | None:
         """Why this replica is not ready (None when it is), for /readyz and refused verbs."""
         if not self.is_synced():
+            quotas = self.quotas
+            if quotas is not None and not quotas.synced.is_set() and quotas.failures:
+                return (
+                    f"extender is not ready: it cannot list ResourceQuotas ({quotas.last_error}); grant it "
+                    "resourcequotas list and watch (manifests/rbac.yaml), or set resource_quotas to false"
+                )
             return "extender is not ready: its cache has not been filled yet (waiting for the first lists)"
         elector = self.elector
         if elector is not None:
@@ -258,7 +295,8 @@ class KubeSource:
 
     def counts(self) -> Iterator[Count]:
         """Its counters and state, for /metrics (`service/metrics.py` names and describes each)."""
-        for informer in (self.nodes, self.pods, *((self.unhealthy,) if self.unhealthy is not None else ())):
+        optional = (self.unhealthy, self.quotas)
+        for informer in (self.nodes, self.pods, *(informer for informer in optional if informer is not None)):
             kind = {"kind": informer.kind.name}
             yield "watch_events", kind, informer.events
             yield "lists", kind, informer.lists
@@ -282,6 +320,8 @@ class KubeSource:
         loops = {"nodes informer": self.nodes.run(), "pods informer": self.pods.run()}
         if self.unhealthy is not None:
             loops["unhealthy GPUs informer"] = self.unhealthy.run()
+        if self.quotas is not None:
+            loops["quotas informer"] = self.quotas.run()
         if self.elector is not None:
             loops["leader election"] = self.elector.run()
         if self.label is not None:
@@ -297,8 +337,8 @@ class KubeSource:
             log.error("the %s loop stopped", task.get_name(), exc_info=task.exception())
 
     async def synced(self) -> None:
-        """Wait until the first lists of nodes and pods are in the cache."""
-        await asyncio.gather(self.nodes.synced.wait(), self.pods.synced.wait())
+        """Wait until the first lists of nodes, pods and quotas are in the cache."""
+        await asyncio.gather(*(informer.synced.wait() for informer in self._listed()))
 
     async def stop(self) -> None:
         """Give the lease up first (a standby takes over at once), then stop the informers."""
@@ -309,6 +349,7 @@ class KubeSource:
             "nodes informer",
             "pods informer",
             "unhealthy GPUs informer",
+            "quotas informer",
         ]
         for name in order:
             task = self._tasks.get(name)
