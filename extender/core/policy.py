@@ -434,12 +434,13 @@ def prioritize(
         if config.narrowing is not Narrowing.OFF:
             # The nodes the filter would pass score 10, the rest 0: kube-scheduler calls prioritize only when the
             # filter passed several (ties), so this is the same answer, at the cost of the filter's own.
-            best = set(narrow(ask, names, cache, states, config))
-            return (
-                [host_priority(name, MAX_EXTENDER_PRIORITY) for name in names if name in best]
-                if len(best) < len(names)
-                else []
-            )
+            best = narrow(ask, names, cache, states, config)
+            if len(best) == len(names):
+                return []  # all alike: nothing to add to any
+            if len(best) == 1:
+                return [host_priority(best[0], MAX_EXTENDER_PRIORITY)]
+            chosen = set(best)
+            return [host_priority(name, MAX_EXTENDER_PRIORITY) for name in names if name in chosen]
         scores = fragmentation_scores(ask, names, cache, states, config)
         return _shifted([host_priority(name, score) for name, score in zip(names, scores, strict=True)])
     if demand.is_zero:

@@ -161,8 +161,10 @@ def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], servic
     cache = service.cache
     unit, pod = cache.protocol.unit, pod_key(args.Pod)
     ask = ask_of(args.Pod, demand)
-    label = cache.protocol.model_label
-    cache.asked(objects.uid(args.Pod), shape_of(demand, ask.cpu, ask.memory, required_values(args.Pod, label)))
+    uid = objects.uid(args.Pod)
+    if uid not in cache.pods:  # the watch showed it first, nearly always: it is learned already
+        label = cache.protocol.model_label
+        cache.asked(uid, shape_of(demand, ask.cpu, ask.memory, required_values(args.Pod, label)))
     states = _states(args, service)
     admit = quota_filter(args.Pod, demand, cache, states, service.policy, ask)
     return filter_pod(demand, names, states, cache, unit, pod, ask, service.policy, admit)

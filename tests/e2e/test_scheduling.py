@@ -506,8 +506,10 @@ async def test_memory_freed_by_deleted_pods_goes_to_new_pods(
     assert [key_of(pod) for pod in state.pending] == ["default/wide"]
     await assert_extender_agrees(control_plane, extender)
     messages = await eventually(lambda: events_of(control_plane, wide, "FailedScheduling"), what="FailedScheduling")
+    # No pod there has a lower priority than wide's, so the node is unresolvable: preemption skips it.
     assert any(
-        f"1 needs 16 GiB on one GPU; largest free is 8 GiB (GPU 0 of 2), 3 Insufficient {GPU_MEM}" in message
+        "1 needs 16 GiB on one GPU; largest free is 8 GiB (GPU 0 of 2); no pod on its GPUs has a lower priority, "
+        f"so preemption cannot help, 3 Insufficient {GPU_MEM}" in message
         for message in messages
     ), messages
 
