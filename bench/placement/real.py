@@ -161,7 +161,7 @@ class RealReplay:
         started = time.perf_counter()
         try:
             if self.burst:
-                outcomes, started = await self._burst(seen)
+                outcomes, started = await self._burst(seen, watcher)
             else:
                 await asyncio.to_thread(self.plane.start_scheduler, self.config)
                 started = time.perf_counter()
@@ -202,7 +202,7 @@ class RealReplay:
                     self.progress(f"{index:,} of {len(self.workload.pods):,} pods decided, {bound:,} bound")
         return outcomes
 
-    async def _burst(self, seen: Seen) -> tuple[list[Outcome], float]:
+    async def _burst(self, seen: Seen, watcher: asyncio.Task[None]) -> tuple[list[Outcome], float]:
         bodies = [pod_object(pod, self.scheduler_name) for pod in self.workload.pods]
         await create_all(self.plane, f"/api/v1/namespaces/{NAMESPACE}/pods", bodies)
         await asyncio.to_thread(self.plane.start_scheduler, self.config)
@@ -210,6 +210,10 @@ class RealReplay:
         last, count = time.monotonic(), 0
         while len(seen.bound) < len(bodies):
             await asyncio.sleep(0.5)
+            if watcher.done():
+                watcher.result()
+                raise RealError("the pod watch ended")
+            self._check_alive()
             if len(seen.bound) != count:
                 last, count = time.monotonic(), len(seen.bound)
                 self.progress(f"{count:,} of {len(bodies):,} pods bound")

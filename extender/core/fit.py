@@ -216,7 +216,7 @@ def _refusal(
     numa: bool,
 ) -> Judgement:
     total, count = len(devices), request.devices
-    need = _describe(request, unit)
+    need = describe(request, unit)
     ever = [p for p, device in enumerate(devices) if _could_ever(request, selectors, device)]
     if len(ever) < count:
         admitted = [device for device in devices if device.usable and selectors.admits(device)]
@@ -269,7 +269,7 @@ def _refusal(
     )
 
 
-def _describe(request: Request, unit: str) -> str:
+def describe(request: Request, unit: str) -> str:
     """What one GPU must give: "4000 MiB", "50 % of its memory", with ", 30 % compute" when asked."""
     memory = (
         f"{request.memory} {unit}" if request.memory or not request.percent else f"{request.percent} % of its memory"

@@ -22,7 +22,7 @@ from typing import Any, cast
 from extender.core.cache import Cache, NodeState
 from extender.core.contract import MAX_EXTENDER_PRIORITY, HostPriorityEntry, checked_names, host_priority
 from extender.core.devices import Demand, Request, Strategy
-from extender.core.fit import FITS, Cause, Judgement, Placement, Usage, Verdict, place
+from extender.core.fit import FITS, Cause, Judgement, Placement, Usage, Verdict, describe, place
 from extender.core.fragmentation import FragmentMemo, GpuRoom
 from extender.core.holds import Grant
 from extender.core.memo import Question
@@ -107,8 +107,9 @@ class FilterOutcome:
     unresolvable: dict[str, str] = field(default_factory=dict)
     causes: Counter[Cause] = field(default_factory=Counter)
     """How many nodes were refused for each cause (`extender_filter_rejections_total`)."""
-    full: list[str] = field(default_factory=list)
-    """Of `failed`, the nodes refused for room (memory, compute, slots): those an eviction could help."""
+    full: dict[str, Cause] = field(default_factory=dict)
+    """Of `failed`, the nodes refused for room (memory, compute, slots), and for which: those an eviction could
+    help."""
 
 
 NOT_IN_CACHE = "node is not in the extender's cache (yet)"
@@ -158,6 +159,41 @@ def judge(demand: Demand, state: NodeState | None, unit: str, pod: str = "") -> 
     enough = sum(1 for amount in state.free_desc if amount >= need)
     reason = f"needs {count} GPUs with {need} {unit} free each; {enough} of {total} have that much"
     return Judgement(Verdict.FAILED, reason, Cause.MEMORY)
+
+
+DETAILED = 8
+"""Nodes refused for room beyond this many share one reason per cause (`summarized`)."""
+
+
+def summarized(outcome: FilterOutcome, demand: Demand, unit: str) -> dict[str, str]:
+    """The reasons of the nodes refused, with those refused for room said the same way on every node when there
+    are more than `DETAILED`: kube-scheduler's message counts nodes per distinct reason ("0/1213 nodes are
+    available: 1213 needs 470 MiB on one GPU; no GPU here has that much free."), so a thousand reasons that
+    differ by their numbers made a message of a thousand parts, which it writes whole into the pod's
+    PodScheduled condition, and sends to every watcher of pods, for each pod it cannot place (events are cut at
+    1 KiB; the condition is not). A few nodes keep their own numbers; every node's are in `extender inspect`."""
+    if len(outcome.full) <= DETAILED:
+        return outcome.failed
+    said = {cause: same_reason(demand, cause, unit) for cause in set(outcome.full.values())}
+    return {node: said[outcome.full[node]] if node in outcome.full else why for node, why in outcome.failed.items()}
+
+
+def same_reason(demand: Demand, cause: Cause, unit: str) -> str:
+    """What every node refused for `cause` has in common, for this demand."""
+    request = max(demand.requests, key=lambda request: (request.devices, request.memory, request.cores))
+    need = describe(request, unit)
+    gpus = "one GPU" if request.devices == 1 else f"{request.devices} GPUs"
+    if cause is Cause.COMPUTE:
+        return f"needs {need} on {gpus}; no GPU here has the compute left"
+    if cause is Cause.SLOTS:
+        return f"needs {need} on {gpus}; every GPU here that could hold it runs its most pods"
+    if cause is Cause.EXCLUSIVE:
+        return f"needs {gpus} to itself ({need}); every GPU here that could hold it runs a pod"
+    if cause is Cause.NUMA:
+        return f"needs {gpus} with {need} free each on one NUMA node; no NUMA node here has that"
+    if request.devices == 1:
+        return f"needs {need} on one GPU; no GPU here has that much free"
+    return f"needs {gpus} with {need} free each; fewer GPUs here have that much free"
 
 
 def _no_gpus(state: NodeState) -> str:
@@ -296,7 +332,7 @@ def filter_nodes(
         if verdict is failing:
             failed[name] = reason
             if cause in ROOM:
-                full.append(name)
+                full[name] = cause
         else:
             unresolvable[name] = reason
         refused.append(cause)

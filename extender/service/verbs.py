@@ -30,7 +30,7 @@ from extender.core.cache import NodeState, PodRecord
 from extender.core.devices import Demand
 from extender.core.fit import Cause
 from extender.core.objects import Raw, pod_key, pod_priority
-from extender.core.policy import FilterOutcome, ask_of, filter_pod, prioritize
+from extender.core.policy import FilterOutcome, ask_of, filter_pod, prioritize, summarized
 from extender.core.preemption import beyond_preemption, preempt_candidates
 from extender.core.quota_fit import quota_filter
 from extender.core.recheck import Recheck, suspects
@@ -218,6 +218,7 @@ def _filter_reply(
         log.debug("filter %s: none of %d nodes fit", pod_key(args.Pod), len(names))
         if not demand.is_zero:
             service.requeue.refused(objects.uid(args.Pod), demand, objects.namespace(args.Pod))
+        failed = summarized(outcome, demand, service.cache.protocol.unit)
         hopeless = beyond_preemption({node: failed[node] for node in outcome.full}, service.cache, args.Pod)
         if hopeless:
             failed = {node: reason for node, reason in failed.items() if node not in hopeless}

@@ -9,6 +9,7 @@ import pytest
 
 from extender.core.binding import BindError
 from extender.core.policy import PolicyConfig
+from extender.core.preemption import NO_LOWER_PRIORITY
 from extender.service.pages import build_health_server
 from extender.service.verbs import build_server
 from tests.builders import bound_pod, make_cluster, make_node, make_pod, make_quota
@@ -389,3 +390,19 @@ async def test_each_metric_family_is_described_once_with_both_listeners_built() 
     text = service.metrics.render(service.cache).decode()
     helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
     assert len(helps) == len(set(helps)) and "extender_http_connections" in helps
+
+
+async def test_many_full_nodes_share_one_reason_so_kube_schedulers_message_stays_short(client_for: ClientFor) -> None:
+    """kube-scheduler counts nodes per distinct reason and writes the whole count into the pod's condition: a
+    thousand reasons differing by their numbers made a message of a thousand parts. A few nodes keep theirs."""
+    nodes = [make_node(f"n{number}", gpus=1) for number in range(12)]
+    pods = tuple(bound_pod(f"p{number}", f"n{number}", (0,), 10 + number % 4) for number in range(12))
+    client = await client_for(make_service(make_cluster(*nodes, pods=pods)))
+    names = [f"n{number}" for number in range(12)]
+    reply = await (await client.post("/filter", data=orjson.dumps(filter_body(make_pod("q", gpu_mem=8), names)))).json()
+    reasons = set(reply["FailedNodes"].values()) | set(reply["FailedAndUnresolvableNodes"].values())
+    assert reasons == {"needs 8 GiB on one GPU; no GPU here has that much free" + NO_LOWER_PRIORITY}
+    few = await (
+        await client.post("/filter", data=orjson.dumps(filter_body(make_pod("r", gpu_mem=8), names[:2])))
+    ).json()
+    assert few["FailedAndUnresolvableNodes"]["n0"].startswith("needs 8 GiB on one GPU; largest free is 6 GiB")
