@@ -8,7 +8,9 @@
   from the trace file, which is fine for a report and never used to place): *fragmented* is the paper's
   expected fragment (for each typical pod, with its frequency, the free GPU of a node it cannot use: all of it
   where it cannot run at all, the GPUs too small for it where it can); *stranded* is stricter, the free GPU
-  that no typical pod can use at all (cpu, memory and model counted).
+  that no typical pod can use at all (cpu, memory and model counted). Both are computed here, apart from the
+  extender's own measure (`extender/core/fragmentation.py`), so the report does not grade the policy with the
+  policy's code.
 - **Refusals** by what stopped them, from the reasons given per node: the scheduler's own (cpu, memory,
   gpu-total: the node's `aliyun.com/gpu-mem` or `gpu-count` total, model: the node affinity) and the
   extender's (gpu-device: no GPU on the node has the room). A pod counts under the set of reasons its nodes gave.

@@ -230,10 +230,11 @@ def node_ready(node: Raw) -> bool:
 # --- what kube-scheduler counts: cpu and memory -----------------------------------------------------------
 
 
-def _request(pod: Raw, container: Raw, resource: str, scale: int) -> int:
-    resources = as_object(container.get("resources"))
-    for section in ("requests", "limits"):  # a limit alone is the request (the API server copies it)
-        table = as_object(resources.get(section))
+def _quantity(owner: Raw, sections: tuple[str, ...], resource: str, scale: int) -> int:
+    """`resource` read from the first of `owner`'s `sections` that names it; 0 when none does, or it cannot be
+    read (bookkeeping only: the API server validated it)."""
+    for section in sections:
+        table = as_object(owner.get(section))
         if resource in table:
             try:
                 return parse_count(table[resource], scale)
@@ -244,7 +245,8 @@ def _request(pod: Raw, container: Raw, resource: str, scale: int) -> int:
 
 def pod_request(pod: Raw, resource: str, scale: int = 0) -> int:
     """What kube-scheduler counts of `resource` (cpu with `scale=3`: millicores; memory: bytes) for the pod:
-    max(sum of its containers' requests, largest init container's) plus `spec.overhead`.
+    max(sum of its containers' requests, largest init container's) plus `spec.overhead`. A container's limit
+    alone is its request (the API server copies it).
 
     Bookkeeping for the placement policy, never a reason to refuse a pod: the API server has validated these
     quantities, and one that still cannot be read counts 0. Sidecar init containers are counted as plain init
@@ -256,32 +258,17 @@ def pod_request(pod: Raw, resource: str, scale: int = 0) -> int:
         return 0
     total = init_largest = 0
     for container, kind in listed:
-        amount = _request(pod, container, resource, scale)
+        amount = _quantity(as_object(container.get("resources")), ("requests", "limits"), resource, scale)
         if kind == "container":
             total += amount
         else:
             init_largest = max(init_largest, amount)
-    overhead = as_object(as_object(pod.get("spec")).get("overhead")).get(resource)
-    extra = 0
-    if overhead is not None:
-        try:
-            extra = parse_count(overhead, scale)
-        except InvalidQuantity:
-            extra = 0
-    return max(total, init_largest) + extra
+    return max(total, init_largest) + _quantity(as_object(pod.get("spec")), ("overhead",), resource, scale)
 
 
 def node_allocatable(node: Raw, resource: str, scale: int = 0) -> int:
     """The node's allocatable `resource` (its capacity when it reports no allocatable), 0 when unreadable."""
-    status = as_object(node.get("status"))
-    for section in ("allocatable", "capacity"):
-        table = as_object(status.get(section))
-        if resource in table:
-            try:
-                return parse_count(table[resource], scale)
-            except InvalidQuantity:
-                return 0
-    return 0
+    return _quantity(as_object(node.get("status")), ("allocatable", "capacity"), resource, scale)
 
 
 MAX_MODELS = 64
