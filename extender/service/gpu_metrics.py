@@ -157,6 +157,8 @@ def _render(
     chunks: list[list[bytes]] = [[] for _ in families]
     """Per family, its samples one slice of nodes at a time (joined per slice: the final join copies chunks)."""
     available: list[int] = []
+    classes, memo = cache.classes(), cache.fragments
+    fragmented = 0.0
     for start in range(0, len(nodes), SLICE):
         gpu_rows: list[list[str]] = [[] for _ in (*GPU_FAMILIES, *CORE_FAMILIES, *SLOT_FAMILIES)]
         node_rows: list[list[str]] = [[] for _ in NODE_FAMILIES]
@@ -164,6 +166,7 @@ def _render(
         for state in nodes[start : start + SLICE]:
             free = _available(state)
             available += free
+            fragmented += state.measure(classes, memo)
             if per_gpu:
                 _gpu_rows(gpu_rows, state)
             if per_node:
@@ -176,6 +179,16 @@ def _render(
         yield
     lines: list[str] = []
     _cluster_families(lines, nodes, available, sizes, gpus, per_gpu)
+    _head(
+        lines,
+        "extender_fragmentation_gpus",
+        "gauge",
+        "What the placement policy minimises, summed over nodes, in GPUs: the free GPU the typical pods cannot use "
+        "(weighted by how common each is), plus half the free GPU the nodes' cpu and memory cannot feed.",
+    )
+    lines.append(f"extender_fragmentation_gpus {fragmented:.6g}")
+    _head(lines, "extender_workload_shapes", "gauge", "Typical pod shapes the placement policy places for.")
+    lines.append(f"extender_workload_shapes {len(classes.shapes)}")
     lines.append("")
     parts: list[bytes] = []
     for (name, help_text), family in zip(families, chunks, strict=True):

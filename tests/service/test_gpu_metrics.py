@@ -185,3 +185,13 @@ def test_hami_series_follow_the_same_cardinality_cap(series: GpuSeries, per_gpu:
     names = families(hami_cluster_in_use(), series, 100)
     assert all((family in names) is per_gpu for family in HAMI_FAMILIES)
     assert ("extender_node_locked" in names) is per_node
+
+
+async def test_the_placement_policys_measure_and_workload_are_on_metrics(client_for: ClientFor) -> None:
+    """Two GPUs of 16 GiB, one holding 10: the 6 GiB left on it is fragment for both shapes the cluster runs (8 and
+    10 GiB, a half each), so 6/16 GPU; the empty GPU takes either."""
+    pods = (bound_pod("a", "n1", (0,), 10), make_pod("b", gpu_mem=8))
+    client = await client_for(make_service(make_cluster(make_node("n1", gpus=2), pods=pods)))
+    text = await (await client.get("/metrics")).text()
+    assert "extender_workload_shapes 2" in text
+    assert "extender_fragmentation_gpus 0.375" in text
