@@ -659,9 +659,12 @@ def narrow(
 ) -> list[str]:
     """Of the nodes that fit, those the filter passes under `config.narrowing` (see `Narrowing`): the nodes whose
     added fragmentation is within `config.tolerance` of the least, and with `BEST` the one of them whose GPUs are
-    fullest, then the first by name. A pod that asks no GPU always gets every node as good as the best: where its
-    cpu strands no GPU (nodes without GPUs, or whose GPUs are full), kube-scheduler's own scores spread such pods
-    as users expect, instead of piling them on the first node by name.
+    fullest, then the first by name. A pod that asks no GPU gets every node as good as the best and as full (the
+    same added fragmentation and the same free GPU): nodes without GPUs, or whose GPUs are full, first, where its
+    cpu strands nothing; kube-scheduler's own scores then spread such pods among them as users expect, instead of
+    piling them on the first node by name. Measured on the trace's `cpu250` workload (fast mode, seed 45): 92.1 %
+    of the GPUs allocated when the fullness was not part of the tie, 93.5 % now, as with one best node (the
+    paper's FGD: 93.4 %); `default` and `gpushare100` unchanged (96.0 and 87.3 %).
 
     `BEST`, the default, runs in C but for ties: the fullness is in the values, so the best is `min`, and the
     nodes equal to it, found by `index` from the one before, are few (identical nodes) and compared by name.
@@ -674,7 +677,9 @@ def narrow(
     least = min(values)
     if least == math.inf:
         return names
-    if config.narrowing is Narrowing.BEST and not ask.demand.is_zero and not config.tolerance:
+    if ask.demand.is_zero:
+        return list(compress(names, map(least.__eq__, values)))
+    if config.narrowing is Narrowing.BEST and not config.tolerance:
         at = values.index(least)
         tied = [names[at]]
         try:
@@ -685,7 +690,7 @@ def narrow(
             return [min(tied)]
     bound = least + config.tolerance + TIED
     near = list(compress(names, map(bound.__ge__, values)))
-    if config.narrowing is Narrowing.TIES or ask.demand.is_zero or len(near) == 1:
+    if config.narrowing is Narrowing.TIES or len(near) == 1:
         return near
     return [min(near, key=lambda name: (states[name].free_gpus, name))]
 
