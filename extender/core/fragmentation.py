@@ -124,24 +124,24 @@ def _running(members: Sequence[tuple[int, int, float]], cpu: int, memory: int) -
 
 
 def _uniform(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes, total: float) -> float:
-    """`fragment` where every GPU has the same capacity and model and no compute is tracked."""
+    """`fragment` where every GPU has the same capacity and model and no compute is tracked: per group, the
+    weight its shapes' cpu and memory let run, and what it needs of a GPU, are the classes' own (computed once
+    per node state and GPU kind: `Classes.running`, `Classes.parts`); each group is then one bisection."""
     capacity, model = gpus[0][1], gpus[0][3]
     frees = sorted(gpu[0] for gpu in gpus)
     below = [0.0]  # below[k]: free GPU on the k GPUs with the least free memory
     for free in frees:
         below.append(below[-1] + free / capacity)
     count = len(frees)
+    runs = classes.running(bisect_right(classes.cpu_steps, cpu), bisect_right(classes.memory_steps, memory))
     value = 0.0
-    for group in classes.groups:
-        running = _running(group.members, cpu, memory)
-        if running:
-            shape = group.shape
-            if not shape.admits(model):
-                value += running * total
-            else:
-                smaller = bisect_left(frees, max(shape.need(capacity), 1))  # a GPU with none free serves nothing
-                value += running * (total if count - smaller < shape.devices else below[smaller])
-        value += (group.weight - running) * total
+    for running, (need, devices, weight) in zip(runs, classes.parts(capacity, model), strict=True):
+        if running and need >= 0:
+            smaller = bisect_left(frees, need or 1)  # a GPU with nothing free serves nothing
+            value += running * (total if count - smaller < devices else below[smaller])
+            value += (weight - running) * total
+        else:
+            value += weight * total
     return value
 
 

@@ -142,6 +142,39 @@ class Classes:
     """The distinct cpu asks, ascending: a node's free cpu matters only by how many of them it covers."""
     memory_steps: tuple[int, ...] = ()
     _rates: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
+    _running: dict[tuple[int, int], tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
+    _parts: dict[tuple[int, str], tuple[tuple[int, int, float], ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def running(self, cpu_rank: int, memory_rank: int) -> tuple[float, ...]:
+        """Per group, the weight of its shapes a node lets run when its free cpu covers the first `cpu_rank` of
+        `cpu_steps` and its free memory the first `memory_rank` of `memory_steps` (what `fragmentation` keys
+        nodes by): computed once per pair of ranks, not per node judged."""
+        found = self._running.get((cpu_rank, memory_rank))
+        if found is None:
+            cpu = self.cpu_steps[cpu_rank - 1] if cpu_rank else -1
+            memory = self.memory_steps[memory_rank - 1] if memory_rank else -1
+            found = self._running[cpu_rank, memory_rank] = tuple(
+                sum(
+                    weight
+                    for shape_cpu, shape_memory, weight in group.members
+                    if shape_cpu <= cpu and shape_memory <= memory
+                )
+                for group in self.groups
+            )
+        return found
+
+    def parts(self, capacity: int, model: str) -> tuple[tuple[int, int, float], ...]:
+        """Per group, on GPUs of this capacity and model: (memory it needs on each, or -1 where the model is not
+        allowed; GPUs it needs; its weight)."""
+        found = self._parts.get((capacity, model))
+        if found is None:
+            found = self._parts[capacity, model] = tuple(
+                (group.shape.need(capacity) if group.shape.admits(model) else -1, group.shape.devices, group.weight)
+                for group in self.groups
+            )
+        return found
 
     def rates(self, capacity: int) -> tuple[float, float]:
         """(millicores, bytes) the typical shapes bring per GPU they take where each GPU has `capacity` memory, on
