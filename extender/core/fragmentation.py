@@ -25,10 +25,12 @@ memory can feed at those rates is counted too. Measured with `make bench-placeme
 weight 0.25, 0.5, 1 and 2: 95.9, 96.0, 96.0, 96.0 %. The gain comes from the nodes whose cpu per GPU is
 scarce (8 GPUs and 96 cores): fewer of their GPUs are left without cpu at the end.
 
-What it costs and how it is kept cheap: F is (shapes x GPUs) comparisons. It depends on the node's free cpu
-only through how many of the shapes' cpu asks it covers (the same for memory), and not on the order of the
-GPUs, so it is memoised by that (`FragmentMemo`): identical nodes, the common case in a cluster, share one
-entry, and a node's F is computed once per change. The memo is dropped when the shapes are rebuilt.
+What it costs and how it is kept cheap: F is one pass over the typical shapes' distinct GPU parts (`GpuGroup`),
+each a bisection of the node's GPUs sorted by free memory when they are all of one size and model (a pass over
+them otherwise). It depends on the node's free cpu only through how many of the shapes' cpu asks it covers (the
+same for memory), and not on the order of the GPUs, so it is memoised by that (`FragmentMemo`): identical
+nodes, the common case in a cluster, share one entry, and a node's F is computed once per change. The memo is
+dropped when the shapes are rebuilt.
 
 Pure arithmetic over values the cache gives; no I/O, no state beyond the memo.
 """

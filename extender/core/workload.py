@@ -3,16 +3,17 @@
 The fragmentation-aware policy (`fragmentation.py`) judges a placement by the GPU capacity it leaves unusable
 *for the pods that come*; this module says which pods those are. Every pod the cache learns of is one
 observation of its shape (cpu, memory, GPUs, memory and compute on each, allowed GPU models): the pods listed
-at start-up (so a restart rebuilds the distribution from the API), then each pod the watch shows for the
-first time, pending ones included, which is the moment it arrives. Nothing comes from the future: a shape is
-known once a pod of it exists.
+at start-up (so a restart rebuilds the distribution from the API), then each pod the watch shows, or a filter
+asks about, for the first time (`Cache.asked`; pending pods included: that is the moment a pod arrives).
+Nothing comes from the future: a shape is known once a pod of it exists.
 
 Observations fade with age (`half_life`): an exponential decay, so the distribution follows a workload that
 changes over hours while a burst of one kind cannot erase the rest. The typical shapes (`Classes`) are the
 most common until `coverage` of the weight is covered, at most `max_classes`, renormalised (the ATC'23 FGD
 paper's `GetTypicalPods`, which keeps 95 %; we keep 99 %, see `COVERAGE`). They are rebuilt when the pods
-observed grew by `rebuild_share` since the last build (so early, while little is known, often; later rarely),
-and each build has a new `version`: the policy's memos are keyed by it, so rebuilding is what invalidates them.
+observed grew by `rebuild_share` since the last look, or an eighth of the half-life passed (so early, while
+little is known, often; later rarely), and a rebuild is kept only when it moves the weights (`MOVED`); each
+build has a new `version`: the policy's memos are keyed by it, so a kept rebuild is what invalidates them.
 
 CPU-only pods are not shapes here: a pod asking no GPU adds the same share of every node's free GPU to the
 fragment (the paper's rule), so it never changes which node is best, while counting it would push GPU shapes
