@@ -116,6 +116,8 @@ class Plan:
     http_timeout: float = 5.0
     max_attempts: int = 3
     warmup: float = 2.0
+    server_flags: tuple[str, ...] = ()
+    """More flags of `extender serve` (another policy measured the same way: `--placement=fill`)."""
 
     @property
     def user_count(self) -> int:
@@ -273,7 +275,7 @@ def end_checks(inspect: dict[str, Any], cluster: Cluster, placed: dict[str, str]
 
 def run_once(plan: Plan, cluster: Cluster, workdir: Path, tag: str) -> Result:
     log_file = workdir / f"server-{tag}.log"
-    with served_extender(cluster.file, log_file) as server:
+    with served_extender(cluster.file, log_file, ("--insecure-http", *plan.server_flags)) as server:
         ready = server.wait_ready()
         memory_before, buckets_before = server.memory(), latency_buckets(server)
         cpu_before = server.cpu_seconds()
@@ -314,6 +316,7 @@ def describe(plan: Plan, cluster: Cluster, names: int, steps: bool = False) -> s
         f"{cluster.nodes:,} nodes ({cluster.gpus:,} GPUs, {cluster.pods:,} pods at {plan.fill:.0%} fill), {pace}, "
         f"{names:,} node names per filter{' (adaptive, as kube-scheduler)' if plan.names == 'adaptive' else ''}, "
         f"pods {plan.mix} (GiB:weight)"
+        + (f", extender serve {' '.join(plan.server_flags)}" if plan.server_flags else "")
     )
 
 
@@ -509,6 +512,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--find-saturation", action="store_true", help="Step the rate up until a step does not hold.")
     parser.add_argument("--steps", type=_numbers, default=SATURATION_STEPS, help="Rates (pods/s) of the search.")
     parser.add_argument("--p99-limit-ms", type=float, default=50.0, help="Saturation: the p99 a step may reach (50).")
+    parser.add_argument(
+        "--server-flag",
+        action="append",
+        default=[],
+        help="A flag for `extender serve`, as --server-flag=--placement=fill (repeatable).",
+    )
     parser.add_argument("--report", default="", help="Also write a JSON summary here.")
     parser.add_argument("--workdir", default="", help="Keep the cluster, logs and results here (default: a temp dir).")
     arguments = parser.parse_args(argv)
@@ -535,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         http_timeout=arguments.http_timeout,
         max_attempts=arguments.max_attempts,
         warmup=arguments.warmup,
+        server_flags=tuple(arguments.server_flag),
     )
     print(f"machine: {machine()}", file=sys.stderr, flush=True)
     with contextlib.ExitStack() as stack:

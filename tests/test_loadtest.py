@@ -33,11 +33,23 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOKE_TIMEOUT = 60
 
 
-def test_a_short_run_places_pods_without_errors_and_leaves_the_cluster_consistent(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "verbs"),
+    [
+        # kube-scheduler calls prioritize only when more than one node passed; the default policy passes the
+        # best one (the fragmentation policy's narrowing), so filter and bind are what it sends ...
+        ((), {"filter", "bind"}),
+        # ... and a flag for the server reaches it: binpack passes every node that fits, so prioritize is called.
+        (("--server-flag=--placement=fill",), {"filter", "prioritize", "bind"}),
+    ],
+)
+def test_a_short_run_places_pods_without_errors_and_leaves_the_cluster_consistent(
+    tmp_path: Path, flags: tuple[str, ...], verbs: set[str]
+) -> None:
     report = tmp_path / "report.json"
     command = [
         sys.executable, "-m", "loadtest.run", "--nodes", "20", "--pods-per-second", "20", "--duration", "3",
-        "--report", str(report),
+        "--report", str(report), *flags,
     ]  # fmt: skip
 
     finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT)
@@ -46,9 +58,7 @@ def test_a_short_run_places_pods_without_errors_and_leaves_the_cluster_consisten
     summary = json.loads(report.read_text())
     assert summary["errors"] == 0
     assert summary["locust"]["outcomes"]["placed"] > 0
-    # kube-scheduler calls prioritize only when more than one node passed; the default policy passes the best
-    # one (the fragmentation policy's narrowing), so filter and bind are what it sends.
-    assert set(summary["locust"]["verbs"]) >= {"filter", "bind"}
+    assert set(summary["locust"]["verbs"]) == verbs
     assert summary["checks"] and all(check["ok"] for check in summary["checks"]), summary["checks"]
 
 
