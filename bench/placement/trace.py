@@ -39,7 +39,7 @@ MILLI = 1000
 """Units of aliyun.com/gpu-mem per GPU: a milli-GPU share is one unit."""
 MODEL_LABEL = "nvidia.com/gpu.product"
 """The node label that names a node's GPU model (NVIDIA GPU feature discovery's), as `extender serve` reads it
-by default (`--gpu-model-label`)."""
+by default (`--model-label`)."""
 NODE_PODS = 1001
 """Pods a node allows: the paper's node objects say 1001, so no node runs out of pod slots first."""
 NAMESPACE = "default"

@@ -100,8 +100,8 @@ def fragment(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes) -
 def _general(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes, total: float) -> float:
     """`fragment` on any node: each group's GPU part judged on each GPU."""
     value = 0.0
-    for group in classes.groups:
-        running = _running(group.members, cpu, memory)
+    runs = classes.running(bisect_right(classes.cpu_steps, cpu), bisect_right(classes.memory_steps, memory))
+    for group, running in zip(classes.groups, runs, strict=True):
         if running:
             shape = group.shape
             usable = 0
@@ -114,15 +114,6 @@ def _general(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes, t
             value += running * (total if usable < shape.devices else unusable)
         value += (group.weight - running) * total
     return value
-
-
-def _running(members: Sequence[tuple[int, int, float]], cpu: int, memory: int) -> float:
-    """The weight of a group's shapes that the free cpu and memory let run."""
-    running = 0.0
-    for shape_cpu, shape_memory, weight in members:
-        if shape_cpu <= cpu and shape_memory <= memory:
-            running += weight
-    return running
 
 
 def _uniform(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes, total: float) -> float:

@@ -107,7 +107,7 @@ class QuotaFilter:
         the scheduler sent whole)."""
         if self.states is not self.cache.nodes:
             return {}
-        version = self.cache.workload.classes().version if self.config.by_fragmentation(self.demand) else 0
+        version = self.cache.classes().version if self.config.by_fragmentation(self.demand) else 0
         key = self.ask.key if self.ask is not None else self.demand.key
         table: dict[str, Charge] = self.cache.memo.table(Question(f"quota:{key}:{self.config.memo_key}:{version}"))
         return table
