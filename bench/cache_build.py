@@ -38,7 +38,8 @@ from aiohttp import web
 from devtools.clustergen import generate
 from devtools.harness import percentile
 from extender.app import kube_service
-from extender.core.cache import Cache, PodRecord
+from extender.core.cache import Cache
+from extender.core.pods import PodRecord
 from extender.core.protocols.gpushare import Profile
 from extender.service.metrics import Metrics
 from extender.settings import GpuSeries, Settings

@@ -19,8 +19,11 @@ from dataclasses import dataclass
 
 from extender.core.cache import Cache
 from extender.core.ledger import Ledger
+from extender.core.placement.learned import Learned
+from extender.core.placement.placer import Placer
+from extender.core.placement.workload import Workload
+from extender.core.quota.book import Quotas
 from extender.core.requeue import Requeue
-from extender.core.workload import Workload
 from extender.service.context import Service, Source
 from extender.service.limits import Limits
 from extender.service.metrics import Metrics
@@ -37,15 +40,20 @@ from extender.sources.kube.source import KubeOptions, KubeSource
 log = logging.getLogger(__name__)
 
 
-def build_service(settings: Settings, cache: Cache, source: Source, ask: Callable[[str], None] | None) -> Service:
-    """The service over a cache and the source that feeds it; `ask` requests kube-scheduler to retry the pods
-    it rejected (None where nothing can: `core/requeue.py`)."""
+def build_service(
+    settings: Settings, cache: Cache, quotas: Quotas, source: Source, ask: Callable[[str], None] | None
+) -> Service:
+    """The service over a cache, its quota book and the source that feeds them; `ask` requests kube-scheduler to
+    retry the pods it rejected (None where nothing can: `core/requeue.py`). The placement policy starts learning
+    the workload here, from the pods the cache already holds."""
+    learned = Learned(cache, Workload(settings.workload_half_life))
     return Service(
         cache=cache,
-        ledger=Ledger(cache, settings.reservation_ttl),
-        policy=settings.policy,
+        ledger=Ledger(cache, settings.reservation_ttl, quotas=quotas),
+        placer=Placer(cache, settings.policy, learned),
+        quotas=quotas,
         source=source,
-        requeue=Requeue(cache, ask),
+        requeue=Requeue(cache, ask, quotas=quotas),
         metrics=Metrics(settings.gpu_metrics, settings.gpu_metrics_limit, settings.quota_metrics_limit),
         expiry_interval=settings.expiry_interval,
         max_body_bytes=settings.max_body_bytes,
@@ -54,10 +62,10 @@ def build_service(settings: Settings, cache: Cache, source: Source, ask: Callabl
     )
 
 
-def build_cache(settings: Settings, clock: Callable[[], float] = time.time) -> Cache:
-    """An empty cache for the configured protocol, learning the workload with the configured half-life."""
-    workload = Workload(settings.workload_half_life)
-    return Cache(settings.device_protocol, settings.node_lock_timeout, clock, workload)
+def build_cache(settings: Settings, clock: Callable[[], float] = time.time) -> tuple[Cache, Quotas]:
+    """An empty cache for the configured protocol, and the quota book that follows it."""
+    cache = Cache(settings.device_protocol, settings.node_lock_timeout, clock)
+    return cache, Quotas.following(cache)
 
 
 def listener_limits(settings: Settings, max_connections: int) -> Limits:
@@ -77,10 +85,10 @@ def file_service(settings: Settings, path: str) -> Service:
     """A service whose cache is the cluster file at `path` and whose binds update it in memory (its `source`
     is the `FileSource` that does)."""
     objects = load_cluster_file(path)
-    cache = build_cache(settings)
+    cache, quotas = build_cache(settings)
     cache.replace(objects.nodes, objects.pods)
     if settings.resource_quotas:
-        cache.quotas.replace(cache.quotas.read(quota) for quota in objects.quotas)
+        quotas.replace(quotas.read(quota) for quota in objects.quotas)
     source = FileSource(cache, objects.pods)
     del objects
     settle_heap()
@@ -91,7 +99,7 @@ def file_service(settings: Settings, path: str) -> Service:
         len(cache.pods),
         sum(len(state.devices) for state in cache.nodes.values()),
     )
-    return build_service(settings, cache, source, None)
+    return build_service(settings, cache, quotas, source, None)
 
 
 def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
@@ -110,9 +118,9 @@ def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
 def kube_service(settings: Settings, client: KubeClient) -> tuple[Service, KubeSource]:
     """A service whose cache follows the API server through `client`, and the source that feeds it (not yet
     started: `await source.start()`)."""
-    cache = build_cache(settings)
-    source = KubeSource(client, cache, kube_options(settings, client.config))
-    service = build_service(settings, cache, source, source.requeue if source.requeuer is not None else None)
+    cache, quotas = build_cache(settings)
+    source = KubeSource(client, cache, quotas, kube_options(settings, client.config))
+    service = build_service(settings, cache, quotas, source, source.requeue if source.requeuer is not None else None)
     source.on_freed = service.requeue.freed
     source.on_quotas = service.requeue.quota_changed
     return service, source

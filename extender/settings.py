@@ -22,11 +22,11 @@ import yaml
 
 from extender.core.devices import Strategy
 from extender.core.errors import UserError
-from extender.core.policy import Narrowing, Policy, PolicyConfig
+from extender.core.placement.config import Narrowing, Policy, PolicyConfig
+from extender.core.placement.workload import HALF_LIFE
 from extender.core.protocols import DeviceProtocol
 from extender.core.protocols.gpushare import Profile
 from extender.core.protocols.hami import Hami
-from extender.core.workload import HALF_LIFE
 
 ENV_PREFIX = "EXTENDER_"
 

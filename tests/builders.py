@@ -6,18 +6,23 @@ They build the same JSON shapes the API server (and the captured fixtures) carry
 from __future__ import annotations
 
 import itertools
+import random
 from typing import Any
 
 import orjson
 
 from extender.core.binding import BindContext, BindRequest, RecentPods, bind
-from extender.core.cache import Cache, pod_record
+from extender.core.cache import Cache
 from extender.core.devices import Device
 from extender.core.holds import Allocation, Grant
 from extender.core.ledger import Ledger
-from extender.core.policy import PolicyConfig
+from extender.core.placement.config import PolicyConfig
+from extender.core.placement.learned import Learned
+from extender.core.placement.placer import Placer
+from extender.core.pods import pod_record
 from extender.core.protocols.gpushare import Profile
 from extender.core.protocols.hami import Hami, encode
+from extender.core.quota.book import Quotas
 
 PROFILE = Profile()
 _uids = itertools.count(1)
@@ -121,6 +126,28 @@ def make_cluster(*nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] = (), 
     return cluster
 
 
+def random_cluster(rng: random.Random) -> Cache:
+    """Twelve nodes of 1, 2 or 4 GPUs of 8 or 16, a tenth not Ready, and up to 30 pods bound where they fit."""
+    nodes = [
+        make_node(f"n{i}", gpus=rng.choice((1, 2, 4)), mem=rng.choice((8, 16)), ready=rng.random() > 0.1)
+        for i in range(12)
+    ]
+    cluster = make_cluster(*nodes)
+    for i in range(30):
+        node = f"n{rng.randrange(12)}"
+        state = cluster.nodes[node]
+        index = rng.randrange(len(state.devices))
+        amount = rng.randint(1, 8)
+        if state.free[index] >= amount:
+            cluster.apply_pod(bound_pod(f"p{i}", node, (index,), amount))
+    return cluster
+
+
+def two_gpus_with_12_and_4_used() -> tuple[dict[str, Any], ...]:
+    """n1: GPU 0 has 16 - 12 = 4 free, GPU 1 has 16 - 4 = 12 free."""
+    return (bound_pod("a", "n1", (0,), 12), bound_pod("b", "n1", (1,), 4))
+
+
 class FakeClock:
     """Wall-clock seconds that only move when a test says so."""
 
@@ -134,8 +161,30 @@ class FakeClock:
         self.now += seconds
 
 
+def quotas_of(cluster: Cache) -> Quotas:
+    """The quota book following `cluster` (made the first time it is asked for, as `app.build_cache` makes it)."""
+    for listener in cluster.listeners:
+        if isinstance(listener, Quotas):
+            return listener
+    return Quotas.following(cluster)
+
+
+def learned_of(cluster: Cache) -> Learned:
+    """What the placement policy learns from `cluster` (made the first time it is asked for: it learns the pods
+    already there first, as after a restart)."""
+    for listener in cluster.listeners:
+        if isinstance(listener, Learned):
+            return listener
+    return Learned(cluster)
+
+
+def placer_for(cluster: Cache, config: PolicyConfig | None = None) -> Placer:
+    """Placement over `cluster` by `config` (the default policy when None), with what it learned of it."""
+    return Placer(cluster, config or PolicyConfig(), learned_of(cluster))
+
+
 def make_ledger(cluster: Cache, ttl: float = 60.0, clock: FakeClock | None = None) -> Ledger:
-    return Ledger(cluster, ttl, clock or FakeClock())
+    return Ledger(cluster, ttl, clock or FakeClock(), quotas_of(cluster))
 
 
 def cache_differences(cluster: Cache, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[str]:
@@ -165,7 +214,7 @@ async def bind_error(
     request: BindRequest, cluster: Cache, ledger: Ledger, policy: PolicyConfig, binder: Any, recent: RecentPods
 ) -> str:
     """`binding.bind`, answered as the reply's `Error` says it ("" on success)."""
-    return (await bind(request, BindContext(cluster, ledger, policy, binder, recent))).error
+    return (await bind(request, BindContext(cluster, ledger, placer_for(cluster, policy), binder, recent))).error
 
 
 HAMI = Hami()

@@ -20,7 +20,7 @@ import trustme
 from extender.core.binding import BindRequest
 from extender.core.cache import Cache
 from extender.core.ledger import Ledger
-from extender.core.policy import Policy, PolicyConfig
+from extender.core.placement.config import Policy, PolicyConfig
 from extender.core.recheck import Recheck
 from extender.core.requeue import Requeue
 from extender.service.context import Service
@@ -31,7 +31,7 @@ from extender.sources.kube.client import KubeClient
 from extender.sources.kube.config import KubeConfig
 from extender.sources.kube.informer import NODES, Backoff, Informer, WatchOptions, pods_kind
 from tests.apidouble import ApiDouble
-from tests.builders import PROFILE, FakeClock, cache_differences
+from tests.builders import PROFILE, FakeClock, cache_differences, placer_for, quotas_of
 
 CAPTURED = Path(__file__).parent / "fixtures" / "captured"
 """Bodies kube-scheduler v1.31/v1.34 and the Go gpushare extender really sent (copied from shared/contract)."""
@@ -77,7 +77,7 @@ NOT_READY = "extender is not ready: its cache has not been filled yet"
 
 FIT_ONLY = PolicyConfig(policy=Policy.FILL)
 """What most service tests run: the filter passes every node that fits, as these tests' assertions read it. The
-default policy also narrows the passed nodes to the best one (tests/core/test_fragmentation_policy.py)."""
+default policy also narrows the passed nodes to the best one (tests/core/placement/test_fragmentation.py)."""
 
 
 def make_service(
@@ -93,12 +93,14 @@ def make_service(
     """A Service over `cluster`; binds go to a FileBinder over it unless another binder is given; `source`
     scripts what a live source would answer (`ScriptedSource`); `requeue` is told when kube-scheduler would be
     asked to retry."""
+    quotas = quotas_of(cluster)
     return Service(
         cache=cluster,
-        ledger=ledger or Ledger(cluster, 300.0, FakeClock()),
-        policy=policy or FIT_ONLY,
+        ledger=ledger or Ledger(cluster, 300.0, FakeClock(), quotas),
+        placer=placer_for(cluster, policy or FIT_ONLY),
+        quotas=quotas,
         source=ScriptedSource(cluster, binder, **source),
-        requeue=Requeue(cluster, requeue),
+        requeue=Requeue(cluster, requeue, quotas=quotas),
         expiry_interval=expiry_interval,
         max_body_bytes=max_body_bytes,
     )

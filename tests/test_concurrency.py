@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from extender.core.quota import read_quota
+from extender.core.quota.limits import read_quota
 from extender.sources.file import FileBinder
 from tests.builders import (
     make_cluster,
@@ -23,6 +23,7 @@ from tests.builders import (
     make_node,
     make_pod,
     make_quota,
+    quotas_of,
 )
 from tests.conftest import ClientFor, make_service
 
@@ -146,7 +147,7 @@ async def test_concurrent_binds_never_take_a_namespace_over_its_quota(client_for
     a100["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-A100-SXM4-40GB"
     cluster.apply_node(a100)
     resources = cluster.protocol.quota_resources
-    cluster.quotas.replace(
+    quotas_of(cluster).replace(
         [
             read_quota(
                 make_quota(

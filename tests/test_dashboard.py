@@ -183,7 +183,7 @@ async def scrape() -> str:
     async with KubeClient(never_contacted) as client:
         service, _ = kube_service(settings, client)
         service.cache.replace(CLUSTER_NODES, CLUSTER_PODS)
-        service.cache.quotas.replace(service.cache.quotas.read(quota) for quota in CLUSTER_QUOTAS)
+        service.quotas.replace(service.quotas.read(quota) for quota in CLUSTER_QUOTAS)
         async with (
             serving(service, settings, None) as listeners,
             aiohttp.ClientSession() as session,

@@ -70,7 +70,7 @@ EXTENDER_GRANTS: set[Grant] = {
     (CLUSTER, "", "pods/binding", "create", ANY_NAME),
     # core/v1 Events only: binder.EventRecorder posts to /api/v1/namespaces/{ns}/events.
     (CLUSTER, "", "events", "create", ANY_NAME),
-    # ResourceQuotas' GPU keys (sources/kube/source.py `quotas`; core/quota.py).
+    # ResourceQuotas' GPU keys (sources/kube/source.py `quotas`; core/quota/).
     *((CLUSTER, "", "resourcequotas", verb, ANY_NAME) for verb in ("get", "list", "watch")),
     (NAMESPACE, "coordination.k8s.io", "leases", "create", ANY_NAME),
     (NAMESPACE, "coordination.k8s.io", "leases", "get", Settings().lease_name),

@@ -68,10 +68,10 @@ class InProcessExtender:
         # A clock that stands still: the learned workload's weights then depend on the pods alone, so the same
         # workload and seed give the same placements (the real mode's clock moves, over minutes of a 6 h
         # half-life: a few percent of weight).
-        cache = build_cache(settings, clock=lambda: 0.0)
+        cache, quotas = build_cache(settings, clock=lambda: 0.0)
         cache.replace(nodes, [])
         self.source = FileSource(cache, [])
-        self.service: Service = build_service(settings, cache, self.source, None)
+        self.service: Service = build_service(settings, cache, quotas, self.source, None)
         self.router = build_server(self.service).router
         self.loop = asyncio.new_event_loop()
         self.seconds: dict[str, float] = {"filter": 0.0, "prioritize": 0.0, "bind": 0.0}

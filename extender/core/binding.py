@@ -33,14 +33,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from extender.core import objects
-from extender.core.cache import Cache, NodeState, PodRecord, pod_record
+from extender.core.cache import Cache
 from extender.core.devices import Demand
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.ledger import Ledger
 from extender.core.memo import Lru
+from extender.core.nodes import NodeState
 from extender.core.objects import Raw
 from extender.core.objects import uid as pod_uid
-from extender.core.policy import PolicyConfig, ask_of, choose, judge
+from extender.core.placement.config import ask_of
+from extender.core.placement.placer import Placer
+from extender.core.pods import PodRecord, pod_record
 from extender.core.protocols import DeviceProtocol
 
 log = logging.getLogger(__name__)
@@ -194,7 +197,8 @@ class BindContext:
 
     cache: Cache
     ledger: Ledger
-    policy: PolicyConfig
+    placer: Placer
+    """Chooses the GPUs on the node (`placement/`)."""
     binder: Binder
     recent: RecentPods
     guard: Guard = UNGUARDED
@@ -318,11 +322,9 @@ def _new_allocation(
 ) -> BindOutcome | Write:
     """Choose devices by policy and reserve them (check and record in one step)."""
     key, node = request.key, request.node
-    placed = choose(demand, state, context.policy, ask_of(pod, demand), context.cache)
+    placed = context.placer.choose(demand, state, ask_of(pod, demand))
     if placed is None:
-        return _refused(
-            f"pod {key} no longer fits on {node}: {judge(demand, state, context.cache.protocol.unit).reason}"
-        )
+        return _refused(f"pod {key} no longer fits on {node}: {context.placer.judge(demand, state).reason}")
     allocation = Allocation(request.uid, key, node, placed.containers, placed.init_containers)
     refusal = context.ledger.reserve(allocation)
     if refusal is not None:

@@ -5,9 +5,11 @@ Every allocation is a `Hold` keyed by pod UID, in exactly one node's table: a po
 with our annotations is *observed*; one we decided but the API has not shown back yet is *reserved*. An
 observed pod replaces a reservation of the same UID, so nothing is counted twice.
 
-Each `NodeState` keeps its summary (free memory per device, largest free, totals) up to date on every change,
-so a filter reads a few attributes per node name instead of rescanning pods. This module does no I/O and
-never decides placement: that is `policy.py`, and reservations' rules are `ledger.py`.
+Each node's summary (`nodes.NodeState`) is kept up to date on every change, and so are the indexes the filter
+reads (`memo.FitIndex`, `memo.NodeMemo`). What else follows the cache, the quota book (`quota/`) and what the
+placement policy learns and remembers (`placement/`), listens to it (`Listener`): the cache tells each change
+and knows nothing of what they do with it. This module does no I/O and never decides placement; reservations'
+rules are `ledger.py`.
 """
 
 from __future__ import annotations
@@ -15,220 +17,32 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
+from typing import Protocol
 
 from extender.core import objects
-from extender.core.devices import Demand, Device, NodeLock
-from extender.core.fragmentation import UNLIMITED, FragmentMemo, GpuRoom, Room
+from extender.core.devices import Device, NodeLock
 from extender.core.holds import Allocation, Hold, HoldState
-from extender.core.memo import FitIndex, Lru, NodeMemo
-from extender.core.objects import Raw, as_object, pod_priority
+from extender.core.memo import FitIndex, NodeMemo
+from extender.core.nodes import NodeState
+from extender.core.objects import Raw
+from extender.core.pods import PodRecord, pod_record
 from extender.core.protocols import DeviceProtocol
-from extender.core.quota import Quotas
-from extender.core.resources import InvalidPod, node_allocatable, node_ready, pod_request, required_values
-from extender.core.workload import Classes, Shape, Workload, shape_of
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-ASKED_LIMIT = 20_000
-"""Pods remembered as learned from their filter request: kube-scheduler filters a pod moments before the watch
-shows it, or moments after."""
+from extender.core.resources import node_allocatable, node_ready
 
 
-@dataclass(frozen=True, slots=True)
-class PodRecord:
-    """The fields of a pod the extender uses; the cache keeps only these."""
+class Listener(Protocol):
+    """What follows the cache's changes: told after each, in the order they were made (once per node at the end
+    of a batch of changes)."""
 
-    uid: str
-    namespace: str
-    name: str
-    node_name: str
-    demand: Demand | None
-    """None when the pod's GPU request is unreadable (`unreadable` says why)."""
-    allocation: Allocation | None
-    """What its annotations say it was given, if anything."""
-    assume_time: float
-    unreadable: str = ""
-    finished: bool = False
-    """Succeeded or Failed: it holds nothing any more."""
-    priority: int = 0
-    """`spec.priority` (set by admission from its PriorityClass): who may be preempted for whom."""
-    cpu: int = 0
-    """Millicores requested, as kube-scheduler counts them on the node."""
-    memory: int = 0
-    """Bytes requested."""
-    models: tuple[str, ...] = ()
-    """GPU models it requires by node affinity on the protocol's model label (empty: any)."""
+    def node_changed(self, state: NodeState) -> None:
+        """The node's GPUs, holds, readiness, lock or requested cpu and memory changed; its summary is current."""
 
-    @property
-    def key(self) -> str:
-        return objects.key(self.namespace, self.name)
+    def node_forgotten(self, name: str) -> None:
+        """The node is gone from the cache (deleted, and no pod holds anything there any more)."""
 
-    @property
-    def shape(self) -> Shape | None:
-        """What it asks of a node, for the learned workload (None: no GPU)."""
-        return shape_of(self.demand, self.cpu, self.memory, self.models)
-
-
-def pod_record(pod: Raw, protocol: DeviceProtocol) -> PodRecord:
-    """Reduce a pod object to a PodRecord; an unreadable GPU request becomes `unreadable`, never an exception."""
-    uid, namespace, name = objects.uid(pod), objects.namespace(pod), objects.name(pod)
-    node = str(as_object(pod.get("spec")).get("nodeName") or "")
-    unreadable = ""
-    demand: Demand | None
-    try:
-        demand = protocol.pod_demand(pod)
-    except InvalidPod as error:
-        demand, unreadable = None, str(error)
-    recorded = protocol.recorded(pod, demand)
-    finished = as_object(pod.get("status")).get("phase") in TERMINAL_PHASES
-    label = protocol.model_label
-    return PodRecord(
-        uid,
-        namespace,
-        name,
-        node,
-        demand,
-        recorded.allocation,
-        recorded.since,
-        unreadable,
-        finished,
-        pod_priority(pod),
-        pod_request(pod, "cpu", scale=3),
-        pod_request(pod, "memory"),
-        required_values(pod, label) if label else (),
-    )
-
-
-# --- nodes ------------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True, eq=False)
-class NodeState:
-    """One node as the cache sees it. Mutable: its holds change, and its summary follows on every change."""
-
-    name: str
-    devices: tuple[Device, ...] = ()
-    known: bool = True
-    """False for a node we only know from pods bound to it (not listed, or deleted while they still run)."""
-    ready: bool = True
-    unreadable: str = ""
-    """Why the GPUs the node advertises could not be read ("" when they could, or it advertises none)."""
-    lock: NodeLock | None = None
-    """The device plugin's lock (HAMi), while one is held and not older than the cache's lock timeout."""
-    holds: dict[str, Hold] = field(default_factory=dict)
-    # the summary, derived from devices and holds by refresh():
-    used: list[int] = field(default_factory=list)
-    used_cores: list[int] = field(default_factory=list)
-    used_slots: list[int] = field(default_factory=list)
-    """Container uses per device: what a split count limits (HAMi)."""
-    free: list[int] = field(default_factory=list)
-    """Memory a new pod can take on each device: 0 on one that takes none (unhealthy, cordoned, out of slots or
-    of compute)."""
-    free_desc: tuple[int, ...] = ()
-    capacity_desc: tuple[int, ...] = ()
-    largest_free: int = 0
-    largest_free_index: int = -1
-    capacity_total: int = 0
-    used_total: int = 0
-    stray: int = 0
-    """Memory held on device indexes this node does not have (a device vanished under running pods)."""
-    fit_free: int = -1
-    """The largest plain one-GPU demand this node takes now: `largest_free`, or -1 when unknown, not Ready or
-    locked."""
-    cpu_allocatable: int = 0
-    """Millicores (0: the node reports none; then cpu never limits it here)."""
-    memory_allocatable: int = 0
-    """Bytes (0: unknown, as for cpu)."""
-    cpu_requested: int = 0
-    """Millicores its pods request: bound ones and those we reserved on it (all pods, GPU or not)."""
-    memory_requested: int = 0
-    free_gpus: float = 0.0
-    """Free GPU in GPUs (each GPU's free memory over its capacity): how empty the node is, for the policy."""
-    _room: Room | None = None
-    _measured: tuple[int, float] = (-1, 0.0)
-    """(build of the typical shapes, the node's measure then): `measure` until the next change."""
-
-    def position(self, index: int) -> int:
-        """Where device `index` sits in `devices`, or -1."""
-        for position, device in enumerate(self.devices):
-            if device.index == index:
-                return position
-        return -1
-
-    def takes_new_pods(self, position: int) -> bool:
-        """Whether the device at `position` may take another pod at all: usable, a slot left (where slots are
-        limited), compute left (where compute is tracked)."""
-        device = self.devices[position]
-        if not device.usable:
-            return False
-        if device.slots and self.used_slots[position] >= device.slots:
-            return False
-        return not (device.cores and self.used_cores[position] >= device.cores)
-
-    def refresh(self) -> None:
-        count = len(self.devices)
-        used, cores, slots = [0] * count, [0] * count, [0] * count
-        stray = 0
-        positions = {device.index: position for position, device in enumerate(self.devices)}
-        for hold in self.holds.values():
-            for use in hold.allocation.uses:
-                position = positions.get(use.index, -1) if use.index >= 0 else -1
-                if position < 0:
-                    stray += use.memory
-                else:
-                    used[position] += use.memory
-                    cores[position] += use.cores
-                    slots[position] += use.slots
-        self.used, self.used_cores, self.used_slots = used, cores, slots
-        self.stray = stray
-        self.free = [
-            max(0, device.capacity - amount) if self.takes_new_pods(position) else 0
-            for position, (device, amount) in enumerate(zip(self.devices, used, strict=True))
-        ]
-        self.free_desc = tuple(sorted(self.free, reverse=True))
-        self.capacity_desc = tuple(sorted((device.capacity for device in self.devices if device.usable), reverse=True))
-        self.capacity_total = sum(device.capacity for device in self.devices)
-        self.used_total = sum(used)
-        if self.free:
-            best = max(range(len(self.free)), key=self.free.__getitem__)  # the first of equals: lowest index
-            self.largest_free, self.largest_free_index = self.free[best], self.devices[best].index
-        else:
-            self.largest_free, self.largest_free_index = 0, -1
-        self.fit_free = self.largest_free if self.known and self.ready and self.lock is None else -1
-        self.free_gpus = sum(
-            free / device.capacity for free, device in zip(self.free, self.devices, strict=True) if device.capacity
-        )
-        self._room = None
-        self._measured = (-1, 0.0)
-
-    def measure(self, classes: Classes, memo: FragmentMemo) -> float:
-        """What the fragmentation policy minimises, for this node as it is (kept until the next change)."""
-        version, value = self._measured
-        if version != classes.version:
-            room = self.room()
-            value = memo.measure(room.cpu, room.memory, room.gpus, classes)
-            self._measured = (classes.version, value)
-        return value
-
-    def room(self) -> Room:
-        """The node as the fragmentation measure sees it (`fragmentation.Room`), kept until the next change."""
-        room = self._room
-        if room is None:
-            room = self._room = Room(
-                self.cpu_allocatable - self.cpu_requested if self.cpu_allocatable else UNLIMITED,
-                self.memory_allocatable - self.memory_requested if self.memory_allocatable else UNLIMITED,
-                tuple(self.gpu_room(position) for position in range(len(self.devices))),
-            )
-        return room
-
-    def gpu_room(self, position: int, memory: int = 0, cores: int = 0) -> GpuRoom:
-        """One GPU as the measure sees it, after `memory` and `cores` more are taken on it."""
-        device = self.devices[position]
-        free = self.free[position] - memory
-        left = device.cores - self.used_cores[position] - cores if device.cores else -1
-        if left == 0 or (device.slots and self.used_slots[position] + (1 if memory or cores else 0) >= device.slots):
-            free = 0
-        return (max(free, 0), device.capacity, left, device.model)
+    def pod_arrived(self, record: PodRecord) -> None:
+        """A pod the cache had not seen (or had forgotten) is in it now, as `record`."""
 
 
 def _marked(devices: tuple[Device, ...], unhealthy: frozenset[int] | None) -> tuple[Device, ...]:
@@ -251,7 +65,6 @@ class Cache:
         protocol: DeviceProtocol,
         lock_timeout: float = 300.0,
         clock: Callable[[], float] = time.time,
-        workload: Workload | None = None,
     ) -> None:
         self.protocol = protocol
         self.lock_timeout = lock_timeout
@@ -274,22 +87,14 @@ class Cache:
         """The GPUs each node offers, before the operators' unhealthy lists are applied."""
         self._unhealthy: dict[str, frozenset[int]] = {}
         """GPU indexes operators marked unhealthy, by node (gpushare's `kube-system/unhealthy-gpu-<node>`)."""
-        self.workload = workload if workload is not None else Workload()
-        """The shapes of the pods seen, learned as each first appears (`workload.py`)."""
         self._lowest: dict[str, int | None] = {}
         """`lowest_priority` by node, until the node changes."""
-        self._asked: Lru[str, bool] = Lru(ASKED_LIMIT)
-        """Pods learned from a filter request before the watch showed them (`asked`), so they count once."""
-        self.fragments = FragmentMemo()
-        """Fragmentation by node state, for the typical shapes of the last build (`fragmentation.py`)."""
-        self.fragment_tables = NodeMemo()
-        """What placing each pod ask adds to each node's fragmentation (`policy.fragmentation_values`)."""
         self._placed: dict[str, tuple[str, int, int]] = {}
         """Pod UID -> (node, millicores, bytes) it requests there: bound, or reserved by us."""
         self._requested: dict[str, list[int]] = {}
         """Node -> [millicores, bytes] its pods request (`_placed` summed)."""
-        self.quotas = Quotas(protocol.quota_resources, protocol.unit, lambda: self.nodes.values())
-        """ResourceQuotas' GPU limits, and what each namespace holds under them, following the holds (`quota.py`)."""
+        self.listeners: list[Listener] = []
+        """Told of every change (`listen`)."""
 
     def _changed(self, state: NodeState) -> None:
         """Recompute a node's summary after any change, and the indexes built on it (once per node at the end
@@ -301,9 +106,13 @@ class Cache:
         state.refresh()
         self.fit_index.update(state)
         self.memo.forget(state.name)
-        self.fragment_tables.forget(state.name)
         self._lowest.pop(state.name, None)
-        self.quotas.node_changed(state)
+        for listener in self.listeners:
+            listener.node_changed(state)
+
+    def listen(self, listener: Listener) -> None:
+        """Tell `listener` of every change from now on."""
+        self.listeners.append(listener)
 
     @contextmanager
     def _batched(self) -> Iterator[None]:
@@ -386,7 +195,8 @@ class Cache:
             del self.nodes[state.name]
             self.fit_index.forget(state.name)
             self.memo.forget(state.name)
-            self.fragment_tables.forget(state.name)
+            for listener in self.listeners:
+                listener.node_forgotten(state.name)
 
     def apply_node(self, node: Raw, deleted: bool = False) -> None:
         name = objects.name(node)
@@ -501,17 +311,6 @@ class Cache:
         lowest = self._lowest[name] = min(priorities, default=None)
         return lowest
 
-    def classes(self) -> Classes:
-        """The typical shapes of the learned workload now (`workload.Workload.classes`)."""
-        return self.workload.classes(self.clock())
-
-    def asked(self, uid: str, shape: Shape | None) -> None:
-        """A filter request for a pod: learn its shape now if the watch has not shown it yet (a pod is first seen
-        by whichever comes first, so its own placement already counts it, as the pods before it)."""
-        if uid and uid not in self.pods and self._asked.touch(uid) is None:
-            self._asked.put(uid, True)
-            self.workload.observe(shape, self.clock())
-
     def apply_pod(self, pod: Raw, deleted: bool = False) -> None:
         self.apply_record(pod_record(pod, self.protocol), deleted)
 
@@ -527,9 +326,11 @@ class Cache:
         if deleted or record.finished:
             self._forget_pod(uid)
             return
-        if uid not in self.pods and self._asked.pop(uid, None) is None:
-            self.workload.observe(record.shape, self.clock())
+        arrived = uid not in self.pods
         self.pods[uid] = record
+        if arrived:
+            for listener in self.listeners:
+                listener.pod_arrived(record)
         self._settle_record(uid, record)
         self._account(uid)
 

@@ -7,7 +7,7 @@ card) and a number of pods it may run at once (`slots`); 0 means the plugin does
 each GPU's memory), how much compute on each. `Selectors` narrow which GPUs may serve it, and a pod may ask
 for its own placement strategies.
 
-The policy (`policy.py`), the ledger and the reasons work in these terms alone: no annotation key, no
+The placement policy (`placement/`), the ledger and the reasons work in these terms alone: no annotation key, no
 resource name. Protocols (`protocols/`) build them from the objects.
 """
 
@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+WHOLE_GPU = 100
+"""Compute of a whole card (HAMi's devcore without core scaling)."""
 
 
 def ceil_div(amount: int, parts: int) -> int:
@@ -140,7 +143,7 @@ class Demand:
 
     `Demand(memory, devices)` is gpushare's: `devices` GPUs with `per_device` memory on each. A protocol that
     knows more (compute, percentages, several containers, selectors) fills the other fields; such a demand
-    is judged by the general fit (`policy.fit`), a plain one by the node summaries alone.
+    is judged by the general fit (`placement/fit.py`), a plain one by the node summaries alone.
     """
 
     memory: int

@@ -1,7 +1,7 @@
 """Reservations: device memory taken at bind, before the API shows the pod bound (DESIGN §3).
 
 The rules live here and nowhere else:
-- `reserve` re-checks free memory and the namespace's quotas (`quota.py`) and records the hold in one step (no
+- `reserve` re-checks free memory and the namespace's quotas (`quota/book.py`) and records the hold in one step (no
   await in between), so two binds can never take the same memory, nor together more than a quota allows;
   callers hold `locked(node)` while they decide and reserve (not across the API write that follows, so binds
   to one node do not queue behind each other's API calls), and mark the bind `in_flight` so no second bind of
@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 from extender.core.cache import Cache
 from extender.core.holds import Allocation, Hold, HoldState
+from extender.core.quota.book import Quotas
 
 UNCERTAIN_WINDOW = 60.0
 """Seconds a binding that failed uncertainly may still land: kube-apiserver's default `--request-timeout`,
@@ -32,8 +33,12 @@ after which it abandons a request it still holds."""
 class Ledger:
     """Mutable: the reservations' bookkeeping over the cache's holds."""
 
-    def __init__(self, cluster: Cache, ttl: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, cluster: Cache, ttl: float, clock: Callable[[], float] = time.time, quotas: Quotas | None = None
+    ) -> None:
         self.cluster = cluster
+        self.quotas = quotas
+        """The book every reservation is checked against (None: no quota is enforced)."""
         self.ttl = ttl
         """Seconds a reservation may wait for the API to show its pod bound."""
         self.clock = clock
@@ -94,7 +99,7 @@ class Ledger:
             slots = device.slots - state.used_slots[position] + (mine.slots if mine else 0)
             if device.slots and slots < use.slots:
                 return f"GPU {use.index} on {allocation.node} runs its most pods ({device.slots})"
-        over_quota = self.cluster.quotas.admits(allocation, state.devices)
+        over_quota = self.quotas.admits(allocation, state.devices) if self.quotas is not None else None
         if over_quota is not None:
             return over_quota.reason
         self.cluster.hold(Hold(allocation, HoldState.RESERVED, since=self.clock()))

@@ -2,7 +2,7 @@
 
 kube-scheduler picks victims by a node's totals, which may leave every GPU short; `preempt_candidates` keeps a
 node only when its victims free room on the GPUs themselves, or names victims of our own that do (the extender
-API lets it). Where a ResourceQuota limits the preemptor's namespace (`quota.py`), the victims must also free
+API lets it). Where a ResourceQuota limits the preemptor's namespace (`quota/`), the victims must also free
 room under it: only the namespace's own pods do. Pure: it reads the cache's holds and summaries, never changes
 them.
 """
@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from extender.core.cache import Cache, NodeState
+from extender.core.cache import Cache
 from extender.core.devices import Demand, Strategy
-from extender.core.fit import Judgement, Usage, place
 from extender.core.holds import Allocation
+from extender.core.nodes import NodeState
 from extender.core.objects import Raw, as_object, pod_priority
-from extender.core.policy import usage_of
-from extender.core.quota import Charge, charge_of, namespace_of
+from extender.core.placement.fit import Judgement, Usage, place
+from extender.core.placement.judge import usage_of
+from extender.core.quota.book import Quotas
+from extender.core.quota.charges import Charge, charge_of, namespace_of
 
 
 def _freed(state: NodeState, victims: Iterable[Allocation]) -> Usage:
@@ -51,12 +53,11 @@ def fits_after_eviction(demand: Demand, state: NodeState, victims: Iterable[Allo
 
 
 def quota_after_eviction(
-    demand: Demand, state: NodeState, victims: list[Allocation], cluster: Cache, namespace: str
+    demand: Demand, state: NodeState, victims: list[Allocation], quotas: Quotas | None, namespace: str
 ) -> bool:
     """Whether the namespace's quotas have room for what the pod would be given on the node once the victims
     are evicted (those of its own namespace give back what they hold under them)."""
-    quotas = cluster.quotas
-    if not quotas.limited(namespace):
+    if quotas is None or not quotas.limited(namespace):
         return True
     placed = place(demand, state.devices, _freed(state, victims), demand.device_strategy or Strategy.BINPACK, "")
     if isinstance(placed, Judgement):
@@ -67,7 +68,12 @@ def quota_after_eviction(
 
 
 def preempt_candidates(
-    demand: Demand, candidates: Mapping[str, list[str]], cluster: Cache, priority: int = 0, namespace: str = ""
+    demand: Demand,
+    candidates: Mapping[str, list[str]],
+    cluster: Cache,
+    priority: int = 0,
+    namespace: str = "",
+    quotas: Quotas | None = None,
 ) -> dict[str, list[str]]:
     """The candidate nodes where evicting victims frees enough memory on the GPUs, with those victims.
 
@@ -78,7 +84,7 @@ def preempt_candidates(
     lets us return other victims per node). What a victim frees is what the cache counts for its UID on that
     node (observed or reserved): a pod the cache does not count holds no GPU memory there. A demand of zero
     keeps every candidate: we have no say over such pods. Where a quota limits the preemptor's `namespace`,
-    victims must also leave room under it (`quota_after_eviction`).
+    victims must also leave room under it (`quota_after_eviction`, with the book `quotas`).
     """
     if demand.is_zero:
         return {node: list(uids) for node, uids in candidates.items()}
@@ -89,18 +95,18 @@ def preempt_candidates(
             continue
         victims = [state.holds[uid].allocation for uid in uids if uid in state.holds]
         if fits_after_eviction(demand, state, victims) and quota_after_eviction(
-            demand, state, victims, cluster, namespace
+            demand, state, victims, quotas, namespace
         ):
             kept[node] = list(uids)
             continue
-        ours = _fewest_victims(demand, state, cluster, priority, namespace)
+        ours = _fewest_victims(demand, state, cluster, priority, namespace, quotas)
         if ours is not None:
             kept[node] = ours
     return kept
 
 
 def _fewest_victims(
-    demand: Demand, state: NodeState, cluster: Cache, priority: int, namespace: str = ""
+    demand: Demand, state: NodeState, cluster: Cache, priority: int, namespace: str, quotas: Quotas | None
 ) -> list[str] | None:
     """The fewest evictable pods on the node (lower priority than `priority`) whose eviction lets the demand
     fit, preferring lower priorities; None when even all of them do not make room.
@@ -119,7 +125,7 @@ def _fewest_victims(
     def enough(victims: list[tuple[int, int, str, Allocation]]) -> bool:
         evicted = [victim[3] for victim in victims]
         return fits_after_eviction(demand, state, evicted) and quota_after_eviction(
-            demand, state, evicted, cluster, namespace
+            demand, state, evicted, quotas, namespace
         )
 
     for entry in evictable:

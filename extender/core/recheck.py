@@ -30,11 +30,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from extender.core.cache import Cache, PodRecord
+from extender.core.cache import Cache
 from extender.core.contract import UNSCHEDULABLE_FLUSH
 from extender.core.memo import Lru
 from extender.core.objects import Raw, pod_priority
 from extender.core.objects import uid as pod_uid
+from extender.core.pods import PodRecord
 
 LIMIT = 32
 """Pods read per filter call, at most (concurrently: about as long as one read)."""

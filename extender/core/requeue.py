@@ -9,7 +9,7 @@ in our cache with no such event to come after them:
 - **A reservation expires** (its binding never showed up in the API): nothing in the API changed at all.
 
 A third frees room under a quota with no event kube-scheduler acts on: **a ResourceQuota raised or deleted**
-(`quota.py`; kube-scheduler does not watch quotas).
+(`quota/`; kube-scheduler does not watch quotas).
 
 So when the cache frees room on a node (a pod deleted or finished, seen by the watch, a relist or a read of
 the API; a node added or changed; an expired reservation), and a pod refused everywhere since then would fit
@@ -35,14 +35,16 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from extender.core.cache import Cache, NodeState
+from extender.core.cache import Cache
 from extender.core.contract import UNSCHEDULABLE_FLUSH
-from extender.core.devices import Demand
-from extender.core.fit import Verdict
+from extender.core.devices import Demand, Strategy
 from extender.core.memo import Lru
-from extender.core.policy import PolicyConfig, judge
-from extender.core.quota import Quotas
-from extender.core.quota_fit import charge_on
+from extender.core.nodes import NodeState
+from extender.core.placement.fill import fill_choice
+from extender.core.placement.fit import Verdict
+from extender.core.placement.judge import judge
+from extender.core.quota.admission import charge_on
+from extender.core.quota.book import Quotas
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +112,7 @@ def fits_any(refused: Iterable[Refused], state: NodeState, quotas: Quotas | None
             continue
         if quotas is None or not quotas.limited(namespace):
             return True
-        charge = charge_on(demand, state, PolicyConfig(), None, None)
+        charge = charge_on(state, fill_choice(demand, state, demand.device_strategy or Strategy.BINPACK))
         if charge is not None and quotas.refusal(namespace, charge) is None:
             return True
     return False
@@ -121,9 +123,17 @@ class Requeue:
     a reason when a pod refused since the room came free would fit now. Without `ask` (the file source, or no
     `--pod-name`) it remembers nothing. Mutable."""
 
-    def __init__(self, cache: Cache, ask: Callable[[str], None] | None, refusals: Refusals | None = None) -> None:
+    def __init__(
+        self,
+        cache: Cache,
+        ask: Callable[[str], None] | None,
+        refusals: Refusals | None = None,
+        quotas: Quotas | None = None,
+    ) -> None:
         self.cache = cache
         self.ask = ask
+        self.quotas = quotas
+        """The book a refused pod's room is judged under (None: no quota)."""
         self.refusals = refusals if refusals is not None else Refusals()
 
     def refused(self, uid: str, demand: Demand, namespace: str = "") -> None:
@@ -149,7 +159,7 @@ class Requeue:
                 return
             for node in nodes:
                 state = self.cache.nodes.get(node)
-                if state is not None and fits_any(demands, state, self.cache.quotas):
+                if state is not None and fits_any(demands, state, self.quotas):
                     self.ask(f"room came free on {node} for a pod refused since")
                     return
         except Exception:  # a bug here must not stop the informer or the expiry sweep that called it
@@ -166,7 +176,7 @@ class Requeue:
             if not refused:
                 return
             for name, state in self.cache.nodes.items():
-                if fits_any(refused, state, self.cache.quotas):
+                if fits_any(refused, state, self.quotas):
                     self.ask(f"the quotas of namespace {namespace} changed, and a pod refused there fits {name} now")
                     return
         except Exception:  # a bug here must not stop the informer that called it

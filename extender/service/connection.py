@@ -9,15 +9,12 @@ import http
 import logging
 from collections import deque
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import httptools
 
-from extender.service.limits import SLICE_BYTES
-from extender.service.routing import Request, Response, Route, internal_error, json_error
-
-if TYPE_CHECKING:
-    from extender.service.transport import HttpServer
+from extender.service.limits import SLICE_BYTES, Limits, Tally
+from extender.service.routing import Request, Response, Route, Router, internal_error, json_error
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +33,29 @@ _NO_BODY = 4
 """A HEAD request: the reply has a Content-Length but no body."""
 
 
+class Server(Protocol):
+    """What a connection reads and updates of the server that accepted it (`transport.HttpServer`): its limits,
+    its clock and date of the tick, and the sets it keeps of connections and of tasks in flight. A protocol, so
+    that the connection does not import the server that imports it."""
+
+    router: Router
+    max_body_bytes: int
+    limits: Limits
+    connections: set[Connection]
+    handshaking: dict[Connection, float]
+    tasks: set[asyncio.Task[None]]
+    stopping: bool
+    timed_out: int
+    refusals: Tally
+    now: float
+    date: bytes
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def port(self) -> int: ...
+
+
 class Connection(asyncio.Protocol):
     """One client connection: parses requests, answers them in order, a few per turn of the loop.
 
@@ -43,7 +63,7 @@ class Connection(asyncio.Protocol):
     the request being parsed, the requests parsed and waiting, and which of reading and writing are paused.
     """
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)

@@ -15,7 +15,8 @@ from typing import Protocol
 from extender.core.binding import Binder, BindRequest, RecentPods
 from extender.core.cache import Cache
 from extender.core.ledger import Ledger
-from extender.core.policy import PolicyConfig
+from extender.core.placement.placer import Placer
+from extender.core.quota.book import Quotas
 from extender.core.recheck import Preemptions, Recheck
 from extender.core.requeue import Requeue
 from extender.service.limits import Limits
@@ -63,7 +64,10 @@ class Service:
 
     cache: Cache
     ledger: Ledger
-    policy: PolicyConfig
+    placer: Placer
+    """Decides where pods go and on which GPUs (`core/placement/`)."""
+    quotas: Quotas
+    """The ResourceQuotas' GPU limits and what each namespace holds (`core/quota/`)."""
     source: Source
     requeue: Requeue
     """Decides when to ask kube-scheduler to retry the pods the filter refused (`core/requeue.py`)."""

@@ -34,7 +34,9 @@ import math
 from collections import deque
 from collections.abc import Generator, Iterable
 
-from extender.core.cache import Cache, NodeState
+from extender.core.cache import Cache
+from extender.core.nodes import NodeState
+from extender.core.placement.learned import Learned
 from extender.settings import GpuSeries
 
 QUANTILES = (("0.5", 0.5), ("0.9", 0.9))
@@ -117,17 +119,19 @@ LOCK_FAMILY = (
 )
 
 
-def render(cache: Cache, demands: RecentDemands, series: GpuSeries, gpu_series_limit: int) -> bytes:
+def render(cache: Cache, learned: Learned, demands: RecentDemands, series: GpuSeries, gpu_series_limit: int) -> bytes:
     """The exposition text of the GPU families, read from the cache now, in one go (tests, benchmarks)."""
-    steps = _render(cache, demands, series, gpu_series_limit)
+    steps = _render(cache, learned, demands, series, gpu_series_limit)
     while (text := _step(steps)) is None:
         pass
     return text
 
 
-async def render_yielding(cache: Cache, demands: RecentDemands, series: GpuSeries, gpu_series_limit: int) -> bytes:
+async def render_yielding(
+    cache: Cache, learned: Learned, demands: RecentDemands, series: GpuSeries, gpu_series_limit: int
+) -> bytes:
     """`render`, giving the event loop a turn after every `SLICE` nodes (what /metrics serves)."""
-    steps = _render(cache, demands, series, gpu_series_limit)
+    steps = _render(cache, learned, demands, series, gpu_series_limit)
     while (text := _step(steps)) is None:
         await asyncio.sleep(0)
     return text
@@ -143,7 +147,7 @@ def _step(steps: Generator[None, None, bytes]) -> bytes | None:
 
 
 def _render(
-    cache: Cache, demands: RecentDemands, series: GpuSeries, gpu_series_limit: int
+    cache: Cache, learned: Learned, demands: RecentDemands, series: GpuSeries, gpu_series_limit: int
 ) -> Generator[None, None, bytes]:
     """Yields after each slice of nodes; returns the text. Between slices the cache may change: each node's
     figures are read in one piece, the families as a whole are a scrape's worth of approximately now."""
@@ -157,7 +161,7 @@ def _render(
     chunks: list[list[bytes]] = [[] for _ in families]
     """Per family, its samples one slice of nodes at a time (joined per slice: the final join copies chunks)."""
     available: list[int] = []
-    classes, memo = cache.classes(), cache.fragments
+    classes = learned.classes()
     fragmented = 0.0
     for start in range(0, len(nodes), SLICE):
         gpu_rows: list[list[str]] = [[] for _ in (*GPU_FAMILIES, *CORE_FAMILIES, *SLOT_FAMILIES)]
@@ -166,7 +170,7 @@ def _render(
         for state in nodes[start : start + SLICE]:
             free = _available(state)
             available += free
-            fragmented += state.measure(classes, memo)
+            fragmented += learned.measure(state, classes)
             if per_gpu:
                 _gpu_rows(gpu_rows, state)
             if per_node:

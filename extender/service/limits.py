@@ -5,7 +5,11 @@ it written right above it (h11's habit). Each is the default of the `Limits` fie
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+# Refusals are the transport's events: logged under its name, where operators look for them.
+log = logging.getLogger("extender.service.transport")
 
 # The whole head: request line, header lines, their CRLFs and the blank line (so 16,000 `X: v` lines are 96 KB,
 # not the 32 KB of their names and values). Precedents:
@@ -82,3 +86,24 @@ class Limits:
     max_pipelined: int = MAX_PIPELINED
     requests_per_turn: int = REQUESTS_PER_TURN
     write_buffer_limit: int = WRITE_BUFFER_LIMIT
+
+
+class Tally:
+    """Counts one kind of refusal, and logs it at most once per LOG_EVERY seconds with how many came since."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        self.count = 0
+        self.unlogged = 0
+        self.logged_at = float("-inf")
+
+    def add(self, now: float, *args: object) -> None:
+        self.count += 1
+        self.unlogged += 1
+        self.flush(now, *args)
+
+    def flush(self, now: float, *args: object) -> None:
+        if self.unlogged and now - self.logged_at >= LOG_EVERY:
+            log.warning(self.message, self.unlogged, *args)
+            self.unlogged = 0
+            self.logged_at = now

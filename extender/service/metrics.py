@@ -14,8 +14,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from extender.core.binding import Outcome
 from extender.core.cache import Cache
-from extender.core.fit import Cause
 from extender.core.holds import HoldState
+from extender.core.placement.fit import Cause
+from extender.core.placement.learned import Learned
+from extender.core.quota.book import Quotas
 from extender.service import gpu_metrics
 from extender.service.gpu_metrics import RecentDemands
 from extender.settings import GpuSeries
@@ -129,7 +131,7 @@ class Metrics:
         )
         self.rejections = Counter(
             "extender_filter_rejections",
-            "Nodes refused by filter, by cause (core/fit.py Cause): not_in_cache, not_ready, locked, no_gpus, "
+            "Nodes refused by filter, by cause (placement/fit.py Cause): not_in_cache, not_ready, locked, no_gpus, "
             "too_small, too_few, no_match (unresolvable: no GPU here could ever serve the pod), memory, compute, "
             "slots, exclusive, numa (failed: not now), quota (the namespace's ResourceQuota has no room left).",
             ["cause"],
@@ -172,7 +174,7 @@ class Metrics:
         quota_labels = ["namespace", "quota", "resource", "model"]
         self.quota_limit = Gauge(
             "extender_quota_limit",
-            "A GPU limit of a ResourceQuota (core/quota.py), in its resource's unit: memory in the device plugin's, "
+            "A GPU limit of a ResourceQuota (core/quota/), in its resource's unit: memory in the device plugin's, "
             "compute in % of a GPU, GPUs; model empty for every GPU.",
             quota_labels,
             registry=self.registry,
@@ -222,18 +224,20 @@ class Metrics:
         """Report what a source counts (watch events, lists, API failures, leadership) at every scrape."""
         self.registry.register(_SourceCollector(counts))
 
-    def render(self, cluster: Cache) -> bytes:
+    def render(self, cluster: Cache, quotas: Quotas, learned: Learned) -> bytes:
         """The exposition text, with the state gauges read from the cache now, in one go."""
-        return self._render_own(cluster) + gpu_metrics.render(
-            cluster, self.demands, self.gpu_series, self.gpu_series_limit
+        return self._render_own(cluster, quotas) + gpu_metrics.render(
+            cluster, learned, self.demands, self.gpu_series, self.gpu_series_limit
         )
 
-    async def render_yielding(self, cluster: Cache) -> bytes:
+    async def render_yielding(self, cluster: Cache, quotas: Quotas, learned: Learned) -> bytes:
         """`render`, giving the event loop a turn between slices of nodes (what /metrics serves)."""
-        own = self._render_own(cluster)
-        return own + await gpu_metrics.render_yielding(cluster, self.demands, self.gpu_series, self.gpu_series_limit)
+        own = self._render_own(cluster, quotas)
+        return own + await gpu_metrics.render_yielding(
+            cluster, learned, self.demands, self.gpu_series, self.gpu_series_limit
+        )
 
-    def _render_own(self, cluster: Cache) -> bytes:
+    def _render_own(self, cluster: Cache, quotas: Quotas) -> bytes:
         counts = dict.fromkeys(HoldState, 0)
         for hold in cluster.reserved.values():
             counts[hold.state] += 1
@@ -242,13 +246,13 @@ class Metrics:
             self.allocations.labels(state.value).set(count)
         self.cache_nodes.set(sum(1 for state in cluster.nodes.values() if state.known))
         self.cache_pods.set(len(cluster.pods))
-        self._quotas(cluster)
+        self._quotas(quotas)
         return generate_latest(self.registry)
 
-    def _quotas(self, cluster: Cache) -> None:
+    def _quotas(self, quotas: Quotas) -> None:
         """The quota families, read from the quotas now: per limit while there are at most `quota_series_limit`
         (a namespace's quotas come and go, so the series are written afresh)."""
-        series = cluster.quotas.series()
+        series = quotas.series()
         each = len(series) <= self.quota_series_limit
         self.quota_limit.clear()
         self.quota_used.clear()

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
-from extender.core.cache import NodeState
+from extender.core.nodes import NodeState
 from extender.core.objects import Raw
 from extender.service.context import Service
 from extender.service.routing import Request, Response, Router, json_error
@@ -49,7 +49,7 @@ def _synced(service: Service, request: Request) -> Response:
 
 
 async def _metrics(service: Service, request: Request) -> Response:
-    text = await service.metrics.render_yielding(service.cache)
+    text = await service.metrics.render_yielding(service.cache, service.quotas, service.placer.learned)
     return Response(200, text, "text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -108,13 +108,13 @@ TYPICAL_SHOWN = 16
 
 def inspect_workload(service: Service) -> Raw:
     """The placement policy and what it has learned: the pods seen, and the typical shapes it places for."""
-    cache = service.cache
-    classes = cache.classes()
+    learned, config = service.placer.learned, service.placer.config
+    classes = learned.classes()
     shapes = sorted(zip(classes.shapes, classes.weights, strict=True), key=lambda pair: -pair[1])
     return {
-        "policy": str(service.policy.policy),
-        "narrowing": str(service.policy.narrowing),
-        "pods_seen": cache.workload.observed,
+        "policy": str(config.policy),
+        "narrowing": str(config.narrowing),
+        "pods_seen": learned.workload.observed,
         "typical_shapes": len(classes.shapes),
         "build": classes.version,
         "shapes": [
@@ -144,7 +144,7 @@ def _inspect(service: Service, request: Request) -> Response:
             "reservations": len(cache.reserved),
             "ready": service.ready(),
             "workload": inspect_workload(service),
-            "quotas": cache.quotas.report(),
+            "quotas": service.quotas.report(),
         }
     )
 

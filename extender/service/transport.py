@@ -78,33 +78,12 @@ import ssl
 import time
 
 from extender.service.connection import Connection
-from extender.service.limits import LOG_EVERY, Limits
+from extender.service.limits import Limits, Tally
 from extender.service.routing import Background, Router
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LIMITS = Limits()
-
-
-class _Tally:
-    """Counts one kind of refusal, and logs it at most once per LOG_EVERY seconds with how many came since."""
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-        self.count = 0
-        self.unlogged = 0
-        self.logged_at = float("-inf")
-
-    def add(self, now: float, *args: object) -> None:
-        self.count += 1
-        self.unlogged += 1
-        self.flush(now, *args)
-
-    def flush(self, now: float, *args: object) -> None:
-        if self.unlogged and now - self.logged_at >= LOG_EVERY:
-            log.warning(self.message, self.unlogged, *args)
-            self.unlogged = 0
-            self.logged_at = now
 
 
 class HttpServer:
@@ -133,8 +112,8 @@ class HttpServer:
         self.stopping = False
         self.timed_out = 0
         """Connections closed because a head, a body or a reader missed its deadline (idle ones not counted)."""
-        self.refusals = _Tally("%d connection(s) refused: the cap of %d open connections on port %d was reached")
-        self.failed_handshakes = _Tally("%d TLS handshake(s) failed or did not finish within %g s on port %d")
+        self.refusals = Tally("%d connection(s) refused: the cap of %d open connections on port %d was reached")
+        self.failed_handshakes = Tally("%d TLS handshake(s) failed or did not finish within %g s on port %d")
         self.now = time.monotonic()
         """The clock of the deadlines, read once a tick: deadlines hold to within a tick."""
         self.date = email.utils.formatdate(usegmt=True).encode()

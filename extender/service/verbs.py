@@ -4,8 +4,8 @@
 request is a JSON body `{"Error": "..."}` naming what was wrong: 400 for a malformed body (a bad quantity, a
 node name that is no string), 413 for one over the size limit; an unexpected exception is logged with its
 traceback and answered 500 with a one-line message, never the traceback. Decisions are the core's
-(`policy.filter_pod`, `policy.prioritize`, `binding.bind`, `policy.preempt_candidates`); this module never
-reads the cache's indexes itself. The pages for people and probes are `pages.py`.
+(`placement.Placer`'s filter and prioritize, `binding.bind`, `preemption.preempt_candidates`); this module
+never reads the cache's indexes itself. The pages for people and probes are `pages.py`.
 
 Handlers that never wait (filter, prioritize, preempt) are plain functions run inline by the transport; bind
 awaits the binder. A filter waits only for a preemptor refused where it may have freed room, to read the
@@ -26,16 +26,18 @@ from pydantic import BaseModel, ValidationError
 
 from extender.core import contract, objects
 from extender.core.binding import BindContext, BindRequest, Guard, Outcome, bind
-from extender.core.cache import NodeState, PodRecord
 from extender.core.devices import Demand
-from extender.core.fit import Cause
+from extender.core.nodes import NodeState
 from extender.core.objects import Raw, pod_key, pod_priority
-from extender.core.policy import FilterOutcome, ask_of, filter_pod, prioritize, summarized
+from extender.core.placement.config import ask_of
+from extender.core.placement.filtering import FilterOutcome, summarized
+from extender.core.placement.fit import Cause
+from extender.core.placement.workload import shape_of
+from extender.core.pods import PodRecord
 from extender.core.preemption import beyond_preemption, preempt_candidates
-from extender.core.quota_fit import quota_filter
+from extender.core.quota.admission import quota_filter
 from extender.core.recheck import Recheck, suspects
 from extender.core.resources import InvalidPod, required_values
-from extender.core.workload import shape_of
 from extender.service import pages
 from extender.service.context import Service
 from extender.service.routing import Request, Response, Router, internal_error, json_error
@@ -157,17 +159,16 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
 
 
 def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service) -> FilterOutcome:
-    """Which of the nodes named the pod fits, by the cache as it is now (`policy.filter_pod`)."""
-    cache = service.cache
-    unit, pod = cache.protocol.unit, pod_key(args.Pod)
+    """Which of the nodes named the pod fits, by the cache as it is now (`placement.Placer.filter`)."""
+    cache, placer = service.cache, service.placer
     ask = ask_of(args.Pod, demand)
     uid = objects.uid(args.Pod)
     if uid not in cache.pods:  # the watch showed it first, nearly always: it is learned already
         label = cache.protocol.model_label
-        cache.asked(uid, shape_of(demand, ask.cpu, ask.memory, required_values(args.Pod, label)))
+        placer.learned.asked(uid, shape_of(demand, ask.cpu, ask.memory, required_values(args.Pod, label)))
     states = _states(args, service)
-    admit = quota_filter(args.Pod, demand, cache, states, service.policy, ask)
-    return filter_pod(demand, names, states, cache, unit, pod, ask, service.policy, admit)
+    admit = quota_filter(args.Pod, demand, placer, service.quotas, states, ask)
+    return placer.filter(demand, names, states, pod_key(args.Pod), ask, admit)
 
 
 def _not_ready_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult:
@@ -231,7 +232,7 @@ def _prioritize(request: Request, service: Service) -> VerbResult:
     demand = _demand(args.Pod, service)
     names = contract.requested_names(args)
     ask = ask_of(args.Pod, demand)
-    return prioritize(demand, names, _states(args, service), service.cache, service.policy, ask), ""
+    return service.placer.prioritize(demand, names, _states(args, service), ask), ""
 
 
 async def _bind(request: Request, service: Service) -> VerbResult:
@@ -242,7 +243,7 @@ async def _bind(request: Request, service: Service) -> VerbResult:
         return contract.binding_reply(reason), reason
     target = BindRequest(args.PodName, args.PodNamespace, args.PodUID, args.Node)
     guard = Guard(lambda: source.why_not_ready() or None, source.binding_time_left)
-    context = BindContext(service.cache, service.ledger, service.policy, source.binder, service.recent, guard)
+    context = BindContext(service.cache, service.ledger, service.placer, source.binder, service.recent, guard)
     outcome = await bind(target, context)
     service.metrics.binds.labels(outcome.outcome.value).inc()
     if outcome.ok:
@@ -260,7 +261,8 @@ def _preempt(request: Request, service: Service) -> VerbResult:
     args = _parse(request, contract.ExtenderPreemptionArgs)
     demand = _demand(args.Pod, service)
     candidates, violations = contract.preemption_candidates(args)
-    kept = preempt_candidates(demand, candidates, service.cache, pod_priority(args.Pod), objects.namespace(args.Pod))
+    priority, namespace = pod_priority(args.Pod), objects.namespace(args.Pod)
+    kept = preempt_candidates(demand, candidates, service.cache, priority, namespace, service.quotas)
     if not demand.is_zero:
         service.preemptions.remember(objects.uid(args.Pod), kept)
     return contract.preemption_reply(kept, violations), ""

@@ -38,7 +38,7 @@ class ClusterObjects:
     nodes: list[Raw] = field(default_factory=list)
     pods: list[Raw] = field(default_factory=list)
     quotas: list[Raw] = field(default_factory=list)
-    """ResourceQuotas (their GPU keys limit what the namespaces' pods are given: `core/quota.py`)."""
+    """ResourceQuotas (their GPU keys limit what the namespaces' pods are given: `core/quota/`)."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Kinds present in the file that the extender does not use, with their counts."""
 

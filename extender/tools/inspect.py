@@ -12,7 +12,7 @@ draws too.
 What a GPU shows follows what the report carries: memory always; compute (`used_cores/cores %`) and pod slots
 (`used_slots/slots`), the GPU's model and a cordon mark where the device plugin tracks them (HAMi); a node's
 lock where its plugin holds one. A report without them (gpushare) draws exactly the four memory columns. The
-ResourceQuotas that limit GPUs follow the nodes: per limit, what its namespace uses of it (`core/quota.py`).
+ResourceQuotas that limit GPUs follow the nodes: per limit, what its namespace uses of it (`core/quota/`).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from extender.core.devices import Strategy
-from extender.core.policy import Policy
+from extender.core.placement.config import Policy
 from extender.settings import CpuPods, Settings, SettingsError
 
 OLDEST_MINOR = 19

@@ -19,9 +19,9 @@ from extender.core.binding import (
 )
 from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
-from extender.core.policy import PolicyConfig
+from extender.core.placement.config import PolicyConfig
 from extender.sources.file import FileBinder
-from tests.builders import FakeClock, bind_error, make_cluster, make_node, make_pod
+from tests.builders import FakeClock, bind_error, make_cluster, make_node, make_pod, placer_for
 
 
 class RecordingBinder:
@@ -177,7 +177,7 @@ async def test_the_outcome_tells_success_refusal_and_failure_apart() -> None:
     cluster.apply_pod(pod)
     cluster.apply_pod(big)
     binder = RecordingBinder()
-    context = BindContext(cluster, Ledger(cluster, 60, FakeClock()), PolicyConfig(), binder, RecentPods())
+    context = BindContext(cluster, Ledger(cluster, 60, FakeClock()), placer_for(cluster), binder, RecentPods())
     assert (await bind(request_for(pod), context)).outcome is Outcome.BOUND
     cluster.apply_pod({**pod, "spec": {**pod["spec"], "nodeName": "n1"}})
     assert (await bind(request_for(pod), context)).outcome is Outcome.ALREADY_BOUND
@@ -363,7 +363,7 @@ async def guarded_bind(cluster: Any, binder: Any, request: BindRequest, lease: L
     context = BindContext(
         cluster,
         Ledger(cluster, 60, FakeClock()),
-        PolicyConfig(),
+        placer_for(cluster),
         binder,
         RecentPods(),
         guard=Guard(time_left=lease.time_left),

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from extender.core.cache import Cache, pod_record
+from extender.core.cache import Cache
 from extender.core.holds import Allocation, Hold, HoldState
+from extender.core.pods import pod_record
 from tests.builders import HAMI, PROFILE, FakeClock, bound_pod, make_cluster, make_hami_node, make_node, make_pod
 
 

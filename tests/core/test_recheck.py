@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from extender.core.cache import Cache, PodRecord
+from extender.core.cache import Cache
+from extender.core.pods import PodRecord
 from extender.core.recheck import LIMIT, MAX_REMEMBERED, Answer, Preemptions, suspects
 from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
 from tests.conftest import ClientFor, make_service

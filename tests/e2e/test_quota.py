@@ -1,4 +1,4 @@
-"""End to end: quotas on what pods are given (`extender/core/quota.py`), with the real kube-apiserver and
+"""End to end: quotas on what pods are given (`extender/core/quota/`), with the real kube-apiserver and
 kube-scheduler v1.34.1 and a real `extender serve` process.
 
 The API server must accept the keys (it validates every ResourceQuota); a burst into a quota must place exactly

@@ -15,6 +15,7 @@ from extender.service.gpu_metrics import RecentDemands, render, stranded
 from extender.settings import GpuSeries
 from tests.builders import (
     bound_pod,
+    learned_of,
     make_cluster,
     make_hami_cluster,
     make_hami_node,
@@ -87,7 +88,10 @@ async def test_fragmentation_is_measured_against_the_sizes_recently_asked(client
 
 def families(cache: Cache, series: GpuSeries, limit: int) -> set[str]:
     return {
-        family.name for family in text_string_to_metric_families(render(cache, RecentDemands(), series, limit).decode())
+        family.name
+        for family in text_string_to_metric_families(
+            render(cache, learned_of(cache), RecentDemands(), series, limit).decode()
+        )
     }
 
 
@@ -124,7 +128,7 @@ def test_recent_demands_are_bounded_and_give_nearest_rank_quantiles() -> None:
 
 def test_a_node_without_gpus_is_left_out_and_label_values_are_escaped() -> None:
     cache = make_cluster(make_node('odd"name', gpus=1, mem=8), make_node("cpu-only", gpus=0, mem=0))
-    text = render(cache, RecentDemands(), GpuSeries.GPU, 10).decode()
+    text = render(cache, learned_of(cache), RecentDemands(), GpuSeries.GPU, 10).decode()
     assert 'node="odd\\"name"' in text and "cpu-only" not in text
     found: dict[Any, float] = samples(text)
     assert found["extender_gpu_memory_free", (("gpu", "0"), ("node", 'odd"name'))] == 8
@@ -167,7 +171,7 @@ def test_a_stale_node_lock_counts_as_not_held() -> None:
     """HAMi's lock is taken over after the cache's lock timeout (300 s): it no longer holds the node."""
     stale = lock_value(time.time() - 301, "default", "gone")
     cache = make_hami_cluster(make_hami_node("gpu-1", gpus=1, **{"hami.io/mutex.lock": stale}))
-    found = samples(render(cache, RecentDemands(), GpuSeries.GPU, 10).decode())
+    found = samples(render(cache, learned_of(cache), RecentDemands(), GpuSeries.GPU, 10).decode())
     assert found["extender_node_locked", (("node", "gpu-1"),)] == 0
 
 

@@ -8,11 +8,11 @@ import orjson
 import pytest
 
 from extender.core.binding import BindError
-from extender.core.policy import PolicyConfig
+from extender.core.placement.config import PolicyConfig
 from extender.core.preemption import NO_LOWER_PRIORITY
 from extender.service.pages import build_health_server
 from extender.service.verbs import build_server
-from tests.builders import bound_pod, make_cluster, make_node, make_pod, make_quota
+from tests.builders import bound_pod, make_cluster, make_node, make_pod, make_quota, quotas_of
 from tests.conftest import ClientFor, make_service
 
 
@@ -210,7 +210,7 @@ async def test_metrics_show_each_quota_limit_and_what_its_namespace_uses_within_
 ) -> None:
     cluster = make_cluster(make_node("n1"), pods=(bound_pod("a", "n1", (0,), 6, namespace="ml-a"),))
     hard = {"limits.aliyun.com/gpu-mem": "16", "limits.aliyun.com/gpu-count.T4": "2"}
-    cluster.quotas.replace([cluster.quotas.read(make_quota("team", "ml-a", **hard))])
+    quotas_of(cluster).replace([quotas_of(cluster).read(make_quota("team", "ml-a", **hard))])
     service = make_service(cluster)
     client = await client_for(service)
     refused = make_pod("big", gpu_mem=12, namespace="ml-a")
@@ -387,7 +387,7 @@ async def test_each_metric_family_is_described_once_with_both_listeners_built() 
     service = make_service(make_cluster(make_node("n1")))
     build_server(service)
     build_health_server(service)
-    text = service.metrics.render(service.cache).decode()
+    text = service.metrics.render(service.cache, service.quotas, service.placer.learned).decode()
     helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
     assert len(helps) == len(set(helps)) and "extender_http_connections" in helps
 

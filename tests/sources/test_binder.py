@@ -9,7 +9,7 @@ from extender.core.binding import BindRequest, RecentPods
 from extender.core.cache import Cache
 from extender.core.holds import HoldState
 from extender.core.ledger import UNCERTAIN_WINDOW, Ledger
-from extender.core.policy import PolicyConfig
+from extender.core.placement.config import PolicyConfig
 from extender.service.pages import inspect_node
 from extender.sources.kube.binder import EventRecorder, KubeBinder
 from extender.sources.kube.client import KubeClient

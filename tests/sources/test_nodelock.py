@@ -11,13 +11,12 @@ import pytest
 from extender.core.binding import BindContext, BindError, BindRequest, Outcome, RecentPods, bind
 from extender.core.devices import NodeLock
 from extender.core.ledger import Ledger
-from extender.core.policy import PolicyConfig
 from extender.core.protocols.hami import LOCK
 from extender.sources.kube.binder import KubeBinder
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.nodelock import NodeLocker
 from tests.apidouble import ApiDouble
-from tests.builders import FakeClock, make_hami_cluster, make_hami_node, make_hami_pod
+from tests.builders import FakeClock, make_hami_cluster, make_hami_node, make_hami_pod, placer_for
 
 NOW = 1_787_306_400.0  # 2026-08-21T10:00:00Z
 STAMP = "2026-08-21T10:00:00Z"
@@ -115,7 +114,7 @@ async def test_a_bind_takes_the_lock_then_binds_and_a_failed_binding_releases_it
     pod = api.add_pod(make_hami_pod("p", mem=4000, cores=30))
     cache = make_hami_cluster(*api.nodes(), pods=tuple(api.pods()))
     binder = KubeBinder(kube, observe=cache.apply_pod, locker=locker(kube, []))
-    context = BindContext(cache, Ledger(cache, 60, FakeClock()), PolicyConfig(), binder, RecentPods())
+    context = BindContext(cache, Ledger(cache, 60, FakeClock()), placer_for(cache), binder, RecentPods())
     outcome = await bind(BindRequest("p", "default", pod["metadata"]["uid"], "gpu-1"), context)
     assert outcome.ok, outcome.error
     bound = api.pod("default", "p")
@@ -143,7 +142,7 @@ async def test_a_binding_that_may_still_land_keeps_the_lock(api: ApiDouble, kube
     pod = api.add_pod(make_hami_pod("p", mem=4000))
     cache = make_hami_cluster(*api.nodes(), pods=tuple(api.pods()))
     binder = KubeBinder(kube, observe=cache.apply_pod, locker=locker(kube, []))
-    context = BindContext(cache, Ledger(cache, 60, FakeClock()), PolicyConfig(), binder, RecentPods())
+    context = BindContext(cache, Ledger(cache, 60, FakeClock()), placer_for(cache), binder, RecentPods())
     api.fail("POST", "/api/v1/namespaces/default/pods/p/binding", status=500)
     outcome = await bind(BindRequest("p", "default", pod["metadata"]["uid"], "gpu-1"), context)
     assert outcome.outcome is Outcome.UNCERTAIN, outcome.error

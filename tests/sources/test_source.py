@@ -21,7 +21,7 @@ from extender.app import kube_service
 from extender.core.cache import Cache
 from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
-from extender.core.policy import PolicyConfig
+from extender.core.placement.config import PolicyConfig
 from extender.core.recheck import Answer
 from extender.core.requeue import WATCH_LAG, Requeue
 from extender.service.context import Service
@@ -31,7 +31,17 @@ from extender.sources.kube.informer import Informer, WatchOptions
 from extender.sources.kube.source import KubeOptions, KubeSource
 from extender.sources.kube.writes import LEADER_LABEL, Requeuer
 from tests.apidouble import ApiDouble
-from tests.builders import PROFILE, FakeClock, bound_pod, cache_differences, make_node, make_pod, make_quota
+from tests.builders import (
+    PROFILE,
+    FakeClock,
+    bound_pod,
+    cache_differences,
+    make_node,
+    make_pod,
+    make_quota,
+    placer_for,
+    quotas_of,
+)
 from tests.conftest import ClientFor, eventually, make_service
 
 FAST = LeaseTimings(lease_duration=1.0, renew_deadline=0.6, retry_period=0.1)
@@ -49,14 +59,16 @@ class Replica:
             lease_namespace="gpu-extender",
             timings=FAST,
         )
-        self.source = KubeSource(kube, self.cluster, options)
-        self.ledger = Ledger(self.cluster, 60.0, clock)
+        quotas = quotas_of(self.cluster)
+        self.source = KubeSource(kube, self.cluster, quotas, options)
+        self.ledger = Ledger(self.cluster, 60.0, clock, quotas)
         self.service = Service(
             cache=self.cluster,
             ledger=self.ledger,
-            policy=PolicyConfig(),
+            placer=placer_for(self.cluster, PolicyConfig()),
+            quotas=quotas,
             source=self.source,
-            requeue=Requeue(self.cluster, None),
+            requeue=Requeue(self.cluster, None, quotas=quotas),
         )
 
 
@@ -676,7 +688,7 @@ async def test_quotas_are_listed_and_watched_and_a_quota_raised_asks_for_a_retry
         reply = await (await client.post("/filter", filter_body(waiting, ["n1"]))).json()
         assert reply["NodeNames"] == ["n1"]
         api.delete_quota("ml-a", quota["metadata"]["name"])
-        await eventually(lambda: not service.cache.quotas.active, what="the quota's deletion seen")
+        await eventually(lambda: not service.quotas.active, what="the quota's deletion seen")
         metrics = await (await client.get("/metrics")).text()
         assert 'extender_cache_synced{kind="resourcequotas"} 1.0' in metrics
     finally:
@@ -713,7 +725,7 @@ async def test_with_quotas_off_no_quota_is_read(api: ApiDouble, kube: KubeClient
     await source.start()
     try:
         await eventually(source.ready, what="ready")
-        assert source.quotas is None and not service.cache.quotas.active
+        assert source.quotas is None and not service.quotas.active
         assert not any(path.startswith("/api/v1/resourcequotas") for _, path in api.requests)
     finally:
         await source.stop()
@@ -730,4 +742,4 @@ async def test_a_nodes_gpu_model_label_reaches_the_cache_and_its_quota(api: ApiD
     replica = await replicas.start()
     await asyncio.wait_for(replica.source.synced(), 5.0)
     assert [device.model for device in replica.cluster.nodes["n1"].devices] == ["Tesla-T4", "Tesla-T4"]
-    assert replica.cluster.quotas.report()[0]["limits"][0]["used"] == 8
+    assert replica.service.quotas.report()[0]["limits"][0]["used"] == 8

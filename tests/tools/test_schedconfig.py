@@ -12,7 +12,7 @@ import yaml
 
 from extender import cli
 from extender.core.devices import Strategy
-from extender.core.policy import Policy
+from extender.core.placement.config import Policy
 from extender.settings import CpuPods, Protocol, Settings, SettingsError
 from extender.tools.schedconfig import Wiring, go_duration, kubernetes_minor, render
 

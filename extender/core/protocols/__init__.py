@@ -38,7 +38,7 @@ NOTHING_RECORDED = Recorded("", None, 0.0)
 @dataclass(frozen=True, slots=True)
 class QuotaResources:
     """The resources whose `limits.<name>` keys in a ResourceQuota limit what this protocol's pods are given
-    (`core/quota.py`); "" for one the protocol does not track."""
+    (`core/quota/`); "" for one the protocol does not track."""
 
     memory: str
     """GPU memory, in the quota as in the pods (HAMi: `nvidia.com/gpumem`)."""
@@ -81,7 +81,7 @@ class DeviceProtocol(Protocol):
 
     @property
     def quota_resources(self) -> QuotaResources:
-        """The resources a ResourceQuota's `limits.<name>` keys limit (`core/quota.py`)."""
+        """The resources a ResourceQuota's `limits.<name>` keys limit (`core/quota/`)."""
 
     def node_devices(self, node: Raw) -> NodeDevices:
         """The node's GPUs (and lock), or why none could be read. Never raises."""

@@ -40,8 +40,17 @@ from typing import TypeVar
 import orjson
 
 from extender.core import objects
-from extender.core.devices import NO_DEMAND, Demand, Device, NodeDevices, NodeLock, Request, Selectors, Strategy
-from extender.core.fit import WHOLE_GPU
+from extender.core.devices import (
+    NO_DEMAND,
+    WHOLE_GPU,
+    Demand,
+    Device,
+    NodeDevices,
+    NodeLock,
+    Request,
+    Selectors,
+    Strategy,
+)
 from extender.core.holds import Allocation, Grant
 from extender.core.objects import Raw, as_object
 from extender.core.protocols import NOTHING_RECORDED, QuotaResources, Recorded
@@ -122,7 +131,7 @@ class Hami:
     @property
     def quota_resources(self) -> QuotaResources:
         """HAMi's own quota keys, `limits.nvidia.com/gpumem` (in units of `memory_factor` MiB) and
-        `limits.nvidia.com/gpucores`, and `limits.nvidia.com/gpu`, which HAMi does not read (`core/quota.py`)."""
+        `limits.nvidia.com/gpucores`, and `limits.nvidia.com/gpu`, which HAMi does not read (`core/quota/`)."""
         return QuotaResources(memory=GPUMEM, gpus=GPU, cores=GPUCORES, memory_factor=self.memory_factor)
 
     @property

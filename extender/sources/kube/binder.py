@@ -38,7 +38,7 @@ from urllib.parse import quote
 from extender.core import objects
 from extender.core.binding import BindError, BindRequest
 from extender.core.objects import Raw, rfc3339
-from extender.sources.kube.client import ApiError, Conflict, KubeClient, KubeError, NotFound, ServerError
+from extender.sources.kube.client import ApiError, Conflict, KubeClient, KubeError, NotFound, ServerError, pod_path
 
 if TYPE_CHECKING:
     from extender.sources.kube.nodelock import NodeLocker
@@ -46,10 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMPONENT = "gpu-extender"
-
-
-def pod_path(namespace: str, name: str) -> str:
-    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
 
 
 class KubeBinder:

@@ -26,6 +26,7 @@ from datetime import datetime
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -118,6 +119,11 @@ class ConnectionFailed(KubeError):
 class WatchStalled(KubeError):
     """A watch stream sent no bytes for its `inactivity` seconds (on a quiet resource that is normal: the informer
     opens the watch again)."""
+
+
+def pod_path(namespace: str, name: str) -> str:
+    """The API path of one pod (its name and namespace quoted: they come from requests)."""
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
 
 
 def api_error(status: int, body: bytes, method: str, path: str, retry_after: str | None = None) -> ApiError:

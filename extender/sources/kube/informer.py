@@ -43,8 +43,8 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from extender.core.cache import PodRecord, pod_record
 from extender.core.objects import Raw
+from extender.core.pods import PodRecord, pod_record
 from extender.core.protocols import DeviceProtocol
 from extender.sources.kube.client import Gone, KubeClient, KubeError, WatchStalled, api_error
 

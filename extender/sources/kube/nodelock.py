@@ -27,8 +27,7 @@ from extender.core import objects
 from extender.core.binding import BindError
 from extender.core.devices import NodeLock
 from extender.core.protocols.hami import lock_value, read_lock
-from extender.sources.kube.binder import pod_path
-from extender.sources.kube.client import Conflict, KubeClient, KubeError, NotFound
+from extender.sources.kube.client import Conflict, KubeClient, KubeError, NotFound, pod_path
 
 log = logging.getLogger(__name__)
 

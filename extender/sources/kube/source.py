@@ -27,15 +27,17 @@ from typing import Any
 
 from extender.core import objects
 from extender.core.binding import BindRequest
-from extender.core.cache import TERMINAL_PHASES, Cache, PodRecord
+from extender.core.cache import Cache
 from extender.core.objects import Raw, as_object
+from extender.core.pods import TERMINAL_PHASES, PodRecord
 from extender.core.protocols import DeviceProtocol
-from extender.core.quota import Quota, Quotas
+from extender.core.quota.book import Quotas
+from extender.core.quota.limits import Quota
 from extender.core.recheck import TIMEOUT, Answer
 from extender.core.requeue import RECOVERY, WATCH_LAG
 from extender.settings import LeaseTimings
-from extender.sources.kube.binder import EventRecorder, KubeBinder, pod_path
-from extender.sources.kube.client import KubeClient, KubeError, NotFound
+from extender.sources.kube.binder import EventRecorder, KubeBinder
+from extender.sources.kube.client import KubeClient, KubeError, NotFound, pod_path
 from extender.sources.kube.informer import NODES, Informer, Kind, WatchOptions, pods_kind
 from extender.sources.kube.leader_thread import LeaderThread
 from extender.sources.kube.nodelock import NodeLocker
@@ -59,7 +61,7 @@ class KubeOptions:
     pod_name: str = ""
     """This replica's pod (in `lease_namespace`), labelled `LEADER_LABEL` while it leads; "" for none."""
     resource_quotas: bool = True
-    """Watch ResourceQuotas and hold pods to their GPU keys (`core/quota.py`)."""
+    """Watch ResourceQuotas and hold pods to their GPU keys (`core/quota/`)."""
 
 
 Unhealthy = tuple[str, frozenset[int]] | None
@@ -79,9 +81,11 @@ def quotas_kind(quotas: Quotas) -> Kind[Quota]:
 class KubeSource:
     """Mutable: its loops run from `start()` to `stop()`."""
 
-    def __init__(self, client: KubeClient, cluster: Cache, options: KubeOptions) -> None:
+    def __init__(self, client: KubeClient, cluster: Cache, quotas: Quotas, options: KubeOptions) -> None:
         self.client = client
         self.cluster = cluster
+        self.book = quotas
+        """The quota book the ResourceQuotas' watch feeds."""
         self.options = options
         self.recheck_timeout = TIMEOUT
         self.nodes = Informer(client, NODES, self._apply_node, self._replace_nodes, options.watch)
@@ -101,7 +105,7 @@ class KubeSource:
         """Operators' lists of unhealthy GPUs (gpushare's ConfigMaps). Not waited for by readiness: where the
         list is refused (RBAC) or slow, pods are still placed, and its failures are counted and logged."""
         self.quotas = (
-            Informer(client, quotas_kind(cluster.quotas), self._apply_quota, self._replace_quotas, options.watch)
+            Informer(client, quotas_kind(quotas), self._apply_quota, self._replace_quotas, options.watch)
             if options.resource_quotas
             else None
         )
@@ -180,11 +184,11 @@ class KubeSource:
         self.cluster.replace_unhealthy(dict(found for found in listed if found is not None))
 
     def _apply_quota(self, quota: Quota, deleted: bool) -> None:
-        if self.cluster.quotas.apply(quota, deleted) and self.on_quotas is not None:
+        if self.book.apply(quota, deleted) and self.on_quotas is not None:
             self.on_quotas(quota.namespace)
 
     def _replace_quotas(self, quotas: list[Quota]) -> None:
-        for namespace in self.cluster.quotas.replace(quotas):
+        for namespace in self.book.replace(quotas):
             if self.on_quotas is not None:
                 self.on_quotas(namespace)
 

@@ -15,8 +15,7 @@ from collections.abc import Callable
 
 from extender.core.objects import rfc3339
 from extender.core.requeue import PERIOD, REQUEUE_ANNOTATION
-from extender.sources.kube.binder import pod_path
-from extender.sources.kube.client import ConnectionFailed, KubeClient, KubeError, ServerError, Throttled
+from extender.sources.kube.client import ConnectionFailed, KubeClient, KubeError, ServerError, Throttled, pod_path
 
 log = logging.getLogger(__name__)
 

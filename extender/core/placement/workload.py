@@ -1,11 +1,11 @@
 """What the cluster runs and receives, learned online: the kinds of GPU pods (`Shape`) and how common each is.
 
-The fragmentation-aware policy (`fragmentation.py`) judges a placement by the GPU capacity it leaves unusable
-*for the pods that come*; this module says which pods those are. Every pod the cache learns of is one
-observation of its shape (cpu, memory, GPUs, memory and compute on each, allowed GPU models): the pods listed
-at start-up (so a restart rebuilds the distribution from the API), then each pod the watch shows, or a filter
-asks about, for the first time (`Cache.asked`; pending pods included: that is the moment a pod arrives).
-Nothing comes from the future: a shape is known once a pod of it exists.
+The fragmentation-aware policy (`fragmentation.py`, its measure `measure.py`) judges a placement by the GPU capacity it
+leaves unusable *for the pods that come*; this module says which pods those are. Every pod the cache learns of is one
+observation of its shape (cpu, memory, GPUs, memory and compute on each, allowed GPU models): the pods listed at
+start-up (so a restart rebuilds the distribution from the API), then each pod the watch shows, or a filter asks about,
+for the first time (`learned.Learned.asked`; pending pods included: that is the moment a pod arrives). Nothing comes
+from the future: a shape is known once a pod of it exists.
 
 Observations fade with age (`half_life`): an exponential decay, so the distribution follows a workload that
 changes over hours while a burst of one kind cannot erase the rest. The typical shapes (`Classes`) are the
@@ -19,7 +19,7 @@ CPU-only pods are not shapes here: a pod asking no GPU adds the same share of ev
 fragment (the paper's rule), so it never changes which node is best, while counting it would push GPU shapes
 out of the covered share in a cluster whose pods are mostly CPU-only.
 
-Mutable (the observations); single-threaded like the cache that owns it. No I/O.
+Mutable (the observations); single-threaded like the cache it learns from (`learned.py` feeds it). No I/O.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The general fit: a pod's containers placed on a node's GPUs in memory, compute and slots (HAMi's model).
 
-A plain demand (memory alone, any GPU) is judged from the node summaries by `policy.py`, in a few attribute
+A plain demand (memory alone, any GPU) is judged from the node summaries by `judge.py`, in a few attribute
 reads. Everything else comes here: compute shares, percentages of a GPU's memory, several GPU containers,
 init containers, GPU selectors, NUMA binding, a pod's own strategy. Per container, init containers first:
 
@@ -26,11 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from extender.core.devices import Demand, Device, Request, Selectors, Strategy
+from extender.core.devices import WHOLE_GPU, Demand, Device, Request, Selectors, Strategy
 from extender.core.holds import Grant
-
-WHOLE_GPU = 100
-"""Compute of a whole card (HAMi's devcore without core scaling)."""
 
 
 class Verdict(enum.IntEnum):
@@ -61,7 +58,7 @@ class Cause(enum.StrEnum):
     EXCLUSIVE = "exclusive"
     NUMA = "numa"
     QUOTA = "quota"
-    """The namespace's ResourceQuota has no room left for what the pod would be given here (`quota.py`)."""
+    """The namespace's ResourceQuota has no room left for what the pod would be given here (`quota/`)."""
 
 
 class Judgement(NamedTuple):

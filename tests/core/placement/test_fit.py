@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from extender.core.devices import Demand, Device, Request, Selectors, Strategy
-from extender.core.fit import Cause, Judgement, Placement, Usage, Verdict, place
 from extender.core.holds import Grant
+from extender.core.placement.fit import Cause, Judgement, Placement, Usage, Verdict, place
 
 
 def gpus(count: int = 2, memory: int = 40960, cores: int = 100, slots: int = 10, **extra: object) -> list[Device]:

@@ -12,7 +12,7 @@ For a node and one typical shape (`workload.py`):
 The node's fragmentation F is the sum over the typical shapes of their weight x their fragment, in GPUs (each
 GPU's free memory over its capacity, so every GPU counts one whatever its size; a GPU that takes no new pod,
 out of slots or compute, has none free). Placing a pod changes F; the policy places it where F grows least
-(`policy.added_fragmentation`), on the GPUs where it grows least. A node with nothing free has F = 0: a full
+(`fragmentation.added_fragmentation`), on the GPUs where it grows least. A node with nothing free has F = 0: a full
 node is no waste.
 
 One term is ours, added to the paper's (`STARVED_WEIGHT` x `starved`): the free GPU the node's free cpu and
@@ -32,7 +32,8 @@ same for memory), and not on the order of the GPUs, so it is memoised by that (`
 nodes, the common case in a cluster, share one entry, and a node's F is computed once per change. The memo is
 dropped when the shapes are rebuilt.
 
-Pure arithmetic over values the cache gives; no I/O, no state beyond the memo.
+Pure arithmetic over values the cache gives (`room_of`, `gpu_room`: a node as the measure sees it); no I/O, no
+state beyond the memo.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from extender.core.workload import Classes, Shape
+from extender.core.nodes import NodeState
+from extender.core.placement.workload import Classes, Shape
 
 GpuRoom = tuple[int, int, int, str]
 """One GPU as the measure sees it: (memory free to a new pod, memory capacity, compute free or -1 when its
@@ -64,6 +66,25 @@ class Room:
     memory: int
     """Bytes free."""
     gpus: tuple[GpuRoom, ...]
+
+
+def room_of(state: NodeState) -> Room:
+    """The node as the measure sees it: free cpu and memory (`UNLIMITED` where the node reports none), its GPUs."""
+    return Room(
+        state.cpu_allocatable - state.cpu_requested if state.cpu_allocatable else UNLIMITED,
+        state.memory_allocatable - state.memory_requested if state.memory_allocatable else UNLIMITED,
+        tuple(gpu_room(state, position) for position in range(len(state.devices))),
+    )
+
+
+def gpu_room(state: NodeState, position: int, memory: int = 0, cores: int = 0) -> GpuRoom:
+    """One GPU of the node as the measure sees it, after `memory` and `cores` more are taken on it."""
+    device = state.devices[position]
+    free = state.free[position] - memory
+    left = device.cores - state.used_cores[position] - cores if device.cores else -1
+    if left == 0 or (device.slots and state.used_slots[position] + (1 if memory or cores else 0) >= device.slots):
+        free = 0
+    return (max(free, 0), device.capacity, left, device.model)
 
 
 def free_gpus(gpus: Sequence[GpuRoom]) -> float:

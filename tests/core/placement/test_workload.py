@@ -7,7 +7,7 @@ import math
 import pytest
 
 from extender.core.devices import Demand, Request, Selectors
-from extender.core.workload import MAX_SHAPES, Classes, Shape, Workload, moved, shape_of
+from extender.core.placement.workload import MAX_SHAPES, Classes, Shape, Workload, moved, shape_of
 
 HOUR = 3600.0
 WHOLE = Shape(cpu=11_300, memory=32 << 30, devices=1, per_device=1000)

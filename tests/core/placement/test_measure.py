@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from extender.core.fragmentation import STARVED_WEIGHT, UNLIMITED, FragmentMemo, Room, fragment, starved
-from extender.core.workload import Classes, Shape, Workload
+from extender.core.placement.measure import STARVED_WEIGHT, UNLIMITED, FragmentMemo, Room, fragment, starved
+from extender.core.placement.workload import Classes, Shape, Workload
 
 GPU = 1000
 """Memory units of one GPU in these cases, so a share is in milli-GPU as in the paper."""
@@ -135,7 +135,7 @@ def test_a_room_is_measured_as_its_parts() -> None:
 
 
 def test_nodes_of_one_gpu_size_and_model_are_judged_by_bisection_with_the_same_result() -> None:
-    from extender.core.fragmentation import _general, _uniform, free_gpus
+    from extender.core.placement.measure import _general, _uniform, free_gpus
 
     rng = random.Random(5)
     shapes = [

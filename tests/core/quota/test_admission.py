@@ -12,12 +12,13 @@ from typing import Any
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand
-from extender.core.fit import Cause
 from extender.core.holds import Allocation
-from extender.core.policy import Ask, FilterOutcome, Narrowing, Policy, PolicyConfig, filter_pod
+from extender.core.placement.config import Ask, Narrowing, Policy, PolicyConfig
+from extender.core.placement.filtering import FilterOutcome
+from extender.core.placement.fit import Cause
 from extender.core.preemption import preempt_candidates
-from extender.core.quota import read_quota
-from extender.core.quota_fit import most_asked, quota_filter
+from extender.core.quota.admission import most_asked, quota_filter
+from extender.core.quota.limits import read_quota
 from extender.core.requeue import Requeue
 from tests.builders import (
     PROFILE,
@@ -30,6 +31,8 @@ from tests.builders import (
     make_node,
     make_pod,
     make_quota,
+    placer_for,
+    quotas_of,
 )
 
 A100, T4 = "NVIDIA-A100-SXM4-40GB", "Tesla-T4"
@@ -46,7 +49,7 @@ def mixed_cluster(*pods: dict[str, Any], **hard: str) -> Cache:
     """Two A100 nodes and two T4 nodes (2 GPUs x 16 GiB each), and the quota `team` of namespace ml-a."""
     nodes = [labelled(name, A100 if name.startswith("a100") else T4) for name in NODES]
     cluster = make_cluster(*nodes, pods=pods)
-    cluster.quotas.replace([read_quota(make_quota("team", "ml-a", **hard), PROFILE.quota_resources)])
+    quotas_of(cluster).replace([read_quota(make_quota("team", "ml-a", **hard), PROFILE.quota_resources)])
     return cluster
 
 
@@ -66,8 +69,9 @@ def judge(cluster: Cache, pod: dict[str, Any], config: PolicyConfig = FILL) -> F
     """The filter's answer for the pod over every node, as `verbs._judge` asks it."""
     demand = cluster.protocol.pod_demand(pod)
     ask = Ask(demand)
-    admit = quota_filter(pod, demand, cluster, cluster.nodes, config, ask)
-    return filter_pod(demand, list(NODES), cluster.nodes, cluster, "GiB", "", ask, config, admit)
+    placer = placer_for(cluster, config)
+    admit = quota_filter(pod, demand, placer, quotas_of(cluster), cluster.nodes, ask)
+    return placer.filter(demand, list(NODES), cluster.nodes, "", ask, admit)
 
 
 def test_every_node_of_a_model_the_namespace_has_no_room_left_for_is_refused_and_the_others_pass() -> None:
@@ -88,7 +92,12 @@ def test_a_limit_for_every_gpu_refuses_every_node() -> None:
 def test_another_namespace_is_not_limited_by_it() -> None:
     cluster = mixed_cluster(running("held", "t4-1", 0, 16), **{"limits.aliyun.com/gpu-mem": "16"})
     pod = make_pod("new", gpu_mem=8, namespace="ml-b")
-    assert quota_filter(pod, cluster.protocol.pod_demand(pod), cluster, cluster.nodes, FILL, None) is None
+    assert (
+        quota_filter(
+            pod, cluster.protocol.pod_demand(pod), placer_for(cluster, FILL), quotas_of(cluster), cluster.nodes, None
+        )
+        is None
+    )
     assert judge(cluster, pod).passed == list(NODES)
 
 
@@ -121,7 +130,7 @@ def test_a_whole_card_is_counted_at_each_nodes_card_size() -> None:
     cluster = make_hami_cluster(
         make_hami_node("small", gpus=1, mem=40960), make_hami_node("large", gpus=1, mem=81920, model="NVIDIA H100")
     )
-    cluster.quotas.replace(
+    quotas_of(cluster).replace(
         [
             read_quota(
                 make_quota("team", "ml-a", **{"limits.nvidia.com/gpumem": "40960"}), cluster.protocol.quota_resources
@@ -131,8 +140,9 @@ def test_a_whole_card_is_counted_at_each_nodes_card_size() -> None:
     pod = make_hami_pod("whole", namespace="ml-a")
     demand = cluster.protocol.pod_demand(pod)
     assert most_asked(demand) is None, "a share of each GPU's memory: known only per node"
-    admit = quota_filter(pod, demand, cluster, cluster.nodes, PolicyConfig(), None)
-    outcome = filter_pod(demand, ["small", "large"], cluster.nodes, cluster, "MiB", "", None, None, admit)
+    placer = placer_for(cluster, PolicyConfig())
+    admit = quota_filter(pod, demand, placer, quotas_of(cluster), cluster.nodes, None)
+    outcome = placer.filter(demand, ["small", "large"], cluster.nodes, "", None, admit)
     assert outcome.passed == ["small"]
     assert outcome.unresolvable == {
         "large": "namespace ml-a uses 0 of its 40960 MiB of GPU memory (ResourceQuota team); this pod needs 81920 MiB"
@@ -167,10 +177,14 @@ def test_preemption_keeps_only_victims_that_free_the_namespaces_quota() -> None:
     )
     mine, theirs = uid_of(cluster, "mine"), uid_of(cluster, "theirs")
     # Evicting ml-b's pod frees a GPU, but ml-a still holds 16 of its 16: 16+16>16. Evicting its own: 0+16=16.
-    kept = preempt_candidates(Demand(16), {"t4-1": [theirs]}, cluster, priority=100, namespace="ml-a")
+    kept = preempt_candidates(Demand(16), {"t4-1": [theirs]}, cluster, 100, "ml-a", quotas_of(cluster))
     assert kept == {"t4-1": [mine]}, "our own victim instead: the namespace's pod"
-    assert preempt_candidates(Demand(16), {"t4-1": [mine]}, cluster, 100, "ml-a") == {"t4-1": [mine]}
-    assert preempt_candidates(Demand(16), {"t4-1": [theirs]}, cluster, 100, "ml-b") == {"t4-1": [theirs]}
+    assert preempt_candidates(Demand(16), {"t4-1": [mine]}, cluster, 100, "ml-a", quotas_of(cluster)) == {
+        "t4-1": [mine]
+    }
+    assert preempt_candidates(Demand(16), {"t4-1": [theirs]}, cluster, 100, "ml-b", quotas_of(cluster)) == {
+        "t4-1": [theirs]
+    }
 
 
 def test_preemption_drops_a_node_when_no_victim_there_frees_the_quota() -> None:
@@ -179,7 +193,9 @@ def test_preemption_drops_a_node_when_no_victim_there_frees_the_quota() -> None:
         running("theirs", "t4-1", 1, 16, namespace="ml-b"),
         **{"limits.aliyun.com/gpu-mem": "16"},
     )
-    kept = preempt_candidates(Demand(16), {"t4-1": [uid_of(cluster, "theirs")]}, cluster, 100, "ml-a")
+    kept = preempt_candidates(
+        Demand(16), {"t4-1": [uid_of(cluster, "theirs")]}, cluster, 100, "ml-a", quotas_of(cluster)
+    )
     assert kept == {}
 
 
@@ -189,7 +205,7 @@ def test_preemption_drops_a_node_when_no_victim_there_frees_the_quota() -> None:
 def test_a_pod_refused_for_its_quota_is_retried_when_its_namespace_frees_room() -> None:
     cluster = mixed_cluster(running("held", "t4-1", 0, 16), **{"limits.aliyun.com/gpu-mem": "16"})
     asked: list[str] = []
-    requeue = Requeue(cluster, asked.append)
+    requeue = Requeue(cluster, asked.append, quotas=quotas_of(cluster))
     requeue.refused("waiting", Demand(8), "ml-a")
     requeue.freed(["t4-2"], since=0)
     assert asked == [], "16+8>16: room on t4-2's GPUs, none in the quota"
@@ -201,13 +217,13 @@ def test_a_pod_refused_for_its_quota_is_retried_when_its_namespace_frees_room() 
 def test_a_quota_raised_retries_the_pods_it_kept_out_and_a_quota_still_full_does_not() -> None:
     cluster = mixed_cluster(running("held", "t4-1", 0, 16), **{"limits.aliyun.com/gpu-mem": "16"})
     asked: list[str] = []
-    requeue = Requeue(cluster, asked.append)
+    requeue = Requeue(cluster, asked.append, quotas=quotas_of(cluster))
     requeue.refused("waiting", Demand(8), "ml-a")
     resources = PROFILE.quota_resources
-    cluster.quotas.apply(read_quota(make_quota("team", "ml-a", **{"limits.aliyun.com/gpu-mem": "20"}), resources))
+    quotas_of(cluster).apply(read_quota(make_quota("team", "ml-a", **{"limits.aliyun.com/gpu-mem": "20"}), resources))
     requeue.quota_changed("ml-a")
     assert asked == [], "16+8>20"
-    cluster.quotas.apply(read_quota(make_quota("team", "ml-a", **{"limits.aliyun.com/gpu-mem": "24"}), resources))
+    quotas_of(cluster).apply(read_quota(make_quota("team", "ml-a", **{"limits.aliyun.com/gpu-mem": "24"}), resources))
     requeue.quota_changed("ml-b")
     assert asked == [], "another namespace's quota"
     requeue.quota_changed("ml-a")

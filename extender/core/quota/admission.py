@@ -3,7 +3,7 @@ that would take its namespace over a quota (HAMi's `fitQuota`, `pkg/device/nvidi
 
 What a pod is given depends on the node: a percentage of each GPU's memory is more on a larger GPU, and a limit
 for one GPU model counts only the GPUs of that model. So the filter asks the policy what it would give the pod
-on each node that fits (`policy.choose`, the bind's own choice), and the quota book (`quota.py`) whether the
+on each node that fits (`placement.Placer.choose`, the bind's own choice), and the quota book (`book.py`) whether the
 namespace may be given that. A namespace that no quota limits costs one dict lookup per filter; one whose
 limits leave room for the most the pod could take anywhere costs a few comparisons; only a namespace near a
 limit costs a choice per node, remembered per node until it changes (`memo.NodeMemo`).
@@ -20,21 +20,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from extender.core import objects
-from extender.core.cache import Cache, NodeState
 from extender.core.devices import Demand
-from extender.core.fit import Cause, Verdict
 from extender.core.holds import Allocation
 from extender.core.memo import Question
+from extender.core.nodes import NodeState
 from extender.core.objects import Raw, pod_priority
-from extender.core.policy import Ask, FilterOutcome, PolicyConfig, choose
-from extender.core.quota import Charge, QuotaRefusal, Quotas, charge_of, part
+from extender.core.placement.config import Ask
+from extender.core.placement.filtering import FilterOutcome
+from extender.core.placement.fit import Cause, Placement, Verdict
+from extender.core.placement.placer import Placer
+from extender.core.quota.book import QuotaRefusal, Quotas
+from extender.core.quota.charges import Charge, charge_of, part
 
 
-def charge_on(
-    demand: Demand, state: NodeState, config: PolicyConfig, ask: Ask | None, cache: Cache | None
-) -> Charge | None:
-    """What the pod would be given on this node, as a quota counts it (None: it does not fit there now)."""
-    placed = choose(demand, state, config, ask, cache)
+def charge_on(state: NodeState, placed: Placement | None) -> Charge | None:
+    """What a pod placed so on this node is given, as a quota counts it (None: it does not fit there now)."""
     if placed is None:
         return None
     allocation = Allocation("", "", state.name, placed.containers, placed.init_containers)
@@ -62,14 +62,14 @@ class QuotaFilter:
     uid: str
     priority: int
     demand: Demand
-    cache: Cache
+    placer: Placer
+    quotas: Quotas
     states: Mapping[str, NodeState]
-    config: PolicyConfig
     ask: Ask | None
 
     def __call__(self, outcome: FilterOutcome) -> None:
         """Move the nodes where the pod would take its namespace over a quota from passed to refused."""
-        quotas = self.cache.quotas
+        quotas = self.quotas
         if not outcome.passed or self._always_room(quotas):
             return
         own = (quotas.held(self.uid),)
@@ -105,11 +105,12 @@ class QuotaFilter:
     def _charges(self) -> dict[str, Charge]:
         """The table of what the pod would be given per node, remembered until the node changes ({} for nodes
         the scheduler sent whole)."""
-        if self.states is not self.cache.nodes:
+        placer = self.placer
+        if self.states is not placer.cache.nodes:
             return {}
-        version = self.cache.classes().version if self.config.by_fragmentation(self.demand) else 0
+        version = placer.learned.classes().version if placer.config.by_fragmentation(self.demand) else 0
         key = self.ask.key if self.ask is not None else self.demand.key
-        table: dict[str, Charge] = self.cache.memo.table(Question(f"quota:{key}:{self.config.memo_key}:{version}"))
+        table: dict[str, Charge] = placer.cache.memo.table(Question(f"quota:{key}:{placer.config.memo_key}:{version}"))
         return table
 
     def _charge(self, name: str, charges: dict[str, Charge]) -> Charge | None:
@@ -118,16 +119,17 @@ class QuotaFilter:
             state = self.states.get(name)
             if state is None:
                 return None
-            charge = charge_on(self.demand, state, self.config, self.ask, self.cache)
-            if charge is not None and self.states is self.cache.nodes:
+            charge = charge_on(state, self.placer.choose(self.demand, state, self.ask))
+            if charge is not None and self.states is self.placer.cache.nodes:
                 charges[name] = charge
         return charge
 
     def _freeable(self) -> dict[str, Charge]:
         """Per node, what evicting the namespace's own running pods of lower priority there would free."""
         found: dict[str, list[Charge]] = {}
-        for uid, node, charge in self.cache.quotas.held_in(self.namespace):
-            record, hold = self.cache.pods.get(uid), self.cache.hold_of(uid)
+        cache = self.placer.cache
+        for uid, node, charge in self.quotas.held_in(self.namespace):
+            record, hold = cache.pods.get(uid), cache.hold_of(uid)
             if uid == self.uid or record is None or hold is None or not hold.observed:
                 continue
             if record.priority < self.priority:
@@ -146,11 +148,11 @@ def _counted(charge: Charge | None, refusal: QuotaRefusal, quotas: Quotas) -> in
 
 
 def quota_filter(
-    pod: Raw, demand: Demand, cache: Cache, states: Mapping[str, NodeState], config: PolicyConfig, ask: Ask | None
+    pod: Raw, demand: Demand, placer: Placer, quotas: Quotas, states: Mapping[str, NodeState], ask: Ask | None
 ) -> Callable[[FilterOutcome], None] | None:
-    """The quota's check of a filter's outcome for this pod (`policy.filter_pod`'s `admit`), or None when no
-    quota limits the pod's namespace."""
+    """The quota's check of a filter's outcome for this pod (`Placer.filter`'s `admit`), or None when no quota
+    limits the pod's namespace."""
     namespace = objects.namespace(pod)
-    if demand.is_zero or not cache.quotas.limited(namespace):
+    if demand.is_zero or not quotas.limited(namespace):
         return None
-    return QuotaFilter(namespace, objects.uid(pod), pod_priority(pod), demand, cache, states, config, ask)
+    return QuotaFilter(namespace, objects.uid(pod), pod_priority(pod), demand, placer, quotas, states, ask)

@@ -9,20 +9,12 @@ import pytest
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand, Strategy
-from extender.core.policy import (
-    Ask,
-    Narrowing,
-    Policy,
-    PolicyConfig,
-    added_fragmentation,
-    ask_of,
-    choose,
-    filter_pod,
-    fragmentation_scores,
-    prioritize,
-)
+from extender.core.placement.config import Ask, Narrowing, Policy, PolicyConfig, ask_of
+from extender.core.placement.fragmentation import added_fragmentation, fragmentation_values
+from extender.core.placement.measure import room_of
+from extender.core.placement.narrowing import scores
 from extender.core.protocols.gpushare import Profile
-from tests.builders import bound_pod, make_cluster, make_node, make_pod
+from tests.builders import bound_pod, learned_of, make_cluster, make_node, make_pod, placer_for
 
 GPU = 1000
 BEST = PolicyConfig()
@@ -51,7 +43,7 @@ def ask(memory: int, cpu: str = "4", devices: int = 1) -> Ask:
 
 
 def passed(cache: Cache, ask: Ask, names: list[str], config: PolicyConfig = BEST) -> list[str]:
-    return filter_pod(ask.demand, names, cache.nodes, cache, "milli-GPU", "default/asking", ask, config).passed
+    return placer_for(cache, config).filter(ask.demand, names, cache.nodes, "default/asking", ask).passed
 
 
 def test_a_share_goes_to_the_gpu_that_keeps_the_rest_usable() -> None:
@@ -60,9 +52,9 @@ def test_a_share_goes_to_the_gpu_that_keeps_the_rest_usable() -> None:
     cache = make_cluster(node("n1"), pods=(bound_pod("running", "n1", (1,), 400),))
     teach(cache, (500, "4", 5), (1000, "8", 5))
     state = cache.nodes["n1"]
-    added = added_fragmentation(ask(500), state, cache.workload.classes(), cache.fragments)
+    added = added_fragmentation(ask(500), state, learned_of(cache))
     assert added is not None and added[1] == (1,)
-    placed = choose(Demand(memory=500), state, BEST, ask(500), cache)
+    placed = placer_for(cache, BEST).choose(Demand(memory=500), state, ask(500))
     assert placed is not None and [grant.index for grant in placed.containers[0]] == [1]
 
 
@@ -121,7 +113,7 @@ def test_the_fill_policy_never_narrows() -> None:
 
 def test_a_pod_that_fits_nowhere_is_refused_on_every_node_with_its_reasons() -> None:
     cache = make_cluster(node("n1"), pods=(bound_pod("running", "n1", (0, 1), 2000, gpus=2),))
-    outcome = filter_pod(Demand(memory=500), ["n1"], cache.nodes, cache, "milli-GPU", "", ask(500), BEST)
+    outcome = placer_for(cache, BEST).filter(Demand(memory=500), ["n1"], cache.nodes, "", ask(500))
     assert outcome.passed == [] and set(outcome.failed) == {"n1"}
 
 
@@ -135,14 +127,19 @@ def test_scores_give_ten_to_the_best_and_fall_in_nine_steps_to_the_worst() -> No
     cache.apply_pod(bound_pod("running", "n1", (0,), 500))
     teach(cache, (500, "1", 5), (2000, "1", 5))
     names = ["n1", "empty", "four", "unknown"]
-    scores = dict(zip(names, fragmentation_scores(ask(500, cpu="1"), names, cache, cache.nodes, OFF), strict=True))
-    assert scores == {"n1": 10, "four": 4, "empty": 0, "unknown": 0}
+    values = fragmentation_values(ask(500, cpu="1"), names, learned_of(cache), cache.nodes)
+    assert dict(zip(names, scores(values, OFF.tolerance), strict=True)) == {
+        "n1": 10,
+        "four": 4,
+        "empty": 0,
+        "unknown": 0,
+    }
 
 
 def test_prioritize_under_the_fragmentation_policy_lists_only_nodes_above_the_lowest() -> None:
     cache = make_cluster(node("n1", cpu="256"), node("n2", cpu="256"), pods=(bound_pod("running", "n1", (0,), 500),))
     teach(cache, (500, "1", 5), (2000, "1", 5))
-    entries = prioritize(Demand(memory=500), ["n1", "n2"], cache.nodes, cache, OFF, ask(500, cpu="1"))
+    entries = placer_for(cache, OFF).prioritize(Demand(memory=500), ["n1", "n2"], cache.nodes, ask(500, cpu="1"))
     assert entries == [{"Host": "n1", "Score": 10}]
 
 
@@ -164,7 +161,7 @@ def test_a_node_counts_the_cpu_and_memory_of_the_pods_bound_to_it() -> None:
     state = cache.nodes["n1"]
     assert (state.cpu_allocatable, state.memory_allocatable) == (8000, 32 * GIB)
     assert (state.cpu_requested, state.memory_requested) == (1500, 2 * GIB)
-    assert state.room().cpu == 6500
+    assert room_of(state).cpu == 6500
 
 
 def test_a_pod_reserved_on_a_node_counts_there_before_the_watch_shows_it_bound_and_not_after_it_is_gone() -> None:
@@ -193,18 +190,18 @@ def test_a_finished_pod_frees_its_cpu() -> None:
 def test_each_pod_is_learned_once_when_it_first_appears_and_a_restart_learns_them_all_again() -> None:
     pods = [make_pod(f"p{number}", gpu_mem=500, cpu="4") for number in range(3)]
     cache = make_cluster(node("n1"), pods=tuple(pods))
-    assert cache.workload.observed == 3
+    assert learned_of(cache).workload.observed == 3
     for pod in pods:
         cache.apply_pod(pod)  # updates of pods already seen teach nothing new
-    assert cache.workload.observed == 3
+    assert learned_of(cache).workload.observed == 3
     restarted = make_cluster(node("n1"), pods=tuple(pods))
-    assert restarted.workload.observed == 3 and restarted.workload.classes().shapes
+    assert learned_of(restarted).workload.observed == 3 and learned_of(restarted).workload.classes().shapes
 
 
 def test_a_pods_required_gpu_models_are_part_of_its_shape() -> None:
     cache = make_cluster(node("n1", model="T4"))
     cache.apply_pod(make_pod("picky", gpu_mem=500, cpu="4", models=("T4", "V100")))
-    (shape,) = cache.workload.classes().shapes
+    (shape,) = learned_of(cache).workload.classes().shapes
     assert shape.models == ("T4", "V100")
     assert cache.nodes["n1"].devices[0].model == "T4"
 
@@ -236,7 +233,7 @@ def test_a_hami_pod_asking_compute_goes_to_the_gpu_whose_rest_stays_usable() -> 
         cache.apply_pod(make_hami_pod(f"seen-{number}", mem=20480, cores=50))
     pod = make_hami_pod("asking", mem=20480, cores=50)
     demand = cache.protocol.pod_demand(pod)
-    placed = choose(demand, cache.nodes["h1"], BEST, ask_of(pod, demand), cache)
+    placed = placer_for(cache, BEST).choose(demand, cache.nodes["h1"], ask_of(pod, demand))
     assert placed is not None and [grant.index for grant in placed.containers[0]] == [0]
 
 
@@ -247,5 +244,5 @@ def test_a_hami_pod_that_asks_its_own_gpu_policy_keeps_it() -> None:
     cache = make_hami_cluster(make_hami_node("h1", gpus=2), pods=(running_hami_pod("running", "h1", 0, 20480, 50),))
     pod = make_hami_pod("asking", mem=10240, cores=20, **{"hami.io/gpu-scheduler-policy": "spread"})
     demand = cache.protocol.pod_demand(pod)
-    placed = choose(demand, cache.nodes["h1"], BEST, ask_of(pod, demand), cache)
+    placed = placer_for(cache, BEST).choose(demand, cache.nodes["h1"], ask_of(pod, demand))
     assert placed is not None and [grant.index for grant in placed.containers[0]] == [1]

@@ -1,258 +1,25 @@
-"""Quotas on what pods are given: the GPU keys of ResourceQuotas, per namespace and per GPU model, counted on
-the allocations the cache holds.
+"""The quota book: the ResourceQuotas' GPU limits per namespace, what each namespace holds under them, and why a
+namespace may not be given more (`QuotaRefusal`).
 
-Why. Kubernetes' own ResourceQuota counts what a pod's spec asks, at admission: a HAMi pod asking a percentage
-of a GPU's memory, or a whole card without naming memory, counts nothing, and no native quota knows GPU models.
-hami-scheduler enforces its own keys instead, on the memory and compute each container is given (HAMi v2.10.0,
-`pkg/device/quota.go`, and the nvidia device's `fitQuota`, `pkg/device/nvidia/device.go:666-692`). This module
-reads the same keys with HAMi's rules, the same rule for gpushare's resources, and keys of our own for one GPU
-model (`docs/operations/quotas.md`):
-
-- `limits.<memory>` (HAMi `nvidia.com/gpumem`, gpushare `aliyun.com/gpu-mem`): GPU memory given, in the
-  protocol's unit; HAMi's quota is in units of its memory factor (`quota.go:81-83`).
-- `limits.<cores>` (HAMi `nvidia.com/gpucores`): compute given, in % of a GPU.
-- `limits.<gpus>` (HAMi `nvidia.com/gpu`, gpushare `aliyun.com/gpu-count`): GPUs the pod is given any share
-  of. HAMi does not read this key; nothing else enforces it.
-- `limits.<resource>.<model>`: the same, counting only GPUs of that model. A model is matched by its words
-  (split at `-`, `_`, `.`, `/` and spaces, any case): every word of the key's model, in order, must be a word of
-  the GPU's model, so `A100` and `A100-40GB` are GPUs of `NVIDIA A100-SXM4-40GB`, while `A10` is not (HAMi's
-  `use-gputype` matches substrings, for which `A10` would be an A100).
-
-What is counted is what pods hold: every allocation in the cache (observed, bound, reserved or uncertain),
-collapsed over init containers as HAMi counts it (`holds.Allocation.uses`, HAMi `quota.go:97-117` over
-`CollapseInitContainerUsage`). A pod is refused when what its namespace holds plus what the pod would be given
-exceeds the limit (`quota.go:84,90`): a limit of 0 refuses every pod that takes any of it; a limit without a
-model applies to every GPU pod of its namespace, so one over it (a quota lowered) refuses even a pod taking
-none of it, as HAMi does; a limit for a model only pods given GPUs of that model. A quantity that is not a whole
-number within int64 leaves that key unread, as HAMi's `AsInt64` does (`quota.go:244-245`); keys other than
-`limits.` ones are not ours (`quota.go:291`). Unlike HAMi, which keeps one limit per namespace and key (the
-last quota written wins, and deleting any quota unsets it: `quota.go:242-286`), every ResourceQuota counts
-on its own, as Kubernetes counts them. Scopes (`spec.scopes`, `scopeSelector`) are not read: every quota
-applies to every pod of its namespace, as in HAMi.
-
-Bounded: at most `MAX_LIMITS` GPU keys per ResourceQuota and `MAX_NAMESPACE_LIMITS` per namespace (beyond,
-the quota cannot be read and refuses every GPU pod of its namespace, saying so: failing open would let a
-namespace use what it was denied); each key and its model are of bounded length; usage is kept per namespace
-and model, never per request.
-
-This module never does I/O and never places pods: `quota_fit.py` asks the policy where a pod would go, the
-ledger checks a reservation here before recording it, and the cache tells it every change of a node's holds.
+It follows the cache's holds as a listener, so a reservation counts the moment the ledger records it, and a
+restart counts again what the pods' annotations say. Nothing is counted while no quota limits anything.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-from extender.core import objects
+from extender.core.cache import Cache
 from extender.core.devices import Device
-from extender.core.fit import Verdict
 from extender.core.holds import Allocation, Hold
-from extender.core.objects import Raw, as_object
+from extender.core.objects import Raw
+from extender.core.placement.fit import Verdict
+from extender.core.pods import PodRecord
 from extender.core.protocols import QuotaResources
-from extender.core.resources import InvalidQuantity, parse_count
-
-PREFIX = "limits."
-"""The only keys read, as HAMi reads them (`quota.go:291`)."""
-MAX_LIMITS = 32
-"""GPU keys one ResourceQuota may hold: a few resources times a few models. More is no quota anyone writes."""
-MAX_NAMESPACE_LIMITS = 128
-"""GPU keys all the ResourceQuotas of one namespace may hold: every filter of its pods reads each."""
-MAX_KEY = 317
-"""Characters of a key: the API's longest resource name (a 253-character prefix, `/`, 63 characters)."""
-MAX_MODEL = 128
-"""Characters of a model in a key (a resource name's part after its `/` is at most 63 in the API)."""
-MAX_WORDS = 16
-MAX_PROBLEMS = 8
-"""Unread keys named per quota (the rest counted)."""
-_WORD = re.compile(r"[^-_./ \t]+")
-
-
-class Resource(enum.StrEnum):
-    """What a limit counts (the `resource` label of the quota metrics)."""
-
-    MEMORY = "memory"
-    COMPUTE = "compute"
-    GPUS = "gpus"
-
-
-@dataclass(frozen=True, slots=True)
-class Limit:
-    """One GPU key of a ResourceQuota, read."""
-
-    key: str
-    """As written: `limits.nvidia.com/gpumem.A100`."""
-    resource: Resource
-    amount: int
-    """In the protocol's unit: memory in its memory unit (the memory factor applied), compute in % of a GPU."""
-    model: str = ""
-    """The GPU model it counts, as written ("" for every GPU)."""
-    words: tuple[str, ...] = field(default=(), compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "words", model_words(self.model))
-
-
-@dataclass(frozen=True, slots=True)
-class Quota:
-    """What one ResourceQuota says about GPUs."""
-
-    namespace: str
-    name: str
-    limits: tuple[Limit, ...] = ()
-    unread: tuple[str, ...] = ()
-    """GPU keys that were not read, each with why (at most `MAX_PROBLEMS`, then how many more)."""
-    broken: str = ""
-    """Non-empty: the quota could not be read as a whole, and refuses every GPU pod of its namespace."""
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.namespace, self.name
-
-
-def model_words(model: str) -> tuple[str, ...]:
-    """A model's words, upper-cased: `NVIDIA A100-SXM4-40GB` is (NVIDIA, A100, SXM4, 40GB)."""
-    return tuple(word.upper() for word in _WORD.findall(model[:MAX_MODEL]))
-
-
-@functools.lru_cache(maxsize=4096)
-def _words_match(wanted: tuple[str, ...], model: str) -> bool:
-    have = iter(model_words(model))
-    return all(word in have for word in wanted)  # each found after the one before: a subsequence
-
-
-def counts_model(limit: Limit, model: str) -> bool:
-    """Whether the limit counts GPUs of this model: every word of its model, in order, is one of the GPU's."""
-    return not limit.words or _words_match(limit.words, model[:MAX_MODEL])
-
-
-# --- reading a ResourceQuota ------------------------------------------------------------------------------
-
-
-def _resource_of(key: str, resources: QuotaResources) -> tuple[Resource, str | None] | None:
-    """The resource a `limits.` key limits and the model it names (None for none); None for a key not ours."""
-    if not key.startswith(PREFIX):
-        return None
-    rest = key[len(PREFIX) :]
-    named = _names(resources)
-    for name, resource in named:
-        if rest == name:
-            return resource, None
-    for name, resource in sorted(named, key=lambda pair: -len(pair[0])):
-        if rest.startswith(name + "."):
-            return resource, rest[len(name) + 1 :]
-    return None
-
-
-def _names(resources: QuotaResources) -> list[tuple[str, Resource]]:
-    pairs = ((resources.memory, Resource.MEMORY), (resources.cores, Resource.COMPUTE), (resources.gpus, Resource.GPUS))
-    return [(name, resource) for name, resource in pairs if name]
-
-
-def read_quota(obj: Raw, resources: QuotaResources) -> Quota:
-    """The GPU keys of a ResourceQuota object (`spec.hard`), read with HAMi's rules; never raises."""
-    namespace, name = objects.namespace(obj), objects.name(obj)
-    hard = as_object(as_object(obj.get("spec")).get("hard"))
-    limits: list[Limit] = []
-    unread: list[str] = []
-    found = 0
-    for key, value in hard.items():
-        if not isinstance(key, str):
-            continue
-        resource = _resource_of(key, resources)
-        if resource is None:
-            continue
-        found += 1
-        if found > MAX_LIMITS:
-            continue
-        kind, model = resource
-        if len(key) > MAX_KEY:
-            unread.append(f"{key[:80]}...: longer than a resource name can be ({MAX_KEY} characters)")
-            continue
-        if model is not None and (len(model) > MAX_MODEL or not 0 < len(model_words(model)) <= MAX_WORDS):
-            unread.append(
-                f"{key[:80]}: no GPU model after the resource (1 to {MAX_WORDS} words, {MAX_MODEL} characters)"
-            )
-            continue
-        try:
-            amount = parse_count(value)
-        except InvalidQuantity as error:
-            unread.append(f"{key}: {error}; HAMi reads only whole numbers too")  # key: at most MAX_KEY
-            continue
-        if kind is Resource.MEMORY and resources.memory_factor > 1:
-            amount *= resources.memory_factor
-        limits.append(Limit(key, kind, amount, model or ""))
-    broken = ""
-    if found > MAX_LIMITS:
-        broken = f"has {found} GPU keys, more than the {MAX_LIMITS} the extender reads"
-        limits = []
-    if len(unread) > MAX_PROBLEMS:
-        unread[MAX_PROBLEMS:] = [f"and {len(unread) - MAX_PROBLEMS} more"]
-    return Quota(namespace, name, tuple(sorted(limits, key=lambda limit: limit.key)), tuple(unread), broken)
-
-
-# --- what a pod is given ----------------------------------------------------------------------------------
-
-
-Amounts = tuple[int, int, int]
-"""Memory, compute, GPUs."""
-_INDEX = {Resource.MEMORY: 0, Resource.COMPUTE: 1, Resource.GPUS: 2}
-
-
-def part(amounts: Amounts, resource: Resource) -> int:
-    """What of `amounts` a limit of this resource counts."""
-    return amounts[_INDEX[resource]]
-
-
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """What one pod is given, per GPU model, as a quota counts it."""
-
-    models: tuple[tuple[str, Amounts], ...] = ()
-
-    @classmethod
-    def summed(cls, parts: Iterable[tuple[str, Amounts]]) -> Charge:
-        """The charge of these (model, amounts), added up per model."""
-        totals: dict[str, list[int]] = {}
-        for model, amounts in parts:
-            total = totals.setdefault(model, [0, 0, 0])
-            for index, amount in enumerate(amounts):
-                total[index] += amount
-        return cls(tuple((model, (m, c, g)) for model, (m, c, g) in sorted(totals.items())))
-
-    @classmethod
-    def merged(cls, charges: Iterable[Charge]) -> Charge:
-        """Several pods' charges as one."""
-        return cls.summed(part for charge in charges for part in charge.models)
-
-    def amount(self, limit: Limit) -> int:
-        """What of it the limit counts."""
-        return sum(part(amounts, limit.resource) for model, amounts in self.models if counts_model(limit, model))
-
-
-NO_CHARGE = Charge()
-
-
-def charge_of(allocation: Allocation, devices: Sequence[Device]) -> Charge:
-    """What the allocation gives on GPUs of each model (`devices`: the node's; a GPU it does not have is of an
-    unknown model, "")."""
-    by_index = {device.index: device.model for device in devices}
-    by_uuid = {device.uuid: device.model for device in devices if device.uuid}
-    return Charge.summed(
-        (by_index.get(use.index, "") if use.index >= 0 else by_uuid.get(use.uuid, ""), (use.memory, use.cores, 1))
-        for use in allocation.uses
-    )
-
-
-def namespace_of(allocation: Allocation) -> str:
-    return allocation.pod.partition("/")[0]
-
-
-# --- the verdict ------------------------------------------------------------------------------------------
+from extender.core.quota.charges import NO_CHARGE, RESOURCE_INDEX, Charge, charge_of, namespace_of
+from extender.core.quota.limits import MAX_NAMESPACE_LIMITS, Limit, Quota, Resource, counts_model, read_quota
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +84,8 @@ class _Held:
 class Quotas:
     """The ResourceQuotas' GPU limits by namespace, and what each namespace holds per GPU model. Mutable.
 
-    Usage follows the cache's holds: the cache calls `node_changed` on every change of a node's holds or GPUs,
+    Usage follows the cache's holds: it listens to the cache (`following`), which tells `node_changed` on every
+    change of a node's holds or GPUs,
     so a reservation counts the moment the ledger records it and stops counting the moment it is released, and a
     restart counts again whatever the pods' annotations say. Nothing is counted while no quota limits anything
     (a cluster without GPU quotas pays nothing); the first quota counts everything held, from `nodes`.
@@ -337,6 +105,13 @@ class Quotas:
         self._in_namespace: dict[str, set[str]] = {}
         self._used: dict[str, dict[str, list[int]]] = {}
         """Namespace -> model -> [memory, compute, GPUs] its pods hold."""
+
+    @classmethod
+    def following(cls, cache: Cache) -> Quotas:
+        """The book of the cache's protocol, counting the cache's holds from now on."""
+        quotas = cls(cache.protocol.quota_resources, cache.protocol.unit, lambda: cache.nodes.values())
+        cache.listen(quotas)
+        return quotas
 
     @property
     def active(self) -> bool:
@@ -459,6 +234,12 @@ class Quotas:
         if now:
             self._on_node[name] = now
 
+    def node_forgotten(self, name: str) -> None:
+        """A node leaves the cache only once nothing is held there: its holds were counted out already."""
+
+    def pod_arrived(self, record: PodRecord) -> None:
+        """What a pod is given counts from its hold (`node_changed`), not from the pod."""
+
     def _count(self, held: _Held, sign: int) -> None:
         """Add (`sign` 1) or take away (-1) one pod's charge."""
         pods = self._in_namespace.setdefault(held.namespace, set())
@@ -492,7 +273,7 @@ class Quotas:
     def used(self, namespace: str, limit: Limit) -> int:
         """What the namespace's pods hold of what the limit counts."""
         return sum(
-            total[_INDEX[limit.resource]]
+            total[RESOURCE_INDEX[limit.resource]]
             for model, total in self._used.get(namespace, {}).items()
             if counts_model(limit, model)
         )

@@ -1,0 +1,109 @@
+"""One node as the cache sees it (`NodeState`): its GPUs, the holds on them, and the summary kept current.
+
+The summary (free memory per GPU, the largest free, totals, the cpu and memory its pods request) is derived
+from the devices and the holds by `refresh`, which the cache calls on every change of the node; a filter reads
+a few attributes per node name instead of rescanning pods. Nothing here decides placement (`placement/`)
+or changes a hold (the cache and the ledger do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from extender.core.devices import Device, NodeLock
+from extender.core.holds import Hold
+
+
+@dataclass(slots=True, eq=False)
+class NodeState:
+    """One node as the cache sees it. Mutable: its holds change, and its summary follows on every change."""
+
+    name: str
+    devices: tuple[Device, ...] = ()
+    known: bool = True
+    """False for a node we only know from pods bound to it (not listed, or deleted while they still run)."""
+    ready: bool = True
+    unreadable: str = ""
+    """Why the GPUs the node advertises could not be read ("" when they could, or it advertises none)."""
+    lock: NodeLock | None = None
+    """The device plugin's lock (HAMi), while one is held and not older than the cache's lock timeout."""
+    holds: dict[str, Hold] = field(default_factory=dict)
+    # the summary, derived from devices and holds by refresh():
+    used: list[int] = field(default_factory=list)
+    used_cores: list[int] = field(default_factory=list)
+    used_slots: list[int] = field(default_factory=list)
+    """Container uses per device: what a split count limits (HAMi)."""
+    free: list[int] = field(default_factory=list)
+    """Memory a new pod can take on each device: 0 on one that takes none (unhealthy, cordoned, out of slots or
+    of compute)."""
+    free_desc: tuple[int, ...] = ()
+    capacity_desc: tuple[int, ...] = ()
+    largest_free: int = 0
+    largest_free_index: int = -1
+    capacity_total: int = 0
+    used_total: int = 0
+    stray: int = 0
+    """Memory held on device indexes this node does not have (a device vanished under running pods)."""
+    fit_free: int = -1
+    """The largest plain one-GPU demand this node takes now: `largest_free`, or -1 when unknown, not Ready or
+    locked."""
+    cpu_allocatable: int = 0
+    """Millicores (0: the node reports none; then cpu never limits it here)."""
+    memory_allocatable: int = 0
+    """Bytes (0: unknown, as for cpu)."""
+    cpu_requested: int = 0
+    """Millicores its pods request: bound ones and those we reserved on it (all pods, GPU or not)."""
+    memory_requested: int = 0
+    free_gpus: float = 0.0
+    """Free GPU in GPUs (each GPU's free memory over its capacity): how empty the node is, for the policy."""
+
+    def position(self, index: int) -> int:
+        """Where device `index` sits in `devices`, or -1."""
+        for position, device in enumerate(self.devices):
+            if device.index == index:
+                return position
+        return -1
+
+    def takes_new_pods(self, position: int) -> bool:
+        """Whether the device at `position` may take another pod at all: usable, a slot left (where slots are
+        limited), compute left (where compute is tracked)."""
+        device = self.devices[position]
+        if not device.usable:
+            return False
+        if device.slots and self.used_slots[position] >= device.slots:
+            return False
+        return not (device.cores and self.used_cores[position] >= device.cores)
+
+    def refresh(self) -> None:
+        count = len(self.devices)
+        used, cores, slots = [0] * count, [0] * count, [0] * count
+        stray = 0
+        positions = {device.index: position for position, device in enumerate(self.devices)}
+        for hold in self.holds.values():
+            for use in hold.allocation.uses:
+                position = positions.get(use.index, -1) if use.index >= 0 else -1
+                if position < 0:
+                    stray += use.memory
+                else:
+                    used[position] += use.memory
+                    cores[position] += use.cores
+                    slots[position] += use.slots
+        self.used, self.used_cores, self.used_slots = used, cores, slots
+        self.stray = stray
+        self.free = [
+            max(0, device.capacity - amount) if self.takes_new_pods(position) else 0
+            for position, (device, amount) in enumerate(zip(self.devices, used, strict=True))
+        ]
+        self.free_desc = tuple(sorted(self.free, reverse=True))
+        self.capacity_desc = tuple(sorted((device.capacity for device in self.devices if device.usable), reverse=True))
+        self.capacity_total = sum(device.capacity for device in self.devices)
+        self.used_total = sum(used)
+        if self.free:
+            best = max(range(len(self.free)), key=self.free.__getitem__)  # the first of equals: lowest index
+            self.largest_free, self.largest_free_index = self.free[best], self.devices[best].index
+        else:
+            self.largest_free, self.largest_free_index = 0, -1
+        self.fit_free = self.largest_free if self.known and self.ready and self.lock is None else -1
+        self.free_gpus = sum(
+            free / device.capacity for free, device in zip(self.free, self.devices, strict=True) if device.capacity
+        )

@@ -1,0 +1,98 @@
+"""The placement package's surface: what the filter, prioritize and bind verbs ask, and which policy answers.
+
+A policy is a class with three answers (`PolicyRules`): which of the nodes that fit the filter passes
+(`narrow`), the prioritize reply (`prioritize`), and the GPUs a bind gives on the chosen node (`choose`).
+`POLICIES` maps each `config.Policy` to its class; a third policy is one module, one enum value and its line
+there. A pod that asks its own strategy (HAMi's annotations) is placed by fill whatever the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from extender.core.cache import Cache
+from extender.core.contract import HostPriorityEntry
+from extender.core.devices import Demand
+from extender.core.nodes import NodeState
+from extender.core.placement.config import Ask, Policy, PolicyConfig
+from extender.core.placement.fill import Fill
+from extender.core.placement.filtering import FilterOutcome, filter_cached
+from extender.core.placement.fit import Judgement, Placement
+from extender.core.placement.fragmentation import Fragmentation
+from extender.core.placement.judge import judge
+from extender.core.placement.learned import Learned
+
+
+class PolicyRules(Protocol):
+    """One placement policy's answers. `ask` is None where the pod's cpu and memory are unknown."""
+
+    def narrow(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
+        """Of the nodes that fit (at least two), those the filter passes: every one, or the best."""
+
+    def prioritize(
+        self, demand: Demand, names: list[str], states: Mapping[str, NodeState], ask: Ask | None
+    ) -> list[HostPriorityEntry]:
+        """The prioritize reply: 0..10 per node, where a node left out scores 0."""
+
+    def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:
+        """The GPUs to give the pod on this node, or None when it does not fit there now."""
+
+
+POLICIES: dict[Policy, Callable[[PolicyConfig, Learned, Fill], PolicyRules]] = {
+    Policy.FRAGMENTATION: Fragmentation,
+    Policy.FILL: lambda config, learned, fill: fill,
+}
+
+
+class Placer:
+    """Places pods over one cache by one configuration, with what `learned` knows of the workload."""
+
+    def __init__(self, cache: Cache, config: PolicyConfig, learned: Learned | None = None) -> None:
+        self.cache = cache
+        self.config = config
+        self.learned = learned if learned is not None else Learned(cache)
+        self.fill = Fill(cache, config)
+        self.policy = POLICIES[config.policy](config, self.learned, self.fill)
+
+    def rules(self, demand: Demand) -> PolicyRules:
+        """The policy that places this demand: the configured one, or fill for a pod asking its own strategy."""
+        return self.fill if self.config.own_strategy(demand) else self.policy
+
+    def filter(
+        self,
+        demand: Demand,
+        names: list[Any],
+        states: Mapping[str, NodeState],
+        pod: str = "",
+        ask: Ask | None = None,
+        admit: Callable[[FilterOutcome], None] | None = None,
+    ) -> FilterOutcome:
+        """The filter verb's decision: which of `names` take the demand, and why each other one does not
+        (`filtering.filter_cached`; `pod`, `namespace/name`, is the pod asking).
+
+        `admit`, when given, then refuses some of the nodes that fit for reasons of the pod's namespace (its
+        ResourceQuotas: `quota.admission.quota_filter`). With the pod's `ask`, the policy then narrows the nodes
+        that fit (`PolicyRules.narrow`): those it leaves out are neither passed nor failed, so they cost the
+        scheduler nothing, and a pod that fits somewhere is never refused for it.
+        """
+        outcome = filter_cached(demand, names, states, self.cache, self.cache.protocol.unit, pod)
+        if admit is not None:
+            admit(outcome)
+        if ask is not None and len(outcome.passed) > 1:
+            outcome.passed = self.rules(demand).narrow(ask, outcome.passed, states)
+        return outcome
+
+    def prioritize(
+        self, demand: Demand, names: list[str], states: Mapping[str, NodeState], ask: Ask | None = None
+    ) -> list[HostPriorityEntry]:
+        """The prioritize verb's reply (`PolicyRules.prioritize`)."""
+        return self.rules(demand).prioritize(demand, names, states, ask)
+
+    def choose(self, demand: Demand, state: NodeState, ask: Ask | None = None) -> Placement | None:
+        """The GPUs to give the pod on this node (per GPU container), or None when it does not fit now."""
+        return self.rules(demand).choose(demand, state, ask)
+
+    def judge(self, demand: Demand, state: NodeState | None, pod: str = "") -> Judgement:
+        """Whether the demand fits on the node now, and why not (`judge.judge`, in the protocol's unit)."""
+        return judge(demand, state, self.cache.protocol.unit, pod)

@@ -1,0 +1,41 @@
+"""The cache's indexes: the fit index and the memo of answers follow every change, and stay bounded."""
+
+from __future__ import annotations
+
+from extender.core.memo import Question
+from tests.builders import bound_pod, make_cluster, make_node
+
+
+def test_the_fit_index_follows_every_change_of_a_node() -> None:
+    node = make_node("n1", gpus=1, mem=16)
+    cluster = make_cluster(node)
+    fits_12 = cluster.fit_index.fitting(12, cluster.nodes)
+    assert fits_12 == {"n1"}
+    pod = bound_pod("a", "n1", (0,), 8)
+    cluster.apply_pod(pod)
+    assert fits_12 == set()  # 8 free now
+    cluster.apply_pod(pod, deleted=True)
+    assert fits_12 == {"n1"}
+    cluster.apply_node(make_node("n1", gpus=1, mem=16, ready=False))
+    assert fits_12 == set()
+    cluster.apply_node(node)
+    cluster.apply_node(node, deleted=True)
+    assert fits_12 == set()
+
+
+def test_the_memo_keeps_only_the_most_recent_questions() -> None:
+    cluster = make_cluster()
+    cluster.memo.limit = 2
+    first = cluster.memo.table(Question("a"))
+    cluster.memo.table(Question("b"))
+    cluster.memo.table(Question("c"))
+    assert cluster.memo.table(Question("a")) is not first
+
+
+def test_the_fit_index_keeps_only_the_most_recent_demand_sizes() -> None:
+    cluster = make_cluster(make_node("n1"))
+    cluster.fit_index.limit = 2
+    first = cluster.fit_index.fitting(1, cluster.nodes)
+    cluster.fit_index.fitting(2, cluster.nodes)
+    cluster.fit_index.fitting(3, cluster.nodes)
+    assert cluster.fit_index.fitting(1, cluster.nodes) is not first  # evicted, rebuilt
