@@ -55,6 +55,7 @@ lint: $(VENV)/.test
 	$(BIN)/ruff format --check extender devtools tests bench loadtest
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python -m devtools.module_size
 
 # The e2e tier's control plane (kube-apiserver and kube-scheduler built from source, Debian's etcd), cached in
 # ~/.cache/gpu-extender: about 6 minutes the first time, seconds after. Without Go it says the tier is skipped.
