@@ -9,7 +9,7 @@
   expected fragment (for each typical pod, with its frequency, the free GPU of a node it cannot use: all of it
   where it cannot run at all, the GPUs too small for it where it can); *stranded* is stricter, the free GPU
   that no typical pod can use at all (cpu, memory and model counted). Both are computed here, apart from the
-  extender's own measure (`extender/core/fragmentation.py`), so the report does not grade the policy with the
+  extender's own measure (`extender/core/placement/measure.py`), so the report does not grade the policy with the
   policy's code.
 - **Refusals** by what stopped them, from the reasons given per node: the scheduler's own (cpu, memory,
   gpu-total: the node's `aliyun.com/gpu-mem` or `gpu-count` total, model: the node affinity) and the
@@ -21,6 +21,7 @@ Pure: computes and formats, never runs anything.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -150,6 +151,14 @@ def refused_by_kind(result: ReplayResult) -> Counter[str]:
 # ---- printing ------------------------------------------------------------------------------------------
 
 
+def placements(result: ReplayResult) -> str:
+    """A digest of where every pod went, in arrival order (the first 12 hex digits of a SHA-256): two runs with
+    the same digest placed every pod alike, so a change meant to keep the decisions (a faster measure, a move of
+    code) is checked against the run before it by one word, not by the figures alone."""
+    text = "".join(f"{outcome.pod.name} {outcome.node}\n" for outcome in result.outcomes)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def summary(result: ReplayResult) -> dict[str, object]:
     """The figures, for printing and for tests."""
     bound = [bool(outcome.node) for outcome in result.outcomes]
@@ -166,6 +175,7 @@ def summary(result: ReplayResult) -> dict[str, object]:
         "bound": sum(bound),
         "pods": len(result.outcomes),
         "problems": list(result.problems),
+        "placements": placements(result),
     }
 
 
@@ -178,7 +188,7 @@ def render(result: ReplayResult, label: str = "") -> str:
         f"== {label or result.mode}: workload {workload.name}, {len(workload.nodes):,} nodes, {gpus:,} GPUs, "
         f"{len(workload.pods):,} pods arriving ({arriving:.1%} of the GPU capacity)",
         f"GPU allocated at the end: {figures['allocated']:.1f} %   (bound {figures['bound']:,} of "
-        f"{figures['pods']:,} pods)",
+        f"{figures['pods']:,} pods; placements {figures['placements']})",
         "curve (arrived % : allocated %): "
         + " ".join(f"{point}:{value:.1f}" for point, value in figures["curve"].items()),  # type: ignore[attr-defined]
         f"GPU free at the end {figures['free']:.1f} %: fragmented {figures['fragmented']:.1f} % (the paper's expected "
