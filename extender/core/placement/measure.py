@@ -38,7 +38,7 @@ state beyond the memo.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -138,25 +138,37 @@ def _general(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes, t
 
 
 def _uniform(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes, total: float) -> float:
-    """`fragment` where every GPU has the same capacity and model and no compute is tracked: per group, the
-    weight its shapes' cpu and memory let run, and what it needs of a GPU, are the classes' own (computed once
-    per node state and GPU kind: `Classes.running`, `Classes.parts`); each group is then one bisection."""
+    """`fragment` where every GPU has the same capacity and model and no compute is tracked, summed by how many
+    GPUs each group finds too small rather than group by group.
+
+    With the GPUs' free memory ascending and `below[k]` the free GPU of the first `k`, a group whose threshold
+    (the memory it needs free on one GPU, `GpuKind`) lies above `k` of them and that asks at most the `n - k`
+    left contributes `running x below[k] + (weight - running) x total`, and any other `weight x total`. So F =
+    sum over k of below[k] x A[k], plus total x (W - sum of A[k]), where A[k] is the running weight of the groups
+    whose thresholds fall between the k-th and the (k+1)-th GPU's free memory and that ask few enough GPUs: a
+    difference of two prefix sums per k (`GpuKind.prefixes`, computed once per pair of ranks). That is n + 1
+    steps a node instead of one per group, and the same steps in arrays for thousands of nodes at once
+    (`batch.measures` performs exactly these operations, in this order, so the two agree to the bit)."""
     capacity, model = gpus[0][1], gpus[0][3]
     frees = sorted(gpu[0] for gpu in gpus)
     below = [0.0]  # below[k]: free GPU on the k GPUs with the least free memory
     for free in frees:
         below.append(below[-1] + free / capacity)
     count = len(frees)
-    runs = classes.running(bisect_right(classes.cpu_steps, cpu), bisect_right(classes.memory_steps, memory))
+    kind = classes.kind(capacity, model)
+    prefixes = kind.prefixes(classes, bisect_right(classes.cpu_steps, cpu), bisect_right(classes.memory_steps, memory))
+    thresholds, last, groups = kind.thresholds, kind.most_devices, len(kind.thresholds)
+    low = 0
+    taken = 0.0
     value = 0.0
-    for running, (need, devices, weight) in zip(runs, classes.parts(capacity, model), strict=True):
-        if running and need >= 0:
-            smaller = bisect_left(frees, need or 1)  # a GPU with nothing free serves nothing
-            value += running * (total if count - smaller < devices else below[smaller])
-            value += (weight - running) * total
-        else:
-            value += weight * total
-    return value
+    for k in range(count + 1):
+        high = bisect_right(thresholds, frees[k]) if k < count else groups
+        row = prefixes[min(count - k, last)]
+        part = row[high] - row[low]
+        taken = taken + part
+        value = value + below[k] * part
+        low = high
+    return value + total * (kind.weight - taken)
 
 
 class FragmentMemo:
@@ -175,12 +187,16 @@ class FragmentMemo:
         if classes.version != self.version:
             self.version = classes.version
             self._values = {}
-        key = (bisect_right(classes.cpu_steps, cpu), bisect_right(classes.memory_steps, memory), tuple(sorted(gpus)))
+        ordered = tuple(sorted(gpus))
+        key = (bisect_right(classes.cpu_steps, cpu), bisect_right(classes.memory_steps, memory), ordered)
         found = self._values.get(key)
         if found is None:
             if len(self._values) >= MEMO_LIMIT:
                 self._values = {}
-            found = self._values[key] = (fragment(cpu, memory, gpus, classes), free_gpus(gpus))
+            # Computed over the GPUs in sorted order, whatever order they came in: sums of the same terms in
+            # another order differ in their last bits, and the value must not depend on which order was seen
+            # first (the memo's key is the sorted tuple), nor differ from the batch computation (`batch.py`).
+            found = self._values[key] = (fragment(cpu, memory, ordered, classes), free_gpus(ordered))
             self.computed += 1
         value, total = found
         if not total:

@@ -132,6 +132,43 @@ class GpuGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuKind:
+    """What the typical shapes ask of GPUs of one memory size and model, arranged for the measure of nodes whose
+    GPUs are all of that kind (`measure._uniform`): the groups allowed on it, by the memory they need free on one
+    GPU (at least 1: a GPU with nothing free serves nothing), ascending."""
+
+    thresholds: tuple[int, ...]
+    members: tuple[int, ...]
+    """Each threshold's group, as its position in `Classes.groups`."""
+    devices: tuple[int, ...]
+    """GPUs each asks."""
+    weight: float
+    """The weight of every group, allowed here or not, summed in the groups' order."""
+    most_devices: int
+    _prefixes: dict[tuple[int, int], tuple[tuple[float, ...], ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def prefixes(self, classes: Classes, cpu_rank: int, memory_rank: int) -> tuple[tuple[float, ...], ...]:
+        """`[d][i]`: the weight the node's cpu and memory let run (`Classes.running`) of the first `i` groups by
+        threshold that ask at most `d` GPUs, summed in that order; computed once per pair of ranks."""
+        found = self._prefixes.get((cpu_rank, memory_rank))
+        if found is None:
+            running = classes.running(cpu_rank, memory_rank)
+            rows = []
+            for most in range(self.most_devices + 1):
+                row = [0.0]
+                total = 0.0
+                for member, devices in zip(self.members, self.devices, strict=True):
+                    if devices <= most:
+                        total = total + running[member]
+                    row.append(total)
+                rows.append(tuple(row))
+            found = self._prefixes[cpu_rank, memory_rank] = tuple(rows)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
 class Classes:
     """The typical shapes at one build, with their weights (summing to 1)."""
 
@@ -147,6 +184,7 @@ class Classes:
     _parts: dict[tuple[int, str], tuple[tuple[int, int, float], ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _kinds: dict[tuple[int, str], GpuKind] = field(default_factory=dict, compare=False, repr=False)
 
     def running(self, cpu_rank: int, memory_rank: int) -> tuple[float, ...]:
         """Per group, the weight of its shapes a node lets run when its free cpu covers the first `cpu_rank` of
@@ -174,6 +212,27 @@ class Classes:
             found = self._parts[capacity, model] = tuple(
                 (group.shape.need(capacity) if group.shape.admits(model) else -1, group.shape.devices, group.weight)
                 for group in self.groups
+            )
+        return found
+
+    def kind(self, capacity: int, model: str) -> GpuKind:
+        """The groups as the measure reads them on GPUs of this capacity and model (`GpuKind`)."""
+        found = self._kinds.get((capacity, model))
+        if found is None:
+            allowed = sorted(
+                (need or 1, position, devices)
+                for position, (need, devices, _) in enumerate(self.parts(capacity, model))
+                if need >= 0
+            )
+            weight = 0.0
+            for group in self.groups:
+                weight = weight + group.weight
+            found = self._kinds[capacity, model] = GpuKind(
+                tuple(threshold for threshold, _, _ in allowed),
+                tuple(position for _, position, _ in allowed),
+                tuple(devices for _, _, devices in allowed),
+                weight,
+                max((devices for _, _, devices in allowed), default=0),
             )
         return found
 
