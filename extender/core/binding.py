@@ -260,6 +260,9 @@ def _decide(request: BindRequest, context: BindContext) -> BindOutcome | Write:
     if record.demand.is_zero:
         return Write(pod, None, state)
     hold = context.cache.hold_of(request.uid)
+    if hold is not None and hold.state is HoldState.ASSUMED:  # its filter's assumption: now decided for real
+        context.ledger.unassume(request.uid)
+        hold = None
     if hold is not None and not hold.observed:
         earlier = _earlier_decision(request, context, pod, hold, state)
         if earlier is not None:

@@ -1,8 +1,15 @@
 """What a pod holds on a node, and the one state machine of a hold (DESIGN §3).
 
+    ASSUMED ──its bind comes: released, and decided again──▶ RESERVED
+        └──no bind within ASSUMED_TTL, the pod filtered again, or gone: released
     RESERVED ──binding accepted──▶ BOUND ──watch shows the pod──▶ OBSERVED
         │  └──binding failed, may have landed──▶ UNCERTAIN ──watch shows the pod──▶ OBSERVED
         └──failed, expired (TTL) or pod gone: released (the hold is removed)
+
+A hold is ASSUMED when a filter passed its pod one node alone (`assume.py`): kube-scheduler will bind it there,
+and until it does the next filters must judge that node as taken, or every pod of a burst is sent to the same
+best node before the first bind lands (kube-scheduler tells an extender nothing of what it assumed). Nothing is
+written for it; it only counts.
 
 A hold is RESERVED from the moment the ledger records a decision until its binding is answered; BOUND once
 the API accepted the binding (only its confirmation by the watch is missing); UNCERTAIN when the binding
@@ -133,6 +140,8 @@ def _collapse(containers: tuple[tuple[Grant, ...], ...], init_containers: int) -
 
 
 class HoldState(enum.Enum):
+    ASSUMED = "assumed"
+    """A filter passed the pod this node alone; no bind has come yet (nothing written)."""
     RESERVED = "reserved"
     """Decided by this extender; the binding is not answered yet."""
     BOUND = "bound"

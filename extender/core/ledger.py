@@ -25,6 +25,10 @@ from extender.core.cache import Cache
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.quota.book import Quotas
 
+ASSUMED_TTL = 5.0
+"""Seconds an assumption (`assume.py`) is held without its bind: kube-scheduler binds a pod moments after its
+filter (its binding cycle starts when the scheduling cycle ends), so an assumption older than this is one whose
+pod went elsewhere or nowhere (a later plugin refused it, it was deleted); it is dropped by the expiry sweep."""
 UNCERTAIN_WINDOW = 60.0
 """Seconds a binding that failed uncertainly may still land: kube-apiserver's default `--request-timeout`,
 after which it abandons a request it still holds."""
@@ -80,6 +84,13 @@ class Ledger:
 
     def reserve(self, allocation: Allocation) -> str | None:
         """Take the allocation's memory; returns None on success, else why it does not fit now."""
+        refusal = self._refusal(allocation)
+        if refusal is None:
+            self.cluster.hold(Hold(allocation, HoldState.RESERVED, since=self.clock()))
+        return refusal
+
+    def _refusal(self, allocation: Allocation) -> str | None:
+        """Why the allocation does not fit now (the pod's own hold given back first), or None."""
         state = self.cluster.nodes.get(allocation.node)
         if state is None or not state.known:
             return f"node {allocation.node} is not in the extender's cache"
@@ -100,10 +111,25 @@ class Ledger:
             if device.slots and slots < use.slots:
                 return f"GPU {use.index} on {allocation.node} runs its most pods ({device.slots})"
         over_quota = self.quotas.admits(allocation, state.devices) if self.quotas is not None else None
-        if over_quota is not None:
-            return over_quota.reason
-        self.cluster.hold(Hold(allocation, HoldState.RESERVED, since=self.clock()))
-        return None
+        return over_quota.reason if over_quota is not None else None
+
+    def assume(self, allocation: Allocation) -> bool:
+        """Count the allocation as assumed (`holds.HoldState.ASSUMED`) if it fits now and the pod holds nothing
+        else; returns whether it is. Never written anywhere: it only keeps the next filters from the same GPUs."""
+        uid = allocation.pod_uid
+        if uid in self._in_flight or self.cluster.hold_of(uid) is not None or self._refusal(allocation) is not None:
+            return False
+        self.cluster.hold(Hold(allocation, HoldState.ASSUMED, since=self.clock()))
+        return True
+
+    def unassume(self, uid: str) -> bool:
+        """Drop the pod's assumption, if it has one (its bind came, or it is filtered again); returns whether it
+        had one. Not a release of a decision: the pod is not marked abandoned."""
+        hold = self.cluster.reserved.get(uid)
+        if hold is None or hold.state is not HoldState.ASSUMED:
+            return False
+        self.cluster.release(uid)
+        return True
 
     def mark_bound(self, uid: str) -> None:
         """The API accepted the binding; the watch will confirm it."""
@@ -132,9 +158,10 @@ class Ledger:
         The pod is marked abandoned: annotations we may already have written on it no longer reserve
         anything by themselves when the watch shows them (only a binding does).
         """
-        if uid not in self.cluster.reserved:
+        hold = self.cluster.reserved.get(uid)
+        if hold is None:
             return None
-        return self.cluster.release(uid, abandon=True)
+        return self.cluster.release(uid, abandon=hold.state is not HoldState.ASSUMED)
 
     def expire(self, include_bound: bool = True) -> list[Hold]:
         """Free every reservation older than the TTL whose bind is not running; returns them.
@@ -142,12 +169,21 @@ class Ledger:
         With `include_bound=False` (the watch is failing), reservations whose binding the API accepted are
         kept: the pod is bound, only its confirmation is late, and freeing it would give its memory away.
         """
-        deadline = self.clock() - self.ttl
+        now = self.clock()
+        deadline = now - self.ttl
+        assumed = [
+            uid
+            for uid, hold in self.cluster.reserved.items()
+            if hold.state is HoldState.ASSUMED and hold.since < now - ASSUMED_TTL
+        ]
+        for uid in assumed:
+            self.unassume(uid)
         expired = [
             hold
             for uid, hold in self.cluster.reserved.items()
             if hold.since < deadline
             and uid not in self._in_flight
+            and hold.state is not HoldState.ASSUMED
             and (include_bound or hold.state is not HoldState.BOUND)
         ]
         for hold in expired:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -110,10 +110,21 @@ class NodeMemo:
     A node's answers are dropped from every table when the node changes, so a table never holds a stale
     answer. One dict per question, not one per node: at 5,000 nodes, per-node dicts cost a cache miss each.
     Bounded to the `limit` questions asked most recently.
+
+    Dropped lazily: a change is one entry in a log (`forget`), and a table drops the answers of the nodes
+    changed since it was last read when it is read next (`table`). A change used to pop the node from every
+    table at once, and with hundreds of tables (one per kind of pod asked lately) that was most of what a bind
+    cost. A table left unread while more than `LOG_LIMIT` changes went by is emptied instead.
     """
 
+    LOG_LIMIT = 100_000
+
     def __init__(self, limit: int = 64) -> None:
-        self._tables: Lru[str, dict[str, object]] = Lru(limit)
+        self._tables: Lru[str, list[object]] = Lru(limit)
+        """Question name -> [its table, the log position it has seen up to]."""
+        self._log: list[str] = []
+        """Names of the nodes changed, oldest first; `_start` is the position of its first entry."""
+        self._start = 0
 
     @property
     def limit(self) -> int:
@@ -124,9 +135,24 @@ class NodeMemo:
         self._tables.limit = limit
 
     def table(self, question: Question[T]) -> dict[str, T]:
-        table = self._tables.setdefault_newest(question.name, dict)
-        return table  # type: ignore[return-value]  # every table of one question name holds that question's T
+        end = self._start + len(self._log)
+        entry = self._tables.setdefault_newest(question.name, lambda: [{}, end])
+        table = cast(dict[str, T], entry[0])  # every table of one question name holds that question's T
+        seen = cast(int, entry[1])
+        if seen < end:
+            if seen < self._start:
+                table.clear()  # it fell behind what the log keeps
+            else:
+                pop = table.pop
+                for name in self._log[seen - self._start :]:
+                    pop(name, None)
+            entry[1] = end
+        return table
 
     def forget(self, name: str) -> None:
-        for table in self._tables.values():
-            table.pop(name, None)
+        log = self._log
+        log.append(name)
+        if len(log) > self.LOG_LIMIT:
+            half = len(log) // 2
+            del log[:half]
+            self._start += half

@@ -26,6 +26,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` series
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 OUTCOMES = ("ok", "error", "bad_request")
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -156,8 +157,8 @@ class Metrics:
             self.rechecks.labels(result)
         self.allocations = Gauge(
             "extender_allocations",
-            "Pods holding GPU memory, by state (core/holds.py): reserved, bound (awaiting the watch), uncertain "
-            "(a binding that failed but may have landed), observed.",
+            "Pods holding GPU memory, by state (core/holds.py): assumed (their filter passed one node, no bind yet), "
+            "reserved, bound (awaiting the watch), uncertain (a binding that failed but may have landed), observed.",
             ["state"],
             registry=self.registry,
         )
@@ -193,6 +194,20 @@ class Metrics:
             "1 while each quota limit has series of its own (see --quota-metrics-limit).",
             registry=self.registry,
         )
+        self.loop_lag_seconds = Histogram(
+            "extender_event_loop_lag",
+            "How late the event loop ran a probe due every 20 ms: how long one handler or chore held it "
+            "(service/lag.py).",
+            unit="seconds",
+            buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self.loop_lag_max = Gauge(
+            "extender_event_loop_lag_max_seconds",
+            "The longest the event loop was held since the process started, as the probe saw it.",
+            registry=self.registry,
+        )
+        self.loop_lag_worst = 0.0
         self.cache_nodes = Gauge("extender_cache_nodes", "Nodes in the cache.", registry=self.registry)
         self.cache_pods = Gauge("extender_cache_pods", "Pods in the cache.", registry=self.registry)
         # The labelled children, bound once: `labels()` on every request costs more than the increment.
@@ -204,6 +219,13 @@ class Metrics:
         self.nodes_accepted = self.nodes.labels("accepted")
         self.nodes_failed = self.nodes.labels("failed")
         self.nodes_unresolvable = self.nodes.labels("unresolvable")
+
+    def observe(self, seconds: float) -> None:
+        """One probe of the event loop's lateness (`service/lag.py`)."""
+        self.loop_lag_seconds.observe(seconds)
+        if seconds > self.loop_lag_worst:
+            self.loop_lag_worst = seconds
+            self.loop_lag_max.set(seconds)
 
     def add_listener(self, name: str, server: Listener) -> None:
         """Report a listener's refused connections, failed handshakes, missed deadlines and open connections

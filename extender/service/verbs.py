@@ -19,12 +19,13 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
 from extender.core import contract, objects
+from extender.core.assume import assume
 from extender.core.binding import BindContext, BindRequest, Guard, Outcome, bind
 from extender.core.devices import Demand
 from extender.core.nodes import NodeState
@@ -32,13 +33,14 @@ from extender.core.objects import Raw, pod_key, pod_priority
 from extender.core.placement.config import ask_of
 from extender.core.placement.filtering import FilterOutcome, summarized
 from extender.core.placement.fit import Cause
+from extender.core.placement.placer import Warming
 from extender.core.placement.workload import shape_of
 from extender.core.pods import PodRecord
 from extender.core.preemption import beyond_preemption, preempt_candidates
 from extender.core.quota.admission import quota_filter
 from extender.core.recheck import Recheck, suspects
 from extender.core.resources import InvalidPod, required_values
-from extender.service import pages
+from extender.service import lag, pages
 from extender.service.context import Service
 from extender.service.routing import Request, Response, Router, internal_error, json_error
 from extender.service.transport import HttpServer
@@ -149,7 +151,18 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
         return _not_ready_filter(args, service)
     service.recent.remember(args.Pod)
     service.metrics.demands.record(demand.per_device)
-    outcome = _judge(args, demand, names, service)
+    service.ledger.unassume(objects.uid(args.Pod))  # its own assumption, from an earlier filter, is no rival
+    judged = _judge(args, demand, names, service, defer=True)
+    if isinstance(judged, Warming):
+        return _filter_warmed(args, demand, names, service, judged)
+    return _answer(args, demand, names, judged, service)
+
+
+def _answer(
+    args: contract.ExtenderArgs, demand: Demand, names: list[Any], outcome: FilterOutcome, service: Service
+) -> VerbResult | Awaitable[VerbResult]:
+    """The reply to a filter judged, unless a preemptor was refused where it may have freed room (then read the
+    possible victims from the API first: `core/recheck.py`)."""
     recheck = service.source.recheck
     if outcome.failed and recheck is not None:
         stale = suspects(args.Pod, outcome.failed, service.cache, service.preemptions)
@@ -158,8 +171,31 @@ def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbRe
     return _filter_reply(args, demand, names, outcome, service)
 
 
-def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service) -> FilterOutcome:
-    """Which of the nodes named the pod fits, by the cache as it is now (`placement.Placer.filter`)."""
+async def _filter_warmed(
+    args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service, warming: Warming
+) -> VerbResult:
+    """A filter whose narrowing must first judge many nodes afresh (`Placer.begin_filter`): a slice at a time with
+    a turn of the event loop after each, so that other requests are not held meanwhile; then judged as any."""
+    for _ in warming.steps:
+        await asyncio.sleep(0)
+    if not service.ready():
+        return _not_ready_filter(args, service)
+    outcome = _judge(args, demand, names, service)
+    answer = _answer(args, demand, names, outcome, service)
+    return answer if isinstance(answer, tuple) else await answer
+
+
+@overload
+def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service) -> FilterOutcome: ...
+@overload
+def _judge(
+    args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service, defer: bool
+) -> FilterOutcome | Warming: ...
+def _judge(
+    args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service, defer: bool = False
+) -> FilterOutcome | Warming:
+    """Which of the nodes named the pod fits, by the cache as it is now (`placement.Placer.filter`; with `defer`,
+    `Placer.begin_filter`)."""
     cache, placer = service.cache, service.placer
     ask = ask_of(args.Pod, demand)
     uid = objects.uid(args.Pod)
@@ -168,6 +204,8 @@ def _judge(args: contract.ExtenderArgs, demand: Demand, names: list[Any], servic
         placer.learned.asked(uid, shape_of(demand, ask.cpu, ask.memory, required_values(args.Pod, label)))
     states = _states(args, service)
     admit = quota_filter(args.Pod, demand, placer, service.quotas, states, ask)
+    if defer:
+        return placer.begin_filter(demand, names, states, pod_key(args.Pod), ask, admit)
     return placer.filter(demand, names, states, pod_key(args.Pod), ask, admit)
 
 
@@ -206,6 +244,10 @@ async def _filter_rechecked(
 def _filter_reply(
     args: contract.ExtenderArgs, demand: Demand, names: list[Any], outcome: FilterOutcome, service: Service
 ) -> VerbResult:
+    if len(outcome.passed) == 1 and _states(args, service) is service.cache.nodes:
+        pod = args.Pod
+        ask = ask_of(pod, demand)
+        assume(objects.uid(pod), pod_key(pod), outcome.passed[0], demand, ask, service.placer, service.ledger)
     metrics = service.metrics
     metrics.nodes_accepted.inc(len(outcome.passed))
     if outcome.failed:
@@ -309,6 +351,9 @@ def build_server(service: Service) -> HttpServer:
     async def expiry_sweep() -> None:
         await _expiry_sweep(service)
 
-    server = HttpServer(router, service.max_body_bytes, service.limits, (expiry_sweep,))
+    async def loop_lag() -> None:
+        await lag.probe(service.metrics)
+
+    server = HttpServer(router, service.max_body_bytes, service.limits, (expiry_sweep, loop_lag))
     service.metrics.add_listener("verbs", server)
     return server

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from extender.core.memo import Question
+import pytest
+
+from extender.core.memo import NodeMemo, Question
 from tests.builders import bound_pod, make_cluster, make_node
 
 
@@ -39,3 +41,21 @@ def test_the_fit_index_keeps_only_the_most_recent_demand_sizes() -> None:
     cluster.fit_index.fitting(2, cluster.nodes)
     cluster.fit_index.fitting(3, cluster.nodes)
     assert cluster.fit_index.fitting(1, cluster.nodes) is not first  # evicted, rebuilt
+
+
+def test_a_table_read_after_changes_has_lost_the_changed_nodes_answers_and_kept_the_others() -> None:
+    cluster = make_cluster(make_node("n1"), make_node("n2"))
+    question: Question[int] = Question("q")
+    cluster.memo.table(question).update({"n1": 1, "n2": 2})
+    cluster.apply_pod(bound_pod("a", "n1", (0,), 4))
+    assert cluster.memo.table(question) == {"n2": 2}
+
+
+def test_a_table_left_unread_beyond_what_the_log_keeps_is_emptied(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = make_cluster(make_node("n1"), make_node("n2"))
+    monkeypatch.setattr(NodeMemo, "LOG_LIMIT", 4)
+    question: Question[int] = Question("q")
+    cluster.memo.table(question).update({"n1": 1, "n2": 2})
+    for number in range(6):
+        cluster.memo.forget(f"elsewhere-{number}")
+    assert cluster.memo.table(question) == {}

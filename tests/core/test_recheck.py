@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from extender.core.cache import Cache
+from extender.core.holds import HoldState
 from extender.core.pods import PodRecord
 from extender.core.recheck import LIMIT, MAX_REMEMBERED, Answer, Preemptions, suspects
 from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
@@ -193,7 +194,10 @@ async def test_a_victim_the_api_no_longer_has_is_dropped_and_the_node_passes(cli
     reply = await (await client.post("/filter", data=filter_body(preemptor, ["n1", "n2"]))).json()
     assert reply["NodeNames"] == ["n1"] and set(reply["FailedNodes"]) == {"n2"}
     assert [sorted(asked) for asked in api.asked] == [["default/low-n1-0", "default/low-n1-1"]]
-    assert cluster.nodes["n1"].used == [0, 16]
+    # The victim's GPU is free, and held for the preemptor its filter passed there alone (`core/assume.py`).
+    assumed = cluster.hold_of(preemptor["metadata"]["uid"])
+    assert assumed is not None and assumed.state is HoldState.ASSUMED and assumed.allocation.indexes == (0,)
+    assert cluster.nodes["n1"].used == [16, 16]
     metrics = await (await client.get("/metrics")).text()
     assert 'extender_filter_rechecks_total{result="freed"} 1.0' in metrics
 

@@ -468,7 +468,10 @@ async def test_a_preemptor_s_filter_reads_from_the_api_the_victims_the_watch_has
     preemptor["spec"]["priority"] = 1000
     reply = await (await client.post("/filter", filter_body(preemptor, ["n1"]))).json()
     assert reply["NodeNames"] == ["n1"], reply
-    assert cluster.nodes["n1"].used == [0, 16, 16, 16]
+    assert cluster.nodes["n1"].used == [16, 16, 16, 16], "low-0's GPU freed, and held for high (core/assume.py)"
+    assumed = cluster.hold_of(preemptor["metadata"]["uid"])
+    assert assumed is not None and assumed.state is HoldState.ASSUMED and assumed.allocation.indexes == (0,)
+    assert replica.ledger.unassume(preemptor["metadata"]["uid"]), "its bind never comes here"
 
     records = {record.name: record for record in cluster.pods.values()}
     api.delete_pod("default", "low-1")

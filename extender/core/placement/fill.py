@@ -10,7 +10,7 @@ policy. Pure: nothing here changes the cache.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import cast
 
 from extender.core.cache import Cache
@@ -137,6 +137,9 @@ class Fill:
 
     def narrow(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
         return names
+
+    def warming(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> Iterator[None] | None:
+        return None  # nothing to judge beyond the fit, which is cheap
 
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:
         return fill_choice(demand, state, demand.device_strategy or self.config.device_strategy)

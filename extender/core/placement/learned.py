@@ -15,6 +15,7 @@ from __future__ import annotations
 from extender.core.cache import Cache
 from extender.core.memo import Lru, NodeMemo
 from extender.core.nodes import NodeState
+from extender.core.placement.arrays import NodeArrays
 from extender.core.placement.measure import FragmentMemo, Room, room_of
 from extender.core.placement.workload import Classes, Shape, Workload, shape_of
 from extender.core.pods import PodRecord
@@ -35,13 +36,20 @@ class Learned:
         """Fragmentation by node state, for the typical shapes of the last build (`measure.py`)."""
         self.tables = NodeMemo()
         """What placing each pod ask adds to each node's fragmentation (`fragmentation.fragmentation_values`)."""
+        self.choices = NodeMemo()
+        """The GPUs each pod ask would take on each node, beside `tables` (what an assumption holds: `assume.py`)."""
         self._asked: Lru[str, bool] = Lru(ASKED_LIMIT)
         """Pods learned from a filter request before the cache had them (`asked`), so they count once."""
         self._rooms: dict[str, Room] = {}
         self._measured: dict[str, tuple[int, float]] = {}
-        """Node -> (build of the typical shapes, its measure then), until the node changes."""
+        """Node -> (build of the typical shapes, its measure then), until the node changes; in its row of `arrays`
+        instead for a node that has one."""
+        self.arrays = NodeArrays()
+        """The nodes whose GPUs can be judged in arrays, as arrays (`arrays.py`, for `batch.py`)."""
         for record in list(cache.pods.values()):
             self.pod_arrived(record)
+        for state in cache.nodes.values():
+            self.arrays.update(state)
         cache.listen(self)
 
     def classes(self) -> Classes:
@@ -69,23 +77,44 @@ class Learned:
     def measure(self, state: NodeState, classes: Classes | None = None) -> float:
         """What the fragmentation policy minimises, for this node as it is (remembered until it changes)."""
         classes = classes if classes is not None else self.classes()
-        own = self.cache.nodes.get(state.name) is state
-        found = self._measured.get(state.name) if own else None
-        if found is not None and found[0] == classes.version:
-            return found[1]
-        room = self.room(state)
-        value = self.fragments.measure(room.cpu, room.memory, room.gpus, classes)
-        if own:
-            self._measured[state.name] = (classes.version, value)
+        value = self.remembered(state, classes)
+        if value is None:
+            room = self.room(state)
+            value = self.fragments.measure(room.cpu, room.memory, room.gpus, classes)
+            self.remember(state, classes, value)
         return value
+
+    def remembered(self, state: NodeState, classes: Classes) -> float | None:
+        """The node's measure for this build of the typical shapes, when it is remembered."""
+        if self.cache.nodes.get(state.name) is not state:
+            return None
+        rows = self.arrays.located.get(state.name)
+        if rows is not None:
+            row = rows.row_of[state.name]
+            return float(rows.measured[row]) if rows.build[row] == classes.version else None
+        found = self._measured.get(state.name)
+        return found[1] if found is not None and found[0] == classes.version else None
+
+    def remember(self, state: NodeState, classes: Classes, value: float) -> None:
+        """Keep the node's measure until it changes (only for the cache's own nodes, not views of whole nodes)."""
+        if self.cache.nodes.get(state.name) is not state:
+            return
+        rows = self.arrays.located.get(state.name)
+        if rows is not None:
+            row = rows.row_of[state.name]
+            rows.measured[row], rows.build[row] = value, classes.version
+        else:
+            self._measured[state.name] = (classes.version, value)
 
     # -- cache.Listener
 
     def node_changed(self, state: NodeState) -> None:
         self._forget(state.name)
+        self.arrays.update(state)
 
     def node_forgotten(self, name: str) -> None:
         self._forget(name)
+        self.arrays.forget(name)
 
     def pod_arrived(self, record: PodRecord) -> None:
         if self._asked.pop(record.uid, None) is None:
@@ -94,5 +123,6 @@ class Learned:
 
     def _forget(self, name: str) -> None:
         self.tables.forget(name)
+        self.choices.forget(name)
         self._rooms.pop(name, None)
         self._measured.pop(name, None)

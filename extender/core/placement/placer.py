@@ -8,7 +8,8 @@ there. A pod that asks its own strategy (HAMi's annotations) is placed by fill w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from extender.core.cache import Cache
@@ -30,6 +31,10 @@ class PolicyRules(Protocol):
     def narrow(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
         """Of the nodes that fit (at least two), those the filter passes: every one, or the best."""
 
+    def warming(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> Iterator[None] | None:
+        """The work `narrow` would do on these nodes, in slices, when it is too much for one turn of the event
+        loop (None when it is not)."""
+
     def prioritize(
         self, demand: Demand, names: list[str], states: Mapping[str, NodeState], ask: Ask | None
     ) -> list[HostPriorityEntry]:
@@ -43,6 +48,14 @@ POLICIES: dict[Policy, Callable[[PolicyConfig, Learned, Fill], PolicyRules]] = {
     Policy.FRAGMENTATION: Fragmentation,
     Policy.FILL: lambda config, learned, fill: fill,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Warming:
+    """A filter that must first judge many nodes afresh: `steps` does it a slice at a time, and the caller gives
+    the event loop a turn after each, then asks `Placer.filter`."""
+
+    steps: Iterator[None]
 
 
 class Placer:
@@ -76,11 +89,42 @@ class Placer:
         that fit (`PolicyRules.narrow`): those it leaves out are neither passed nor failed, so they cost the
         scheduler nothing, and a pod that fits somewhere is never refused for it.
         """
+        decided = self._filter(demand, names, states, pod, ask, admit, defer=False)
+        assert isinstance(decided, FilterOutcome)
+        return decided
+
+    def begin_filter(
+        self,
+        demand: Demand,
+        names: list[Any],
+        states: Mapping[str, NodeState],
+        pod: str = "",
+        ask: Ask | None = None,
+        admit: Callable[[FilterOutcome], None] | None = None,
+    ) -> FilterOutcome | Warming:
+        """`filter`, unless its narrowing would first judge many nodes afresh (`PolicyRules.warming`): then a
+        `Warming`, whose steps the caller runs with turns of the event loop between them before it asks `filter`."""
+        return self._filter(demand, names, states, pod, ask, admit, defer=True)
+
+    def _filter(
+        self,
+        demand: Demand,
+        names: list[Any],
+        states: Mapping[str, NodeState],
+        pod: str,
+        ask: Ask | None,
+        admit: Callable[[FilterOutcome], None] | None,
+        defer: bool,
+    ) -> FilterOutcome | Warming:
         outcome = filter_cached(demand, names, states, self.cache, self.cache.protocol.unit, pod)
         if admit is not None:
             admit(outcome)
         if ask is not None and len(outcome.passed) > 1:
-            outcome.passed = self.rules(demand).narrow(ask, outcome.passed, states)
+            rules = self.rules(demand)
+            steps = rules.warming(ask, outcome.passed, states) if defer else None
+            if steps is not None:
+                return Warming(steps)
+            outcome.passed = rules.narrow(ask, outcome.passed, states)
         return outcome
 
     def prioritize(

@@ -89,5 +89,6 @@ def test_remembered_answers_are_forgotten_when_their_node_changes() -> None:
     first = filter_nodes(Demand(12), names, cluster.nodes, "GiB", fitting, memo)
     assert (first.passed, list(memo)) == (["n2"], ["n1"])  # only n1 was judged, and remembered
     cluster.apply_pod(occupied, deleted=True)
+    memo = cluster.memo.table(judged(Demand(12), "GiB"))  # a table is read afresh after changes (`NodeMemo`)
     assert "n1" not in memo
     assert filter_nodes(Demand(12), names, cluster.nodes, "GiB", fitting, memo).passed == names

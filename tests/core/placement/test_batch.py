@@ -1,0 +1,197 @@
+"""The measure in arrays (`batch.py`, over the rows `arrays.py` keeps) gives the scalar path's numbers to the bit:
+the node's measure, what a pod adds, and the GPUs it is given, on random clusters and random workloads."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from extender.core.cache import Cache
+from extender.core.devices import Demand
+from extender.core.memo import Question
+from extender.core.placement import fragmentation
+from extender.core.placement.arrays import NodeArrays
+from extender.core.placement.batch import after, kind_of, measures, rounded
+from extender.core.placement.config import Ask
+from extender.core.placement.fragmentation import (
+    BATCH_NODES,
+    DIGITS,
+    FULLER,
+    added_fragmentation,
+    judge_missing,
+    warming,
+)
+from extender.core.placement.learned import Learned
+from tests.builders import PROFILE, bound_pod, learned_of, make_node, make_pod
+
+NODES = 120
+
+
+def random_cluster(
+    rng: random.Random, count: int = NODES, gpus: tuple[int, ...] = (1, 2, 4, 8), sizes: tuple[int, ...] = (16, 40)
+) -> tuple[Cache, Learned]:
+    """Nodes of some GPUs of some size and three models, filled at random by pods asking cpu and memory too; a
+    workload of shares and multi-GPU pods, some asking one model."""
+    nodes: list[dict[str, Any]] = [
+        make_node(
+            f"n{number}",
+            gpus=rng.choice(gpus),
+            mem=rng.choice(sizes),
+            cpu=str(rng.choice((8, 16, 96))),
+            memory=rng.choice(("32Gi", "256Gi")),
+            model=rng.choice(("", "T4", "A100")),
+        )
+        for number in range(count)
+    ]
+    cache = Cache(PROFILE)
+    cache.replace(nodes, [])
+    learned = learned_of(cache)
+    for number in range(3 * count):
+        state = cache.nodes[f"n{rng.randrange(count)}"]
+        index, amount = rng.randrange(len(state.devices)), rng.randint(1, 12)
+        if state.free[index] >= amount:
+            pod = bound_pod(f"p{number}", state.name, (index,), amount, cpu=str(rng.randint(1, 8)), memory="4Gi")
+            cache.apply_pod(pod)
+    for number in range(200):
+        gpus = rng.choice((1, 1, 1, 2, 4))
+        pod = make_pod(
+            f"seen-{number}",
+            gpu_mem=rng.randint(1, 16) * gpus,
+            gpus=gpus if gpus > 1 else None,
+            cpu=str(rng.randint(1, 12)),
+            memory=f"{rng.randint(1, 64)}Gi",
+            models=rng.choice(((), (), ("T4",))),
+        )
+        cache.apply_pod(pod)
+    return cache, learned
+
+
+def random_ask(rng: random.Random) -> Ask:
+    gpus = rng.choice((1, 1, 2, 4))
+    demand = Demand(rng.randint(1, 16) * gpus, gpus) if rng.random() > 0.15 else Demand(0)
+    return Ask(demand, rng.randint(0, 8000), rng.randint(0, 64 << 30))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_nodes_measure_in_arrays_is_the_scalar_one_to_the_bit(seed: int) -> None:
+    _, learned = random_cluster(random.Random(seed))
+    classes = learned.classes()
+    for rows in learned.arrays.kinds.values():
+        _, capacity, model = rows.kind
+        size = rows.size
+        batch = measures(rows.free[:size], rows.cpu[:size], rows.memory[:size], capacity, model, classes).tolist()
+        scalar = [learned.fragments.of(learned.room(state), classes) for state in rows.states]
+        assert batch == scalar
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_what_a_pod_adds_and_the_gpus_it_gets_in_arrays_are_the_scalar_ones(seed: int) -> None:
+    rng = random.Random(seed)
+    _, learned = random_cluster(rng)
+    classes = learned.classes()
+    for _ in range(25):
+        ask = random_ask(rng)
+        for rows in learned.arrays.kinds.values():
+            size = rows.size
+            then, chosen = after(
+                rows.free[:size],
+                rows.slotted[:size],
+                rows.cpu[:size] - ask.cpu,
+                rows.memory[:size] - ask.memory,
+                ask.demand,
+                rows.kind,
+                classes,
+            )
+            _, capacity, model = rows.kind
+            was = measures(rows.free[:size], rows.cpu[:size], rows.memory[:size], capacity, model, classes)
+            added = rounded(then - was, DIGITS).tolist()
+            for position, state in enumerate(rows.states):
+                scalar = added_fragmentation(ask, state, learned, classes)
+                if scalar is None:
+                    assert added[position] == math.inf, state.name
+                    continue
+                assert added[position] == scalar[0], state.name
+                if not ask.demand.is_zero:
+                    assert tuple(chosen[position].tolist()) == scalar[1], state.name
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_filters_table_is_the_same_whichever_way_its_nodes_are_judged(seed: int) -> None:
+    """Every node of a kind numerous enough goes the array way in `judge_missing`; one by one, the same table."""
+    rng = random.Random(seed)
+    cache, learned = random_cluster(rng, 200, (4, 8), (40,))
+    classes = learned.classes()
+    names = [*cache.nodes, "ghost"]
+    assert any(rows.size >= BATCH_NODES for rows in learned.arrays.kinds.values()), "the array way is taken"
+    for _ in range(10):
+        ask = random_ask(rng)
+        table: dict[str, float] = {}
+        judge_missing(ask, names, learned, cache.nodes, classes, table)
+        for name in names:
+            state = cache.nodes.get(name)
+            scalar = added_fragmentation(ask, state, learned, classes) if state is not None else None
+            expected = math.inf if scalar is None or state is None else scalar[0] + FULLER * state.free_gpus
+            assert table[name] == expected, name
+
+
+def test_python_rounding_is_kept_where_numpy_would_round_a_tie_the_other_way() -> None:
+    """5e-10's double lies just above the tie at 9 digits, so Python rounds it up (1e-9) where numpy's scale and
+    round gives 0.0; 2.675's lies just below the tie at 2 digits, so Python gives 2.67 where numpy gives 2.68.
+    The others, and -3.4999999995 and 0.1234567895 of the same kind, must come out as Python's too."""
+    values = np.array([5e-10, 1.0000000015, -3.4999999995, 0.1234567895, math.inf, -math.inf], dtype=np.float64)
+    assert rounded(values, 9).tolist() == [round(value, 9) for value in values.tolist()]
+    assert rounded(values, 9).tolist()[0] == 1e-9
+    assert rounded(np.array([2.675]), 2).tolist() == [2.67]
+
+
+def test_the_rows_follow_every_change_of_a_node() -> None:
+    """A node's row is rewritten when it changes, dropped when it goes or stops being Ready, and another row
+    takes its place."""
+    cache = Cache(PROFILE)
+    cache.replace([make_node("a", gpus=2, mem=16), make_node("b", gpus=2, mem=16)], [])
+    arrays = learned_of(cache).arrays
+    rows = arrays.located["a"]
+    assert rows is arrays.located["b"] and rows.size == 2
+    cache.apply_pod(bound_pod("p", "a", (1,), 6))
+    assert rows.free[rows.row_of["a"]].tolist() == [16, 10]
+    cache.apply_node(make_node("a", gpus=2, mem=16, ready=False))
+    assert "a" not in arrays.located and rows.size == 1 and rows.states[0].name == "b"
+    cache.apply_node(make_node("b", gpus=4, mem=16))
+    assert arrays.located["b"] is not rows and rows.size == 0
+    assert kind_of(cache.nodes["b"]) == (4, 16, "")
+
+
+def test_many_rows_grow_their_arrays() -> None:
+    arrays = NodeArrays()
+    cache = Cache(PROFILE)
+    cache.replace([make_node(f"n{number}", gpus=1, mem=16) for number in range(300)], [])
+    for state in cache.nodes.values():
+        arrays.update(state)
+    rows = arrays.located["n299"]
+    assert rows.size == 300 and rows.free[: rows.size].tolist() == [[16]] * 300
+
+
+def test_many_nodes_to_judge_afresh_are_judged_a_slice_at_a_time_with_the_same_numbers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`warming`: more nodes than a slice judges, the work comes in slices (the filter gives the event loop a turn
+    after each); the table they fill is the table judged in one go. Few enough: nothing to slice."""
+    rng = random.Random(9)
+    cache, learned = random_cluster(rng, 200, (4, 8), (40,))
+    classes = learned.classes()
+    names = list(cache.nodes)
+    ask = Ask(Demand(8), 2000, 4 << 30)
+    assert warming(ask, names, learned, cache.nodes) is None, "200 nodes in arrays: one slice"
+    monkeypatch.setattr(fragmentation, "ARRAY_SLICE", 30)
+    steps = warming(ask, names, learned, cache.nodes)
+    assert steps is not None
+    assert sum(1 for _ in steps) == math.ceil(200 / 30)
+    sliced = dict(learned.tables.table(Question(f"{ask.key}:{classes.version}")))
+    whole: dict[str, float] = {}
+    judge_missing(ask, names, learned, {name: cache.nodes[name] for name in names}, classes, whole)
+    assert sliced == whole
+    assert warming(ask, names, learned, cache.nodes) is None, "nothing left to judge"

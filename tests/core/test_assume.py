@@ -1,0 +1,93 @@
+"""Assumptions (`core/assume.py`): the node a filter passed alone is held for its pod until its bind comes, so the
+next pods of a burst are judged as if it were taken; the bind decides again, a filter of the same pod does not
+compete with it, and one whose bind never comes is dropped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from extender.core.holds import Allocation, HoldState
+from extender.core.ledger import ASSUMED_TTL, Ledger
+from extender.core.placement.config import PolicyConfig
+from tests.builders import FakeClock, make_cluster, make_node, make_pod, quotas_of
+from tests.conftest import ClientFor, make_service
+
+BEST = PolicyConfig()
+"""The default policy: the filter passes the one best node."""
+
+
+def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:
+    return orjson.dumps({"Pod": pod, "NodeNames": names})
+
+
+def bind_body(pod: dict[str, Any], node: str) -> bytes:
+    meta = pod["metadata"]
+    return orjson.dumps(
+        {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
+    )
+
+
+def two_one_gpu_nodes() -> Any:
+    """Two nodes of one 16 GiB GPU: a pod of 10 GiB fits either, two of them only one each."""
+    return make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
+
+
+async def test_the_next_pod_of_a_burst_is_judged_as_if_the_first_had_its_node(client_for: ClientFor) -> None:
+    cluster = two_one_gpu_nodes()
+    client = await client_for(make_service(cluster, policy=BEST))
+    first, second = make_pod("first", gpu_mem=10), make_pod("second", gpu_mem=10)
+    one = await (await client.post("/filter", data=filter_body(first, ["n1", "n2"]))).json()
+    two = await (await client.post("/filter", data=filter_body(second, ["n1", "n2"]))).json()
+    (taken,) = one["NodeNames"]
+    assert two["NodeNames"] == [{"n1": "n2", "n2": "n1"}[taken]], "not the node its predecessor will be bound to"
+    hold = cluster.hold_of(first["metadata"]["uid"])
+    assert hold is not None and hold.state is HoldState.ASSUMED and hold.allocation.node == taken
+    assert cluster.nodes[taken].used == [10], "counted, though nothing is written"
+
+
+async def test_the_bind_decides_again_and_reserves_where_the_filter_assumed(client_for: ClientFor) -> None:
+    cluster = two_one_gpu_nodes()
+    client = await client_for(make_service(cluster, policy=BEST))
+    pod = make_pod("p", gpu_mem=10)
+    (node,) = (await (await client.post("/filter", data=filter_body(pod, ["n1", "n2"]))).json())["NodeNames"]
+    reply = await (await client.post("/bind", data=bind_body(pod, node))).json()
+    assert reply["Error"] == ""
+    hold = cluster.hold_of(pod["metadata"]["uid"])
+    assert hold is not None and hold.state is not HoldState.ASSUMED and cluster.nodes[node].used == [10]
+
+
+async def test_a_pod_filtered_again_does_not_compete_with_its_own_assumption(client_for: ClientFor) -> None:
+    """One node with room for one such pod: a second filter of the same pod still finds it free."""
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
+    client = await client_for(make_service(cluster, policy=BEST))
+    pod = make_pod("p", gpu_mem=10)
+    for _ in range(2):
+        reply = await (await client.post("/filter", data=filter_body(pod, ["n1"]))).json()
+        assert reply["NodeNames"] == ["n1"], reply
+    assert cluster.nodes["n1"].used == [10], "held once"
+
+
+async def test_nothing_is_assumed_where_the_filter_passes_several_nodes(client_for: ClientFor) -> None:
+    """Under the fill policy every node that fits passes: which one kube-scheduler takes is not known here."""
+    cluster = two_one_gpu_nodes()
+    client = await client_for(make_service(cluster))
+    pod = make_pod("p", gpu_mem=10)
+    reply = await (await client.post("/filter", data=filter_body(pod, ["n1", "n2"]))).json()
+    assert sorted(reply["NodeNames"]) == ["n1", "n2"]
+    assert cluster.hold_of(pod["metadata"]["uid"]) is None
+
+
+def test_an_assumption_whose_bind_never_comes_is_dropped_and_not_counted_as_an_expiry() -> None:
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
+    clock = FakeClock()
+    ledger = Ledger(cluster, 60.0, clock, quotas_of(cluster))
+    assert ledger.assume(Allocation.uniform("uid-p", "default/p", "n1", (0,), 10))
+    assert not ledger.assume(Allocation.uniform("uid-q", "default/q", "n1", (0,), 10)), "no room left for another"
+    clock.advance(ASSUMED_TTL / 2)
+    assert ledger.expire() == [] and cluster.nodes["n1"].used == [10]
+    clock.advance(ASSUMED_TTL)
+    assert ledger.expire() == [], "an assumption is no reservation: nothing to report"
+    assert cluster.hold_of("uid-p") is None and cluster.nodes["n1"].used == [0]
+    assert "uid-p" not in cluster.abandoned, "nothing was written for it"
