@@ -11,6 +11,12 @@ connections by client processes written to be cheap. Rows:
 - `transport (hardened)`: the transport in the work tree.
 - `uvicorn`: uvicorn on httptools and uvloop with a bare ASGI callable (`pip install -e '.[bench]'`); left out,
   with a note, when uvicorn is not installed.
+- `aiohttp (do-nothing handler)`: aiohttp's server on uvloop, a handler that reads the body and answers the same
+  constant: the floor a Python extender on the usual stack could not go below, whatever it did with a request.
+- `extender filter`: the real `extender serve --cluster` (the default policy) over a generated cluster of as
+  many nodes (8 GPUs each, 30 % filled), answering the real filter of the captured pod asking 4 GiB (every node
+  fits, as `make bench`'s "filter" row): its rate over the aiohttp floor's is the figure issue 26 asks of a
+  filter over 1,000 names (at least 0.4).
 
 It reports requests/s achieved and microseconds of *server* CPU per request, read from the server's own CPU
 clock (/proc/<pid>/task/*/schedstat), which does not depend on how much CPU the clients left over. It only
@@ -40,6 +46,7 @@ from typing import Any
 
 import orjson
 
+from devtools.clustergen import generate, write
 from devtools.harness import HOST, die_with_parent, free_port, machine
 
 HERE = Path(__file__).resolve().parent
@@ -50,10 +57,21 @@ REPLY = b'{"NodeNames":[],"FailedNodes":{},"Error":""}'
 """What the null handler answers, in every server."""
 
 
-def request_body(names: int) -> bytes:
+def request_body(names: int | list[str], gpu_memory: str = "") -> bytes:
+    """A filter of the captured pod over these node names (or that many made-up ones); with `gpu_memory`, the
+    pod asks that much GPU memory instead of its own."""
     pod = orjson.loads((HERE / "pod.json").read_bytes())
-    node_names = [f"gpu-node-{index:05d}.k8s" for index in range(names)]
+    if gpu_memory:
+        for container in pod["spec"]["containers"]:
+            container["resources"].setdefault("limits", {})["aliyun.com/gpu-mem"] = gpu_memory
+    node_names = [node_name(index) for index in range(names)] if isinstance(names, int) else names
     return orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": node_names})
+
+
+def post(body: bytes) -> bytes:
+    head = f"POST /filter HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
 
 
 # --- the servers (each runs in its own process: `python -m bench.transport --serve KIND --port N`) --------
@@ -87,6 +105,40 @@ def serve_transport(path: Path, port: int) -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
+
+
+def serve_aiohttp(port: int) -> None:
+    import asyncio
+
+    import uvloop
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=REPLY, content_type="application/json")
+
+    async def main() -> None:
+        app = web.Application(client_max_size=32 * 1024 * 1024)
+        app.router.add_post("/filter", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, HOST, port).start()
+        await asyncio.Event().wait()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+
+
+def cluster_file(names: int, workdir: Path) -> tuple[Path, list[str]]:
+    """A cluster of `names` nodes of 8 GPUs of 16 to 80 GiB each, 30 % filled, and its nodes' names."""
+    objects = generate(names, fill=0.3, seed=1)
+    path = workdir / "cluster.yaml"
+    write(objects, path)
+    return path, [obj["metadata"]["name"] for obj in objects if obj["kind"] == "Node"]
+
+
+def node_name(index: int) -> str:
+    return f"gpu-node-{index:05d}.k8s"
 
 
 def serve_uvicorn(port: int) -> None:
@@ -129,13 +181,14 @@ class Served:
 @contextlib.contextmanager
 def running(label: str, kind: str) -> Iterator[Served]:
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.transport", "--serve", kind, "--port", str(port)],
-        cwd=ROOT,
-        preexec_fn=die_with_parent,
-    )
+    if kind.startswith("extender:"):
+        command = [sys.executable, "-m", "extender", "serve", "--cluster", kind.split(":", 1)[1], "--insecure-http"]
+        command += ["--host", HOST, "--port", str(port), "--log-level", "WARNING"]
+    else:
+        command = [sys.executable, "-m", "bench.transport", "--serve", kind, "--port", str(port)]
+    process = subprocess.Popen(command, cwd=ROOT, preexec_fn=die_with_parent)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120
         while True:
             with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
                 break
@@ -260,15 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.serve:
         if arguments.serve == "uvicorn":
             serve_uvicorn(arguments.port)
+        elif arguments.serve == "aiohttp":
+            serve_aiohttp(arguments.port)
         else:
             serve_transport(Path(arguments.serve), arguments.port)
         return 0
 
-    body = request_body(arguments.names)
-    request = (
-        f"POST /filter HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    request = post(request_body(arguments.names))
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as workdir:
         servers: list[tuple[str, str]] = []
@@ -284,13 +335,20 @@ def main(argv: list[str] | None = None) -> int:
             servers.append((f"uvicorn {uvicorn.__version__} (httptools, uvloop, bare ASGI)", "uvicorn"))
         else:
             notes.append("no uvicorn row: uvicorn is not installed (pip install -e '.[bench]')")
+        servers.append(("aiohttp (do-nothing handler)", "aiohttp"))
+        cluster, names = cluster_file(arguments.names, Path(workdir))
+        servers.append(("extender filter (default policy)", f"extender:{cluster}"))
+        # 4 GiB, as `make bench`'s "filter" row: every node has a GPU with that much free, so every name passes
+        # the fit and the time is the policy's (its "~half fail" row is the other case).
+        requests = {"extender filter (default policy)": post(request_body(names, gpu_memory="4"))}
         rows = {label: Row(label, [], []) for label, _ in servers}
         print(f"machine: {machine()}", file=sys.stderr, flush=True)
         for round_number in range(arguments.rounds):
             for label, kind in servers:
+                sent = requests.get(label, request)
                 with running(label, kind) as server:
-                    measure(server, request, 1, 1, 0.5)  # warm-up
-                    rate, cpu_us = measure(server, request, arguments.clients, arguments.connections, arguments.seconds)
+                    measure(server, sent, 1, 1, 0.5)  # warm-up
+                    rate, cpu_us = measure(server, sent, arguments.clients, arguments.connections, arguments.seconds)
                 rows[label].rates.append(rate)
                 rows[label].cpu_us.append(cpu_us)
                 print(f"  round {round_number + 1}: {label}: {rate:,.0f} req/s, {cpu_us:.1f} µs", file=sys.stderr)
@@ -303,6 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|")
     for row in rows.values():
         print(f"| {row.label} | {statistics.median(row.rates):,.0f} | {statistics.median(row.cpu_us):.1f} |")
+    floor, real = rows["aiohttp (do-nothing handler)"], rows["extender filter (default policy)"]
+    per_core = [1e6 / cpu for cpu in real.cpu_us], [1e6 / cpu for cpu in floor.cpu_us]
+    achieved = statistics.median(real.rates) / statistics.median(floor.rates)
+    per_cpu = statistics.median(per_core[0]) / statistics.median(per_core[1])
+    print(
+        f"\nThe real filter over the aiohttp floor: {achieved:.2f} of its requests/s, {per_cpu:.2f} of its requests "
+        "per second of server CPU (issue 26: at least 0.4)."
+    )
     for note in notes:
         print(f"\n- {note}")
     return 0

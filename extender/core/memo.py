@@ -2,15 +2,18 @@
 
 `Lru` is the one bounded map of the code base: every memory of "the most recent N" (pods filtered, demands
 asked, refusals, preemption offers) is one, so none can grow with the traffic. `FitIndex` and `NodeMemo` are
-kept current by the cache (`cache.py`) on every node change, so a filter reads answers instead of computing
-them; they never hold a stale answer.
+kept current by the cache (`cache.py`) on every node change, `SlotMemo` by the placement's `Learned`, so a
+filter reads answers instead of computing them; they never hold a stale answer.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
+
+import numpy as np
+import numpy.typing as npt
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -152,6 +155,60 @@ class NodeMemo:
     def forget(self, name: str) -> None:
         log = self._log
         log.append(name)
+        if len(log) > self.LOG_LIMIT:
+            half = len(log) // 2
+            del log[:half]
+            self._start += half
+
+
+class SlotMemo:
+    """Answers derived from node states as float arrays, one per question, indexed by the node's slot (a small
+    integer per node: `placement.arrays.NodeArrays.slot_of`); NaN where a node has no answer, or has changed
+    since it was answered. What `NodeMemo` is for one dict a question, for answers read a thousand at a time:
+    a filter gathers them by the slots of its names in one step (`values[slots]`), and finds the missing ones
+    with `isnan`, instead of probing a dict twice a name.
+
+    Dropped lazily as in `NodeMemo`: a change is one entry in a log, and a table sets the slots changed since it
+    was last read to NaN (in one step) when it is read next. Mutable.
+    """
+
+    LOG_LIMIT = 100_000
+
+    def __init__(self, limit: int = 64) -> None:
+        self._tables: Lru[str, list[Any]] = Lru(limit)
+        """Question name -> [its values, the log position it has seen up to]."""
+        self._log: list[int] = []
+        self._start = 0
+
+    @property
+    def limit(self) -> int:
+        return self._tables.limit
+
+    @limit.setter
+    def limit(self, limit: int) -> None:
+        self._tables.limit = limit
+
+    def table(self, question: Question[float], size: int) -> npt.NDArray[np.float64]:
+        """The question's values, at least `size` long (NaN where not answered or changed)."""
+        end = self._start + len(self._log)
+        entry = self._tables.setdefault_newest(question.name, lambda: [np.full(max(size, 64), np.nan), end])
+        values: npt.NDArray[np.float64] = entry[0]
+        if len(values) < size:
+            grown = np.full(max(size, 2 * len(values)), np.nan)
+            grown[: len(values)] = values
+            values = entry[0] = grown
+        seen: int = entry[1]
+        if seen < end:
+            if seen < self._start:
+                values.fill(np.nan)  # it fell behind what the log keeps
+            else:
+                values[self._log[seen - self._start :]] = np.nan
+            entry[1] = end
+        return values
+
+    def forget(self, slot: int) -> None:
+        log = self._log
+        log.append(slot)
         if len(log) > self.LOG_LIMIT:
             half = len(log) // 2
             del log[:half]

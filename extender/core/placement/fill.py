@@ -135,10 +135,12 @@ class Fill:
         self.cache = cache
         self.config = config
 
-    def narrow(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
+    def narrow(self, ask: Ask, names: list[str], states: Mapping[str, NodeState], slots: object = None) -> list[str]:
         return names
 
-    def warming(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> Iterator[None] | None:
+    def warming(
+        self, ask: Ask, names: list[str], states: Mapping[str, NodeState], slots: object = None
+    ) -> Iterator[None] | None:
         return None  # nothing to judge beyond the fit, which is cheap
 
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:

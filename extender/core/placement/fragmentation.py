@@ -10,6 +10,7 @@ A pod that asks its own strategy, or no GPU at bind, is placed by fill (`fill.py
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import compress
 from typing import Any
@@ -157,23 +158,21 @@ def placement_of(demand: Demand, state: NodeState, choice: Choice) -> Placement 
     return Placement((grants,), 0)
 
 
-def _values_table(ask: Ask, learned: Learned, states: Mapping[str, NodeState], classes: Classes) -> dict[str, float]:
-    """The table of what this ask adds to each node (see `fragmentation_values`): remembered in `learned.tables`
-    until the node changes or the typical shapes are rebuilt (a fresh one for nodes the scheduler sent whole)."""
-    if states is not learned.cache.nodes:
-        return {}
-    tables = learned.tables
-    tables.limit = max(8, TABLE_ENTRIES // max(len(states), 1))
-    return tables.table(Question(f"{ask.key}:{classes.version}"))
+def _values(ask: Ask, learned: Learned, classes: Classes) -> Floats:
+    """What this ask adds to each of the cache's nodes, by slot (NaN: not judged since the node changed):
+    remembered in `learned.values` until the node changes or the typical shapes are rebuilt."""
+    values = learned.values
+    values.limit = max(8, TABLE_ENTRIES // max(len(learned.cache.nodes), 1))
+    return values.table(Question(f"{ask.key}:{classes.version}"), learned.arrays.capacity)
 
 
 def _choices_table(ask: Ask, learned: Learned, states: Mapping[str, NodeState], classes: Classes) -> dict[str, Any]:
-    """Beside each value of `_values_table`, the GPUs the ask would take there (a `Choice`, or a row of GPU
-    positions from the arrays)."""
+    """Beside each value of `_values`, the GPUs the ask would take there (a `Choice`, or a row of GPU positions
+    from the arrays)."""
     if states is not learned.cache.nodes:
         return {}
     choices = learned.choices
-    choices.limit = learned.tables.limit
+    choices.limit = learned.values.limit
     return choices.table(Question(f"{ask.key}:{classes.version}"))
 
 
@@ -193,23 +192,36 @@ def choice_on(ask: Ask, state: NodeState, learned: Learned) -> Placement | None:
     return placement_of(ask.demand, state, found)
 
 
-def fragmentation_values(ask: Ask, names: list[str], learned: Learned, states: Mapping[str, NodeState]) -> list[float]:
+def fragmentation_values(
+    ask: Ask, names: Sequence[str], learned: Learned, states: Mapping[str, NodeState], slots: Ints | None = None
+) -> Floats:
     """What placing `ask` adds to each named node's fragmentation (`inf` for an unknown node, or one the ask does
     not fit), plus `FULLER` x the node's free GPU: below the rounding of the added fragmentation, so it only
-    orders nodes that add the same, the fuller first. Read in C when every node is remembered: a request over a
-    thousand names costs a dictionary lookup a name when little changed since the same ask was last seen (a
-    scan for the ones missing, "None in values", alone cost 0.1 us a name: a miss raises instead)."""
+    orders nodes that add the same, the fuller first.
+
+    For the cache's nodes, read from the ask's table by slot (`slots`, the names' slots when the caller has
+    them): one pass over the names in C to find their slots, the rest in arrays; only the nodes changed since
+    the ask was last judged (nearly always the node the last bind changed) are judged again."""
     classes = learned.classes()
-    table = _values_table(ask, learned, states, classes)
-    try:
-        return list(map(table.__getitem__, names))
-    except KeyError:
-        pass
-    judge_missing(ask, names, learned, states, classes, table)
-    return list(map(table.__getitem__, names))
+    if states is not learned.cache.nodes:
+        return judged(ask, names, learned, states, classes)
+    if slots is None:
+        slots = learned.arrays.slots_of(names)
+    table = _values(ask, learned, classes)
+    found = table[slots]
+    known = slots >= 0
+    missing = np.flatnonzero(np.isnan(found) & known)
+    if len(missing):
+        values = judged(ask, [names[index] for index in missing.tolist()], learned, states, classes)
+        table[slots[missing]] = values
+        found[missing] = values
+    found[~known] = np.inf
+    return found
 
 
-def warming(ask: Ask, names: Sequence[str], learned: Learned, states: Mapping[str, NodeState]) -> Iterator[None] | None:
+def warming(
+    ask: Ask, names: Sequence[str], learned: Learned, states: Mapping[str, NodeState], slots: Ints | None = None
+) -> Iterator[None] | None:
     """When what `ask` adds is missing on more of the named nodes than one slice judges (a new kind of pod, the
     typical shapes rebuilt, the first request after a start, nodes the scheduler never sent): an iterator that
     judges them a slice at a time, for its caller to give the event loop a turn after each; None when they are
@@ -218,15 +230,17 @@ def warming(ask: Ask, names: Sequence[str], learned: Learned, states: Mapping[st
     until its node changes; the filter that follows judges again what changed meanwhile."""
     if states is not learned.cache.nodes:
         return None
-    table = _values_table(ask, learned, states, learned.classes())
-    missing = [name for name in names if name not in table]
-    if len(missing) <= SCALAR_SLICE:  # one slice, whichever way they are judged: the common case
+    if slots is None:
+        slots = learned.arrays.slots_of(names)
+    missing = np.isnan(_values(ask, learned, learned.classes())[slots]) & (slots >= 0)
+    if np.count_nonzero(missing) <= SCALAR_SLICE:  # one slice, whichever way they are judged: the common case
         return None
+    unjudged = list(compress(names, missing.tolist()))
     in_arrays = ask.demand.is_zero or ask.demand.plain
-    codes = learned.arrays.rows_of(missing) if in_arrays else np.full(len(missing), -1, dtype=np.int64)
+    codes = learned.arrays.rows_of(unjudged) if in_arrays else np.full(len(unjudged), -1, dtype=np.int64)
     by_arrays = (codes >= 0).tolist()
-    arrays = list(compress(missing, by_arrays))
-    one_by_one = [name for name, batched in zip(missing, by_arrays, strict=True) if not batched]
+    arrays = list(compress(unjudged, by_arrays))
+    one_by_one = [name for name, batched in zip(unjudged, by_arrays, strict=True) if not batched]
     per_slice = max(1, ARRAY_SLICE // max(ask.demand.devices, 1))
     if len(arrays) / per_slice + len(one_by_one) / SCALAR_SLICE <= 1:
         return None
@@ -244,31 +258,26 @@ def _slices(
     chunks = [arrays[start : start + per_slice] for start in range(0, len(arrays), per_slice)]
     chunks += [one_by_one[start : start + SCALAR_SLICE] for start in range(0, len(one_by_one), SCALAR_SLICE)]
     for chunk in chunks:
-        classes = learned.classes()  # a rebuild meanwhile: the slices go on for the new build
-        judge_missing(ask, chunk, learned, states, classes, _values_table(ask, learned, states, classes))
+        fragmentation_values(ask, chunk, learned, states)  # judges what of it is still missing
         yield
 
 
-def judge_missing(
-    ask: Ask,
-    names: Sequence[str],
-    learned: Learned,
-    states: Mapping[str, NodeState],
-    classes: Classes,
-    table: dict[str, float],
-) -> None:
-    """Put in `table` what placing `ask` adds to each named node it lacks: in arrays for the cache's nodes of a
-    kind numerous enough to pay for them (`batch.py`, over the rows `arrays.py` keeps), one by one for the rest;
-    the same numbers either way. The names become rows at C speed (`NodeArrays.rows_of`): a new kind of pod over
-    5,000 nodes spends its time in the arithmetic, not in finding the nodes."""
-    missing = [name for name in names if name not in table] if table else list(names)
+def judged(
+    ask: Ask, names: Sequence[str], learned: Learned, states: Mapping[str, NodeState], classes: Classes
+) -> Floats:
+    """What placing `ask` adds to each named node (`inf` where it does not fit, or the node is unknown or not
+    Ready), judged now: in arrays for the cache's nodes of a kind numerous enough to pay for them (`batch.py`,
+    over the rows `arrays.py` keeps), one by one for the rest; the same numbers either way. The GPUs each would
+    take are remembered beside (`choice_on`)."""
+    choices = _choices_table(ask, learned, states, classes)
+    if len(names) < BATCH_NODES:  # the common case, a node or two that changed: no arrays to set up
+        return np.array([_judge_one(ask, name, learned, states, classes, choices) for name in names], dtype=np.float64)
     arrays = learned.arrays
     in_arrays = states is learned.cache.nodes and (ask.demand.is_zero or ask.demand.plain)
-    codes = arrays.rows_of(missing) if in_arrays else np.full(len(missing), -1, dtype=np.int64)
-    added = np.full(len(missing), np.inf)
-    choices = _choices_table(ask, learned, states, classes)
+    codes = arrays.rows_of(names) if in_arrays else np.full(len(names), -1, dtype=np.int64)
+    added = np.full(len(names), np.inf)
     by_kind = codes >> ROW_BITS
-    judged = np.zeros(len(missing), dtype=np.bool_)
+    done = np.zeros(len(names), dtype=np.bool_)
     for number in np.unique(by_kind[codes >= 0]).tolist():
         rows = arrays.numbered[number]
         mine = by_kind == number
@@ -286,17 +295,31 @@ def judge_missing(
             classes,
         )
         added[mine] = rounded(then - was, DIGITS) + FULLER * rows.free_gpus[index]
-        judged |= mine
+        done |= mine
         if not ask.demand.is_zero:
-            choices.update(zip(compress(missing, mine.tolist()), chosen, strict=True))
-    table.update(zip(missing, added.tolist(), strict=True))
-    for name in compress(missing, (~judged).tolist()):
-        state = states.get(name)
-        if state is not None and state.known and state.ready:
-            scalar = added_fragmentation(ask, state, learned, classes)
-            if scalar is not None:
-                table[name] = scalar[0] + FULLER * state.free_gpus
-                choices[name] = scalar[1]
+            choices.update(zip(compress(names, mine.tolist()), chosen, strict=True))
+    for index in np.flatnonzero(~done).tolist():
+        added[index] = _judge_one(ask, names[index], learned, states, classes, choices)
+    return added
+
+
+def _judge_one(
+    ask: Ask,
+    name: str,
+    learned: Learned,
+    states: Mapping[str, NodeState],
+    classes: Classes,
+    choices: dict[str, Any],
+) -> float:
+    """`judged` the scalar way, for one node (`added_fragmentation`)."""
+    state = states.get(name)
+    if state is None or not state.known or not state.ready:
+        return math.inf
+    scalar = added_fragmentation(ask, state, learned, classes)
+    if scalar is None:
+        return math.inf
+    choices[name] = scalar[1]
+    return scalar[0] + FULLER * state.free_gpus
 
 
 def _befores(rows: KindRows, index: Ints, classes: Classes) -> Floats:
@@ -319,18 +342,22 @@ class Fragmentation:
         self.learned = learned
         self.fill = fill
 
-    def narrow(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
+    def narrow(
+        self, ask: Ask, names: list[str], states: Mapping[str, NodeState], slots: Ints | None = None
+    ) -> list[str]:
         """Of the nodes that fit, those the filter passes (`narrowing.narrowed`)."""
         if self.config.narrowing is Narrowing.OFF or len(names) < 2:
             return names
-        values = fragmentation_values(ask, names, self.learned, states)
+        values = fragmentation_values(ask, names, self.learned, states, slots)
         return narrowed(names, values, states, self.config, ask.demand.is_zero)
 
-    def warming(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> Iterator[None] | None:
+    def warming(
+        self, ask: Ask, names: list[str], states: Mapping[str, NodeState], slots: Ints | None = None
+    ) -> Iterator[None] | None:
         """What `narrow` would judge afresh, in slices, when that is much (`warming`)."""
         if self.config.narrowing is Narrowing.OFF or len(names) < 2:
             return None
-        return warming(ask, names, self.learned, states)
+        return warming(ask, names, self.learned, states, slots)
 
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:
         """The GPUs where the pod adds least (by fill for a pod that asks none, or whose ask is unknown): as the
@@ -355,6 +382,6 @@ class Fragmentation:
                 return [host_priority(best[0], MAX_EXTENDER_PRIORITY)]
             chosen = set(best)
             return [host_priority(name, MAX_EXTENDER_PRIORITY) for name in names if name in chosen]
-        values = fragmentation_values(ask, names, self.learned, states)
+        values = fragmentation_values(ask, names, self.learned, states).tolist()
         ranked = scores(values, self.config.tolerance)
         return shifted([host_priority(name, score) for name, score in zip(names, ranked, strict=True)])

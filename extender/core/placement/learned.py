@@ -1,10 +1,10 @@
 """What the placement policy learns from the cache, and what it remembers of the nodes between requests.
 
-`Learned` listens to the cache (`cache.Listener`): each pod that appears there for the first time is one
-observation of its shape for the learned workload (`workload.py`), and so is a pod a filter asks about before
-the watch shows it (`asked`), once. On every change of a node it forgets what it remembered of that node: the
-node as the measure sees it (`room`), its measure (`measure`) and what each pod ask would add to it (`tables`,
-read by `fragmentation.py`). Built over a cache that already holds pods (a cluster file, a restart's first
+`Learned` listens to the cache (`cache.Listener`): each pod that appears there for the first time is one observation of
+its shape for the learned workload (`workload.py`), and so is a pod a filter asks about before the watch shows it
+(`asked`), once. On every change of a node it forgets what it remembered of that node: the node as the measure sees it
+(`room`), its measure (`measure`), what each pod ask would add to it (`values`) and which GPUs it would take
+(`choices`), read by `fragmentation.py`. Built over a cache that already holds pods (a cluster file, a restart's first
 list), it learns them first, as the cache had shown them one by one.
 
 The cache tells; it never calls in here by name. Mutable; single-threaded like the cache.
@@ -13,7 +13,7 @@ The cache tells; it never calls in here by name. Mutable; single-threaded like t
 from __future__ import annotations
 
 from extender.core.cache import Cache
-from extender.core.memo import Lru, NodeMemo
+from extender.core.memo import Lru, NodeMemo, SlotMemo
 from extender.core.nodes import NodeState
 from extender.core.placement.arrays import NodeArrays
 from extender.core.placement.measure import FragmentMemo, Room, room_of
@@ -34,10 +34,10 @@ class Learned:
         """The shapes of the pods seen, learned as each first appears."""
         self.fragments = FragmentMemo()
         """Fragmentation by node state, for the typical shapes of the last build (`measure.py`)."""
-        self.tables = NodeMemo()
-        """What placing each pod ask adds to each node's fragmentation (`fragmentation.fragmentation_values`)."""
+        self.values = SlotMemo()
+        """What placing each pod ask adds to each node's fragmentation, by node slot (`fragmentation.py`)."""
         self.choices = NodeMemo()
-        """The GPUs each pod ask would take on each node, beside `tables` (what an assumption holds: `assume.py`)."""
+        """The GPUs each pod ask would take on each node, beside `values` (what an assumption holds: `assume.py`)."""
         self._asked: Lru[str, bool] = Lru(ASKED_LIMIT)
         """Pods learned from a filter request before the cache had them (`asked`), so they count once."""
         self._rooms: dict[str, Room] = {}
@@ -110,11 +110,13 @@ class Learned:
 
     def node_changed(self, state: NodeState) -> None:
         self._forget(state.name)
-        self.arrays.update(state)
+        self.values.forget(self.arrays.update(state))
 
     def node_forgotten(self, name: str) -> None:
         self._forget(name)
-        self.arrays.forget(name)
+        slot = self.arrays.forget(name)
+        if slot is not None:
+            self.values.forget(slot)
 
     def pod_arrived(self, record: PodRecord) -> None:
         if self._asked.pop(record.uid, None) is None:
@@ -122,7 +124,6 @@ class Learned:
             self.workload.observe(shape, self.cache.clock())
 
     def _forget(self, name: str) -> None:
-        self.tables.forget(name)
         self.choices.forget(name)
         self._rooms.pop(name, None)
         self._measured.pop(name, None)

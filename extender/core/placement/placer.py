@@ -16,6 +16,7 @@ from extender.core.cache import Cache
 from extender.core.contract import HostPriorityEntry
 from extender.core.devices import Demand
 from extender.core.nodes import NodeState
+from extender.core.placement.batch import Ints
 from extender.core.placement.config import Ask, Policy, PolicyConfig
 from extender.core.placement.fill import Fill
 from extender.core.placement.filtering import FilterOutcome, filter_cached
@@ -28,10 +29,15 @@ from extender.core.placement.learned import Learned
 class PolicyRules(Protocol):
     """One placement policy's answers. `ask` is None where the pod's cpu and memory are unknown."""
 
-    def narrow(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
-        """Of the nodes that fit (at least two), those the filter passes: every one, or the best."""
+    def narrow(
+        self, ask: Ask, names: list[str], states: Mapping[str, NodeState], slots: Ints | None = None
+    ) -> list[str]:
+        """Of the nodes that fit (at least two), those the filter passes: every one, or the best. `slots`: the
+        names' slots (`arrays.NodeArrays.slots_of`) when the caller has them."""
 
-    def warming(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> Iterator[None] | None:
+    def warming(
+        self, ask: Ask, names: list[str], states: Mapping[str, NodeState], slots: Ints | None = None
+    ) -> Iterator[None] | None:
         """The work `narrow` would do on these nodes, in slices, when it is too much for one turn of the event
         loop (None when it is not)."""
 
@@ -116,16 +122,37 @@ class Placer:
         admit: Callable[[FilterOutcome], None] | None,
         defer: bool,
     ) -> FilterOutcome | Warming:
-        outcome = filter_cached(demand, names, states, self.cache, self.cache.protocol.unit, pod)
+        slots = self._slots(names, states, ask)
+        if slots is not None and demand.plain and demand.devices == 1 and self._all_fit(demand, slots):
+            outcome = FilterOutcome(passed=names)  # every name a node of the cache that takes it: one array step
+        else:
+            outcome = filter_cached(demand, names, states, self.cache, self.cache.protocol.unit, pod)
         if admit is not None:
             admit(outcome)
         if ask is not None and len(outcome.passed) > 1:
             rules = self.rules(demand)
-            steps = rules.warming(ask, outcome.passed, states) if defer else None
+            given = slots if slots is not None and outcome.passed is names else None
+            steps = rules.warming(ask, outcome.passed, states, given) if defer else None
             if steps is not None:
                 return Warming(steps)
-            outcome.passed = rules.narrow(ask, outcome.passed, states)
+            outcome.passed = rules.narrow(ask, outcome.passed, states, given)
         return outcome
+
+    def _slots(self, names: list[Any], states: Mapping[str, NodeState], ask: Ask | None) -> Ints | None:
+        """The names' slots, where what follows reads arrays by slot: names of the cache's nodes, for a pod whose
+        ask is known (None for a name that cannot be a node's: the slow path checks and reports it)."""
+        if ask is None or states is not self.cache.nodes:
+            return None
+        try:
+            return self.learned.arrays.slots_of(names)
+        except TypeError:
+            return None
+
+    def _all_fit(self, demand: Demand, slots: Ints) -> bool:
+        """Whether every slot is a node that takes this plain one-GPU demand now (its largest free GPU)."""
+        if not len(slots) or int(slots.min()) < 0:
+            return False
+        return bool((self.learned.arrays.fit_free[slots] >= demand.per_device).all())
 
     def prioritize(
         self, demand: Demand, names: list[str], states: Mapping[str, NodeState], ask: Ask | None = None

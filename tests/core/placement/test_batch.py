@@ -12,7 +12,6 @@ import pytest
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand
-from extender.core.memo import Question
 from extender.core.placement import fragmentation
 from extender.core.placement.arrays import NodeArrays
 from extender.core.placement.batch import after, kind_of, measures, rounded
@@ -22,7 +21,8 @@ from extender.core.placement.fragmentation import (
     DIGITS,
     FULLER,
     added_fragmentation,
-    judge_missing,
+    fragmentation_values,
+    judged,
     warming,
 )
 from extender.core.placement.learned import Learned
@@ -121,7 +121,7 @@ def test_what_a_pod_adds_and_the_gpus_it_gets_in_arrays_are_the_scalar_ones(seed
 
 @pytest.mark.parametrize("seed", range(3))
 def test_a_filters_table_is_the_same_whichever_way_its_nodes_are_judged(seed: int) -> None:
-    """Every node of a kind numerous enough goes the array way in `judge_missing`; one by one, the same table."""
+    """Every node of a kind numerous enough goes the array way in `judged`; one by one, the same values."""
     rng = random.Random(seed)
     cache, learned = random_cluster(rng, 200, (4, 8), (40,))
     classes = learned.classes()
@@ -129,8 +129,7 @@ def test_a_filters_table_is_the_same_whichever_way_its_nodes_are_judged(seed: in
     assert any(rows.size >= BATCH_NODES for rows in learned.arrays.kinds.values()), "the array way is taken"
     for _ in range(10):
         ask = random_ask(rng)
-        table: dict[str, float] = {}
-        judge_missing(ask, names, learned, cache.nodes, classes, table)
+        table = dict(zip(names, judged(ask, names, learned, cache.nodes, classes).tolist(), strict=True))
         for name in names:
             state = cache.nodes.get(name)
             scalar = added_fragmentation(ask, state, learned, classes) if state is not None else None
@@ -190,8 +189,7 @@ def test_many_nodes_to_judge_afresh_are_judged_a_slice_at_a_time_with_the_same_n
     steps = warming(ask, names, learned, cache.nodes)
     assert steps is not None
     assert sum(1 for _ in steps) == math.ceil(200 / 30)
-    sliced = dict(learned.tables.table(Question(f"{ask.key}:{classes.version}")))
-    whole: dict[str, float] = {}
-    judge_missing(ask, names, learned, {name: cache.nodes[name] for name in names}, classes, whole)
+    sliced = fragmentation_values(ask, names, learned, cache.nodes).tolist()
+    whole = judged(ask, names, learned, {name: cache.nodes[name] for name in names}, classes).tolist()
     assert sliced == whole
     assert warming(ask, names, learned, cache.nodes) is None, "nothing left to judge"
