@@ -81,11 +81,12 @@ def _settings(arguments: argparse.Namespace, check: bool = True) -> Settings:
 
 
 def _serve(arguments: argparse.Namespace) -> int:
-    from extender.app import event_loop_factory, file_service, serve, serve_live, server_tls
+    from extender.app import event_loop_factory, file_service, keep_collections_short, serve, serve_live, server_tls
     from extender.sources.kube.config import ConfigError, load_config
 
     current = _settings(arguments)
     setup_logging(current.log_level, current.log_format)
+    keep_collections_short()
     tls = server_tls(current)  # before loading anything: a bad certificate fails at once
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         if current.cluster:

@@ -19,6 +19,10 @@ from extender.service.routing import Request, Response, Route, Router, internal_
 log = logging.getLogger(__name__)
 
 
+_CLOSED = object()
+"""What a closed connection's parser calls back: nothing (it is never fed again)."""
+
+
 class _Stop(Exception):
     """Raised from a parser callback once the request is refused: the parser must read no further."""
 
@@ -123,6 +127,10 @@ class Connection(asyncio.Protocol):
         self.closing = True
         self.server.connections.discard(self)
         self._drop()
+        # Let go of what refers back to this connection (its transport, the parser calling it back): so it is
+        # freed by its reference count, even when the collector has frozen it as long-lived (app.py).
+        self.transport = None
+        self.parser = httptools.HttpRequestParser(_CLOSED)
 
     def _drop(self) -> None:
         """Forget everything this connection holds; what its client sent is no longer wanted."""
