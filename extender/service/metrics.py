@@ -204,10 +204,11 @@ class Metrics:
         )
         self.loop_lag_max = Gauge(
             "extender_event_loop_lag_max_seconds",
-            "The longest the event loop was held since the process started, as the probe saw it.",
+            "The longest the event loop was held since the previous scrape of /metrics, as the probe saw it.",
             registry=self.registry,
         )
         self.loop_lag_worst = 0.0
+        """The longest lateness since the previous scrape (`_render_own` starts it over)."""
         self.cache_nodes = Gauge("extender_cache_nodes", "Nodes in the cache.", registry=self.registry)
         self.cache_pods = Gauge("extender_cache_pods", "Pods in the cache.", registry=self.registry)
         # The labelled children, bound once: `labels()` on every request costs more than the increment.
@@ -223,9 +224,7 @@ class Metrics:
     def observe(self, seconds: float) -> None:
         """One probe of the event loop's lateness (`service/lag.py`)."""
         self.loop_lag_seconds.observe(seconds)
-        if seconds > self.loop_lag_worst:
-            self.loop_lag_worst = seconds
-            self.loop_lag_max.set(seconds)
+        self.loop_lag_worst = max(self.loop_lag_worst, seconds)
 
     def add_listener(self, name: str, server: Listener) -> None:
         """Report a listener's refused connections, failed handshakes, missed deadlines and open connections
@@ -260,6 +259,8 @@ class Metrics:
         )
 
     def _render_own(self, cluster: Cache, quotas: Quotas) -> bytes:
+        self.loop_lag_max.set(self.loop_lag_worst)
+        self.loop_lag_worst = 0.0  # the next scrape reports the longest since this one
         counts = dict.fromkeys(HoldState, 0)
         for hold in cluster.reserved.values():
             counts[hold.state] += 1
