@@ -11,6 +11,7 @@ A pod that asks its own strategy, or no GPU at bind, is placed by fill (`fill.py
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import compress
 from typing import Any
@@ -23,13 +24,20 @@ from extender.core.holds import Grant
 from extender.core.memo import Question
 from extender.core.nodes import NodeState
 from extender.core.placement.arrays import ROW_BITS, KindRows
-from extender.core.placement.batch import Floats, Ints, after, measures, rounded
+from extender.core.placement.batch import Floats, Ints, Kind, after, kind_of, measures, rounded
 from extender.core.placement.config import Ask, Narrowing, PolicyConfig
 from extender.core.placement.fill import Fill, shifted
 from extender.core.placement.fit import Judgement, Placement, place
 from extender.core.placement.judge import usage_of
 from extender.core.placement.learned import Learned
-from extender.core.placement.measure import FragmentMemo, GpuRoom, gpu_room
+from extender.core.placement.measure import (
+    UNLIMITED,
+    FragmentMemo,
+    GpuRoom,
+    gpu_room,
+    uniform_measure,
+    uniform_measurer,
+)
 from extender.core.placement.narrowing import narrowed, scores
 from extender.core.placement.workload import Classes
 
@@ -42,12 +50,13 @@ last bits, and equal nodes must tie (then the fullest, then the first by name, w
 FULLER = 1e-12
 """Weight of a node's free GPU in the values `narrow` compares: at most 256 GPUs x 1e-12 < 1e-9 (`DIGITS`), so it
 orders only the nodes that add the same fragmentation."""
-ARRAY_SLICE = 5_000
+ARRAY_SLICE = 2_500
 """Nodes judged in arrays between two turns of the event loop (`warming`), for a pod asking one GPU (a pod asking
-n GPUs takes n steps a node: n times fewer nodes a slice): about 12 ms at 8 GPUs a node on the developers'
-2-core machine, where the 50 ms that no request may hold the loop leaves room for a slower one."""
+n GPUs takes n steps a node: n times fewer nodes a slice): 11-13 ms at 8 GPUs a node on the developers'
+2-core machine (measured), where the 50 ms that no request may hold the loop leaves room for a slower one and
+for the requests waiting between two slices."""
 SCALAR_SLICE = 150
-"""Nodes judged one by one between two turns: about 15 ms."""
+"""Nodes judged one by one between two turns: about 12 ms for HAMi's nodes of 8 GPUs (measured)."""
 BATCH_NODES = 16
 """Nodes of one kind from which they are judged in arrays (`batch.py`): below, numpy's fixed cost per call
 (about 40 calls per typical shape) outweighs the Python it saves."""
@@ -63,6 +72,10 @@ def added_fragmentation(
     adds least; None when the ask does not fit on the node's GPUs now. Equal values go to the GPU with the least
     free memory (binpack), then the lower index. Pure: the node is not changed."""
     classes = classes if classes is not None else learned.classes()
+    if ask.demand.is_zero or ask.demand.plain:
+        kind = kind_of(state)
+        if kind is not None:
+            return _uniform_added(ask, state, kind, learned, classes)
     memo = learned.fragments
     room = learned.room(state)
     before = learned.measure(state, classes)
@@ -79,6 +92,58 @@ def added_fragmentation(
         return None
     value, choice = chosen
     return round(value - before, DIGITS), choice
+
+
+def _uniform_added(
+    ask: Ask, state: NodeState, kind: Kind, learned: Learned, classes: Classes
+) -> tuple[float, Choice] | None:
+    """`added_fragmentation` of a plain demand (or none) on a node whose GPUs are all of one kind: the steps of
+    `_plain_choice` on plain lists of free memory (`measure.uniform_measure`), the same numbers and GPUs."""
+    _, capacity, model = kind
+    free = state.free
+    cpu0 = state.cpu_allocatable - state.cpu_requested if state.cpu_allocatable else UNLIMITED
+    memory0 = state.memory_allocatable - state.memory_requested if state.memory_allocatable else UNLIMITED
+    current = list(free)  # a GPU out of slots has none free already (`NodeState.free`)
+    before = learned.remembered(state, classes)
+    if before is None:
+        before = uniform_measure(sorted(free), cpu0, memory0, capacity, model, classes)
+        learned.remember(state, classes, before)
+    measure = uniform_measurer(len(free), cpu0 - ask.cpu, memory0 - ask.memory, capacity, model, classes)
+    demand = ask.demand
+    if demand.is_zero:
+        return round(measure(sorted(current)) - before, DIGITS), None
+    need = demand.per_device
+    taken: list[int] = []
+    value = 0.0
+    for _ in range(demand.devices):
+        base = sorted(current)
+        best: tuple[float, int, int] | None = None
+        tried: set[int] = set()
+        for position, available in enumerate(free):
+            if available < need or position in taken or current[position] in tried:
+                continue  # a GPU in the same state as one tried gives the same value: the lower index stands
+            tried.add(current[position])
+            trial = base.copy()
+            del trial[bisect_left(trial, current[position])]
+            insort(trial, _free_after(state, position, need))
+            rank = (measure(trial), available, position)
+            if best is None or rank < best:
+                best = rank
+        if best is None:
+            return None
+        value, _, position = best
+        taken.append(position)
+        current[position] = _free_after(state, position, need)
+    return round(value - before, DIGITS), tuple(sorted(taken))
+
+
+def _free_after(state: NodeState, position: int, memory: int) -> int:
+    """What a GPU of a uniform node has free once a pod takes `memory` more on it, none when that pod takes its
+    last slot (`measure.gpu_room`'s free: the same rule, without the tuple)."""
+    device = state.devices[position]
+    if device.slots and state.used_slots[position] + 1 >= device.slots:
+        return 0
+    return max(state.free[position] - memory, 0)
 
 
 def _plain_choice(

@@ -26,7 +26,17 @@ from extender.core.placement.fragmentation import (
     warming,
 )
 from extender.core.placement.learned import Learned
-from tests.builders import PROFILE, bound_pod, learned_of, make_node, make_pod
+from extender.core.placement.measure import FragmentMemo, gpu_room, uniform_measure
+from tests.builders import (
+    HAMI,
+    PROFILE,
+    bound_pod,
+    learned_of,
+    make_hami_node,
+    make_node,
+    make_pod,
+    running_hami_pod,
+)
 
 NODES = 120
 
@@ -193,3 +203,48 @@ def test_many_nodes_to_judge_afresh_are_judged_a_slice_at_a_time_with_the_same_n
     whole = judged(ask, names, learned, {name: cache.nodes[name] for name in names}, classes).tolist()
     assert sliced == whole
     assert warming(ask, names, learned, cache.nodes) is None, "nothing left to judge"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_lean_way_for_nodes_of_one_kind_gives_the_general_ways_numbers_and_gpus(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`added_fragmentation` takes plain lists of free memory for a node whose GPUs are all of one kind
+    (`_uniform_added`); told no node is (`kind_of` answering None), it takes the general way over `GpuRoom`s. The
+    node's measure before (remembered by whichever way came first) is compared on its own."""
+    rng = random.Random(seed)
+    _, learned = random_cluster(rng)
+    classes = learned.classes()
+    states = [state for rows in learned.arrays.kinds.values() for state in rows.states]
+    asks = [random_ask(rng) for _ in range(25)]
+    for state in states:
+        frees = sorted(gpu_room(state, position)[0] for position in range(len(state.devices)))
+        room, (_, capacity, model) = learned.room(state), kind_of(state)
+        assert uniform_measure(frees, room.cpu, room.memory, capacity, model, classes) == FragmentMemo().of(
+            room, classes
+        ), state.name
+    lean = [added_fragmentation(ask, state, learned, classes) for ask in asks for state in states]
+    monkeypatch.setattr(fragmentation, "kind_of", lambda state: None)
+    general = [added_fragmentation(ask, state, learned, classes) for ask in asks for state in states]
+    assert sum(value is not None for value in lean) > len(lean) // 4, "enough asks fit to compare"
+    assert lean == general
+
+
+def test_a_gpu_out_of_slots_counts_as_full_in_the_lean_way_as_in_the_general_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HAMi GPUs registered without compute (devcore 0) are of one kind; a pod given the last slot of a GPU leaves
+    memory there that no pod can have, and both ways must count it as none."""
+    cluster = Cache(HAMI, clock=lambda: 1_800_000_000.0)  # one clock: the two learnings below build alike
+    cluster.replace(
+        [make_hami_node("h", gpus=4, cores=0, split=2)],
+        [running_hami_pod("a", "h", 0, 1000, 0), running_hami_pod("b", "h", 1, 1000, 0)],
+    )
+    state = cluster.nodes["h"]
+    assert kind_of(state) is not None and state.used_slots[:2] == [1, 1]
+    asks = [Ask(Demand(0), 1000, 1 << 30)]
+    asks += [Ask(Demand(memory * gpus, gpus), 1000, 1 << 30) for memory in (1000, 20000, 39000) for gpus in (1, 2, 3)]
+    lean = [added_fragmentation(ask, state, Learned(cluster)) for ask in asks]
+    monkeypatch.setattr(fragmentation, "kind_of", lambda state: None)
+    general = [added_fragmentation(ask, state, Learned(cluster)) for ask in asks]
+    assert lean == general
