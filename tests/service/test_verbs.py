@@ -109,12 +109,24 @@ async def test_unknown_routes_and_methods_answer_json(client_for: ClientFor) -> 
 
 async def test_an_unknown_node_name_is_a_reason_not_a_failure(client_for: ClientFor) -> None:
     client = await client_for(make_service(make_cluster(make_node("n1"))))
-    response = await client.post("/filter", data=orjson.dumps(filter_body(names=["n1", "ghost"])))
+    response = await client.post("/filter", data=orjson.dumps(filter_body(names=["ghost"])))
     reply = await response.json()
     assert response.status == 200
-    assert reply["NodeNames"] == ["n1"]
+    assert reply["NodeNames"] == []
     assert reply["FailedNodes"] == {"ghost": "node is not in the extender's cache (yet)"}
     assert reply["Error"] == ""
+
+
+async def test_with_a_node_passed_the_nodes_refused_are_counted_and_left_out_of_the_reply(
+    client_for: ClientFor,
+) -> None:
+    """kube-scheduler reads refusals only for a pod it cannot place: with one passed they would be sent for
+    nothing (a thousand reasons to encode and decode)."""
+    client = await client_for(make_service(make_cluster(make_node("n1"))))
+    reply = await (await client.post("/filter", data=orjson.dumps(filter_body(names=["n1", "ghost"])))).json()
+    assert (reply["NodeNames"], reply["FailedNodes"], reply["FailedAndUnresolvableNodes"]) == (["n1"], {}, {})
+    metrics = await (await client.get("/metrics")).text()
+    assert 'extender_filter_rejections_total{cause="not_in_cache"} 1.0' in metrics
 
 
 async def test_prioritize_leaves_out_the_nodes_that_score_0(client_for: ClientFor) -> None:
