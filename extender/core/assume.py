@@ -1,15 +1,18 @@
 """Assumptions: the node a filter passed alone, held for its pod until its bind comes (`holds.HoldState.ASSUMED`).
 
-Why. kube-scheduler tells an extender nothing of what it decided after a filter: it assumes the pod on the node
-in its own cache and binds it later, asynchronously, while it filters the next pods. Under the fragmentation
-policy the filter passes the one best node, and for a burst of pods of one kind that is the same node for each
-until the first bind lands: the binds then find it full, fail, and kube-scheduler retries those pods (3 % of
-the binds of `make loadtest` before this). So when a filter passes one node, the GPUs its pod would take there
-are counted as the bind will count them (the same choice: `Placer.choose`), and the next filters judge the node
-as taken. The bind releases the assumption and decides again on the node as it is (`binding.py`); a filter of
-the same pod releases it first, so a pod never competes with itself; one whose bind does not come within
-`ledger.ASSUMED_TTL` is dropped. Nothing is written for an assumption: a restart forgets them, which costs only
-the protection.
+Why. kube-scheduler tells an extender nothing of what it decided after a filter: it assumes the pod on the node in its
+own cache and binds it later, asynchronously, while it filters the next pods. Under the fragmentation policy the filter
+passes the one best node, and for a burst of pods of one kind that is the same node for each until the first bind lands:
+the binds then find it full, fail, and kube-scheduler retries those pods (3 % of the binds of `make loadtest` before
+this). So when a filter passes one node, the GPUs its pod would take there are counted as the bind will count them (the
+same choice: `Placer.choose`), and the next filters judge the node as taken. The bind takes the assumption as its
+decision when its node is as the filter left it, else releases it and decides again on the node as it is (`binding.py`);
+a filter of the same pod releases it first, so a pod never competes with itself; one whose bind does not come within
+`ledger.ASSUMED_TTL` is dropped. Nothing is written for an assumption: a restart forgets them, which costs only the
+protection.
+
+Taken as the decision only when the bind comes to that node and neither the node nor the typical shapes changed
+since (`Ledger.take_assumed`): then choosing again would give the same GPUs, and a bind need not choose twice.
 
 Only where the filter passed one node: when it passes several, kube-scheduler's own scores choose, and which
 one is not known here.
@@ -34,4 +37,4 @@ def assume(uid: str, pod: str, node: str, demand: Demand, ask: Ask, placer: Plac
     placed = placer.choose(demand, state, ask)
     if placed is None:
         return False
-    return ledger.assume(Allocation(uid, pod, node, placed.containers, placed.init_containers))
+    return ledger.assume(Allocation(uid, pod, node, placed.containers, placed.init_containers), placer.build())

@@ -10,7 +10,8 @@ This is where the ledger's rules meet I/O (DESIGN §3). Under the node's lock, i
    cache counts; to another node, it is released and the pod decided afresh, unless that binding may still
    land.
 4. **A new allocation:** the policy chooses devices and the ledger reserves them (check and record in one
-   step).
+   step); or, when the pod's filter assumed it on this node and neither the node nor the typical shapes changed
+   since, what it assumed is reserved as it is (the policy would choose it again: `assume.py`).
 Then, with the node's lock released, the `Binder` (the file source's, or the API's) writes the annotations
 and the binding. The decision needs no await, so the lock orders decisions, not writes: binds to one node
 (binpack sends consecutive pods to the same node) write concurrently, each with the memory its reservation
@@ -261,6 +262,9 @@ def _decide(request: BindRequest, context: BindContext) -> BindOutcome | Write:
         return Write(pod, None, state)
     hold = context.cache.hold_of(request.uid)
     if hold is not None and hold.state is HoldState.ASSUMED:  # its filter's assumption: now decided for real
+        taken = context.ledger.take_assumed(request.uid, request.node, context.placer.build())
+        if taken is not None:
+            return Write(pod, taken, state)
         context.ledger.unassume(request.uid)
         hold = None
     if hold is not None and not hold.observed:

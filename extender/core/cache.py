@@ -81,6 +81,8 @@ class Cache:
         self.fit_index = FitIndex()
         self.memo = NodeMemo()
         self._batch: dict[str, NodeState] | None = None
+        self._changes = 0
+        """Changes made to any node so far: each node's `NodeState.change` is this count at its last one."""
         self._locks: dict[str, NodeLock] = {}
         """Every node lock the API shows, fresh or not, by node."""
         self._offered: dict[str, tuple[Device, ...]] = {}
@@ -103,6 +105,8 @@ class Cache:
             self._batch[state.name] = state
             return
         state.cpu_requested, state.memory_requested = self._requested.get(state.name) or (0, 0)
+        self._changes += 1
+        state.change = self._changes
         state.refresh()
         self.fit_index.update(state)
         self.memo.forget(state.name)

@@ -20,6 +20,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 
 from extender.core.cache import Cache
 from extender.core.holds import Allocation, Hold, HoldState
@@ -113,14 +114,38 @@ class Ledger:
         over_quota = self.quotas.admits(allocation, state.devices) if self.quotas is not None else None
         return over_quota.reason if over_quota is not None else None
 
-    def assume(self, allocation: Allocation) -> bool:
+    def assume(self, allocation: Allocation, build: int) -> bool:
         """Count the allocation as assumed (`holds.HoldState.ASSUMED`) if it fits now and the pod holds nothing
-        else; returns whether it is. Never written anywhere: it only keeps the next filters from the same GPUs."""
+        else; returns whether it is. Never written anywhere: it only keeps the next filters from the same GPUs.
+        `build` is that of the typical shapes it was chosen by (`Placer.build`)."""
         uid = allocation.pod_uid
         if uid in self._in_flight or self.cluster.hold_of(uid) is not None or self._refusal(allocation) is not None:
             return False
         self.cluster.hold(Hold(allocation, HoldState.ASSUMED, since=self.clock()))
+        held = self.cluster.hold_of(uid)
+        assert held is not None
+        self.cluster.restate(replace(held, seen=(self.cluster.nodes[allocation.node].change, build)))
         return True
+
+    def take_assumed(self, uid: str, node: str, build: int) -> Hold | None:
+        """Reserve what the pod's assumption holds, as the bind's own decision, when the bind is to its node and
+        neither the node nor the typical shapes (`build`) changed since: the bind would choose the same GPUs
+        (`Placer.choose` depends on nothing else), so it need not choose again. Returns the reservation, or None
+        (no such assumption: the bind decides afresh)."""
+        hold = self.cluster.reserved.get(uid)
+        state = self.cluster.nodes.get(node)
+        if (
+            hold is None
+            or hold.state is not HoldState.ASSUMED
+            or hold.allocation.node != node
+            or state is None
+            or hold.seen != (state.change, build)
+            or self._refusal(hold.allocation) is not None  # a quota lowered since, say
+        ):
+            return None
+        reserved = Hold(hold.allocation, HoldState.RESERVED, since=self.clock())
+        self.cluster.restate(reserved)
+        return reserved
 
     def unassume(self, uid: str) -> bool:
         """Drop the pod's assumption, if it has one (its bind came, or it is filtered again); returns whether it

@@ -56,6 +56,9 @@ class NodeState:
     memory_requested: int = 0
     free_gpus: float = 0.0
     """Free GPU in GPUs (each GPU's free memory over its capacity): how empty the node is, for the policy."""
+    change: int = 0
+    """Which of the cache's changes to any node was this node's last (`Cache._changed`): equal twice, the node is
+    as it was (a node deleted and listed again counts on from the others, never from 0)."""
 
     def position(self, index: int) -> int:
         """Where device `index` sits in `devices`, or -1."""

@@ -1,17 +1,28 @@
 """Assumptions (`core/assume.py`): the node a filter passed alone is held for its pod until its bind comes, so the
-next pods of a burst are judged as if it were taken; the bind decides again, a filter of the same pod does not
-compete with it, and one whose bind never comes is dropped."""
+next pods of a burst are judged as if it were taken; the bind takes it as its decision when nothing changed, else
+decides again; a filter of the same pod does not compete with it, and one whose bind never comes is dropped."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
+import pytest
 
 from extender.core.holds import Allocation, HoldState
 from extender.core.ledger import ASSUMED_TTL, Ledger
 from extender.core.placement.config import PolicyConfig
-from tests.builders import FakeClock, make_cluster, make_node, make_pod, quotas_of
+from extender.core.quota.limits import read_quota
+from tests.builders import (
+    PROFILE,
+    FakeClock,
+    bound_pod,
+    make_cluster,
+    make_node,
+    make_pod,
+    make_quota,
+    quotas_of,
+)
 from tests.conftest import ClientFor, make_service
 
 BEST = PolicyConfig()
@@ -83,11 +94,91 @@ def test_an_assumption_whose_bind_never_comes_is_dropped_and_not_counted_as_an_e
     cluster = make_cluster(make_node("n1", gpus=1, mem=16))
     clock = FakeClock()
     ledger = Ledger(cluster, 60.0, clock, quotas_of(cluster))
-    assert ledger.assume(Allocation.uniform("uid-p", "default/p", "n1", (0,), 10))
-    assert not ledger.assume(Allocation.uniform("uid-q", "default/q", "n1", (0,), 10)), "no room left for another"
+    assert ledger.assume(Allocation.uniform("uid-p", "default/p", "n1", (0,), 10), 0)
+    assert not ledger.assume(Allocation.uniform("uid-q", "default/q", "n1", (0,), 10), 0), "no room left for another"
     clock.advance(ASSUMED_TTL / 2)
     assert ledger.expire() == [] and cluster.nodes["n1"].used == [10]
     clock.advance(ASSUMED_TTL)
     assert ledger.expire() == [], "an assumption is no reservation: nothing to report"
     assert cluster.hold_of("uid-p") is None and cluster.nodes["n1"].used == [0]
     assert "uid-p" not in cluster.abandoned, "nothing was written for it"
+
+
+async def test_a_bind_to_a_node_as_its_filter_left_it_takes_the_assumption_without_choosing_again(
+    client_for: ClientFor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = two_one_gpu_nodes()
+    service = make_service(cluster, policy=BEST)
+    client = await client_for(service)
+    pod = make_pod("p", gpu_mem=10)
+    (node,) = (await (await client.post("/filter", data=filter_body(pod, ["n1", "n2"]))).json())["NodeNames"]
+    assumed = cluster.hold_of(pod["metadata"]["uid"])
+    chosen: list[str] = []
+    choose = service.placer.choose
+    monkeypatch.setattr(
+        service.placer,
+        "choose",
+        lambda demand, state, ask=None: chosen.append(state.name) or choose(demand, state, ask),
+    )
+    reply = await (await client.post("/bind", data=bind_body(pod, node))).json()
+    hold = cluster.hold_of(pod["metadata"]["uid"])
+    assert reply["Error"] == "" and chosen == []
+    assert assumed is not None and hold is not None and hold.allocation == assumed.allocation
+    assert hold.state is not HoldState.ASSUMED and cluster.nodes[node].used == [10]
+
+
+async def test_a_bind_to_a_node_that_changed_since_its_filter_chooses_again(
+    client_for: ClientFor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16))
+    service = make_service(cluster, policy=BEST)
+    client = await client_for(service)
+    pod = make_pod("p", gpu_mem=10)
+    await client.post("/filter", data=filter_body(pod, ["n1"]))
+    assumed = cluster.hold_of(pod["metadata"]["uid"])
+    assert assumed is not None and assumed.state is HoldState.ASSUMED
+    (gpu,) = assumed.allocation.indexes
+    cluster.apply_pod(bound_pod("other", "n1", (gpu,), 14))  # another scheduler's pod, on the GPU it assumed
+    chosen: list[str] = []
+    choose = service.placer.choose
+    monkeypatch.setattr(
+        service.placer,
+        "choose",
+        lambda demand, state, ask=None: chosen.append(state.name) or choose(demand, state, ask),
+    )
+    reply = await (await client.post("/bind", data=bind_body(pod, "n1"))).json()
+    hold = cluster.hold_of(pod["metadata"]["uid"])
+    assert reply["Error"] == "" and chosen == ["n1"]
+    assert hold is not None and hold.allocation.indexes == (1 - gpu,), "the GPU left, not the one taken meanwhile"
+
+
+def test_an_assumption_is_taken_as_decided_only_if_nothing_it_was_chosen_by_has_changed() -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    clock = FakeClock()
+    ledger = Ledger(cluster, 60.0, clock, quotas_of(cluster))
+    assert ledger.assume(Allocation.uniform("uid-p", "default/p", "n1", (0,), 10), build=7)
+    assert ledger.take_assumed("uid-p", "n2", 7) is None, "a bind to another node"
+    assert ledger.take_assumed("uid-p", "n1", 8) is None, "the typical shapes rebuilt since"
+    cluster.apply_pod(bound_pod("other", "n1", (1,), 4))
+    assert ledger.take_assumed("uid-p", "n1", 7) is None, "the node changed since"
+    assert ledger.unassume("uid-p")
+    assert ledger.assume(Allocation.uniform("uid-p", "default/p", "n1", (0,), 10), build=7)
+    clock.advance(1.0)
+    taken = ledger.take_assumed("uid-p", "n1", 7)
+    assert taken is not None and taken.state is HoldState.RESERVED and taken.since == clock()
+    assert cluster.hold_of("uid-p") == taken and cluster.reserved["uid-p"] == taken
+    assert ledger.take_assumed("uid-p", "n1", 7) is None, "a reservation is no assumption"
+
+
+@pytest.mark.parametrize(("limit", "taken"), [(10, True), (9, False)], ids=["quota-just-enough", "quota-lowered"])
+def test_an_assumption_is_taken_as_decided_only_within_its_namespaces_quota_as_it_is_now(
+    limit: int, taken: bool
+) -> None:
+    """The assumption counts in its namespace's quota already (the pod's own share is not counted twice); a quota
+    lowered since it was made refuses it, and the bind decides again (and is refused as any would be)."""
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16))
+    ledger = Ledger(cluster, 60.0, FakeClock(), quotas_of(cluster))
+    assert ledger.assume(Allocation.uniform("uid-p", "default/p", "n1", (0,), 10), build=7)
+    quota = make_quota("team", "default", **{"limits.aliyun.com/gpu-mem": str(limit)})
+    quotas_of(cluster).replace([read_quota(quota, PROFILE.quota_resources)])
+    assert (ledger.take_assumed("uid-p", "n1", 7) is not None) is taken

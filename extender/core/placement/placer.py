@@ -164,6 +164,11 @@ class Placer:
         """The GPUs to give the pod on this node (per GPU container), or None when it does not fit now."""
         return self.rules(demand).choose(demand, state, ask)
 
+    def build(self) -> int:
+        """The build of the typical shapes `choose` judges by now: with it and the node unchanged, `choose` gives
+        what it gave before (the rest of what it reads is the pod's, and the policy's settings)."""
+        return self.learned.classes().version
+
     def judge(self, demand: Demand, state: NodeState | None, pod: str = "") -> Judgement:
         """Whether the demand fits on the node now, and why not (`judge.judge`, in the protocol's unit)."""
         return judge(demand, state, self.cache.protocol.unit, pod)
