@@ -56,9 +56,10 @@ class NodeState:
     memory_requested: int = 0
     free_gpus: float = 0.0
     """Free GPU in GPUs (each GPU's free memory over its capacity): how empty the node is, for the policy."""
-    change: int = 0
-    """Which of the cache's changes to any node was this node's last (`Cache._changed`): equal twice, the node is
-    as it was (a node deleted and listed again counts on from the others, never from 0)."""
+    _shape_of: tuple[Device, ...] | None = field(default=None, repr=False)
+    """The devices `_positions`, `capacity_desc` and `capacity_total` were computed for (`refresh`)."""
+    _positions: dict[int, int] = field(default_factory=dict, repr=False)
+    """Device index -> its position in `devices`."""
 
     def position(self, index: int) -> int:
         """Where device `index` sits in `devices`, or -1."""
@@ -78,10 +79,18 @@ class NodeState:
         return not (device.cores and self.used_cores[position] >= device.cores)
 
     def refresh(self) -> None:
-        count = len(self.devices)
+        """Recompute the summary from the devices and the holds (the cache calls it on every change of the node,
+        a few times per pod bound: kept to plain loops and builtins, about 10 µs for 8 GPUs and 20 pods)."""
+        devices = self.devices
+        if self._shape_of is not devices:  # what depends on the devices alone, once per new devices
+            self._positions = {device.index: position for position, device in enumerate(devices)}
+            self.capacity_desc = tuple(sorted((device.capacity for device in devices if device.usable), reverse=True))
+            self.capacity_total = sum(device.capacity for device in devices)
+            self._shape_of = devices
+        count = len(devices)
         used, cores, slots = [0] * count, [0] * count, [0] * count
         stray = 0
-        positions = {device.index: position for position, device in enumerate(self.devices)}
+        positions = self._positions
         for hold in self.holds.values():
             for use in hold.allocation.uses:
                 position = positions.get(use.index, -1) if use.index >= 0 else -1
@@ -93,20 +102,27 @@ class NodeState:
                     slots[position] += use.slots
         self.used, self.used_cores, self.used_slots = used, cores, slots
         self.stray = stray
-        self.free = [
-            max(0, device.capacity - amount) if self.takes_new_pods(position) else 0
-            for position, (device, amount) in enumerate(zip(self.devices, used, strict=True))
-        ]
-        self.free_desc = tuple(sorted(self.free, reverse=True))
-        self.capacity_desc = tuple(sorted((device.capacity for device in self.devices if device.usable), reverse=True))
-        self.capacity_total = sum(device.capacity for device in self.devices)
+        free = []
+        free_gpus = 0.0
+        for position, device in enumerate(devices):  # `takes_new_pods`, inline
+            capacity = device.capacity
+            takes = (
+                device.healthy
+                and not device.cordoned
+                and not (device.slots and slots[position] >= device.slots)
+                and not (device.cores and cores[position] >= device.cores)
+            )
+            amount = capacity - used[position] if takes and capacity > used[position] else 0
+            free.append(amount)
+            if capacity:
+                free_gpus += amount / capacity
+        self.free = free
+        self.free_desc = tuple(sorted(free, reverse=True))
         self.used_total = sum(used)
-        if self.free:
-            best = max(range(len(self.free)), key=self.free.__getitem__)  # the first of equals: lowest index
-            self.largest_free, self.largest_free_index = self.free[best], self.devices[best].index
+        if free:
+            largest = max(free)
+            self.largest_free, self.largest_free_index = largest, devices[free.index(largest)].index  # first of equals
         else:
             self.largest_free, self.largest_free_index = 0, -1
         self.fit_free = self.largest_free if self.known and self.ready and self.lock is None else -1
-        self.free_gpus = sum(
-            free / device.capacity for free, device in zip(self.free, self.devices, strict=True) if device.capacity
-        )
+        self.free_gpus = free_gpus
