@@ -81,8 +81,6 @@ class Cache:
         self.fit_index = FitIndex()
         self.memo = NodeMemo()
         self._batch: dict[str, NodeState] | None = None
-        self._changes = 0
-        """Changes made to any node so far: each node's `NodeState.change` is this count at its last one."""
         self._locks: dict[str, NodeLock] = {}
         """Every node lock the API shows, fresh or not, by node."""
         self._offered: dict[str, tuple[Device, ...]] = {}
@@ -105,8 +103,6 @@ class Cache:
             self._batch[state.name] = state
             return
         state.cpu_requested, state.memory_requested = self._requested.get(state.name) or (0, 0)
-        self._changes += 1
-        state.change = self._changes
         state.refresh()
         self.fit_index.update(state)
         self.memo.forget(state.name)
@@ -346,7 +342,10 @@ class Cache:
             allocation = _resolved(allocation, self.nodes[allocation.node])
         if allocation is not None and record.node_name:
             self.abandoned.discard(uid)
-            if current is None or not current.observed or current.allocation != allocation:
+            if current is not None and not current.observed and current.allocation == allocation:
+                # Our own decision, now shown bound: the same GPUs, so only its state changes (no summary to redo).
+                self.restate(Hold(current.allocation, HoldState.OBSERVED, since=record.assume_time))
+            elif current is None or not current.observed or current.allocation != allocation:
                 self.hold(Hold(allocation, HoldState.OBSERVED, since=record.assume_time))
         elif allocation is not None:
             if current is None and uid not in self.abandoned:
