@@ -6,13 +6,14 @@ passes the one best node, and for a burst of pods of one kind that is the same n
 the binds then find it full, fail, and kube-scheduler retries those pods (3 % of the binds of `make loadtest` before
 this). So when a filter passes one node, the GPUs its pod would take there are counted as the bind will count them (the
 same choice: `Placer.choose`), and the next filters judge the node as taken. The bind takes the assumption as its
-decision when its node is as the filter left it, else releases it and decides again on the node as it is (`binding.py`);
+decision where it still fits (below), else releases it and decides again on the node as it is (`binding.py`);
 a filter of the same pod releases it first, so a pod never competes with itself; one whose bind does not come within
 `ledger.ASSUMED_TTL` is dropped. Nothing is written for an assumption: a restart forgets them, which costs only the
 protection.
 
-Taken as the decision only when the bind comes to that node and neither the node nor the typical shapes changed
-since (`Ledger.take_assumed`): then choosing again would give the same GPUs, and a bind need not choose twice.
+Taken as the decision when the bind comes to that node, the typical shapes are those it was chosen by and it still
+fits there (`Ledger.take_assumed`): a bind need not choose twice, nor move a pod the next pods of its burst were
+placed around.
 
 Only where the filter passed one node: when it passes several, kube-scheduler's own scores choose, and which
 one is not known here.

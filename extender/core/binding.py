@@ -10,8 +10,8 @@ This is where the ledger's rules meet I/O (DESIGN §3). Under the node's lock, i
    cache counts; to another node, it is released and the pod decided afresh, unless that binding may still
    land.
 4. **A new allocation:** the policy chooses devices and the ledger reserves them (check and record in one
-   step); or, when the pod's filter assumed it on this node and neither the node nor the typical shapes changed
-   since, what it assumed is reserved as it is (the policy would choose it again: `assume.py`).
+   step); or, when the pod's filter assumed it on this node and it still fits there, what it assumed is reserved
+   as it is (`assume.py`).
 Then, with the node's lock released, the `Binder` (the file source's, or the API's) writes the annotations
 and the binding. The decision needs no await, so the lock orders decisions, not writes: binds to one node
 (binpack sends consecutive pods to the same node) write concurrently, each with the memory its reservation

@@ -1,6 +1,6 @@
 """What a pod holds on a node, and the one state machine of a hold (DESIGN §3).
 
-    ASSUMED ──its bind comes to that node, which has not changed: taken as decided──▶ RESERVED
+    ASSUMED ──its bind comes to that node, where it still fits: taken as decided──▶ RESERVED
         ├──its bind comes otherwise: released, and decided again──▶ RESERVED
         └──no bind within ASSUMED_TTL, the pod filtered again, or gone: released
     RESERVED ──binding accepted──▶ BOUND ──watch shows the pod──▶ OBSERVED
@@ -164,9 +164,8 @@ class Hold:
     state_since: float | None = None
     """When it entered its state, by the ledger's clock, where that matters (UNCERTAIN: the binding may land
     within `ledger.UNCERTAIN_WINDOW` of it)."""
-    seen: tuple[int, int] | None = None
-    """ASSUMED only: the node's `NodeState.change` once it was held, and the build of the typical shapes it was
-    chosen by (`Ledger.assume`); both the same when its bind comes, the bind would choose it again."""
+    chosen_by: int | None = None
+    """ASSUMED only: the build of the typical shapes it was chosen by (`Ledger.assume`, `Ledger.take_assumed`)."""
 
     @property
     def observed(self) -> bool:

@@ -20,7 +20,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import replace
 
 from extender.core.cache import Cache
 from extender.core.holds import Allocation, Hold, HoldState
@@ -101,6 +100,8 @@ class Ledger:
             if position < 0:
                 return f"node {allocation.node} has no GPU {use.index}"
             device = state.devices[position]
+            if not device.usable:  # marked unhealthy or cordoned since the allocation was chosen
+                return f"GPU {use.index} on {allocation.node} takes no new pods (unhealthy or cordoned)"
             mine = own.allocation.use_of(use.index) if own is not None else None
             free = device.capacity - state.used[position] + (mine.memory if mine else 0)
             if free < use.memory:
@@ -121,26 +122,25 @@ class Ledger:
         uid = allocation.pod_uid
         if uid in self._in_flight or self.cluster.hold_of(uid) is not None or self._refusal(allocation) is not None:
             return False
-        self.cluster.hold(Hold(allocation, HoldState.ASSUMED, since=self.clock()))
-        held = self.cluster.hold_of(uid)
-        assert held is not None
-        self.cluster.restate(replace(held, seen=(self.cluster.nodes[allocation.node].change, build)))
+        self.cluster.hold(Hold(allocation, HoldState.ASSUMED, since=self.clock(), chosen_by=build))
         return True
 
     def take_assumed(self, uid: str, node: str, build: int) -> Hold | None:
-        """Reserve what the pod's assumption holds, as the bind's own decision, when the bind is to its node and
-        neither the node nor the typical shapes (`build`) changed since: the bind would choose the same GPUs
-        (`Placer.choose` depends on nothing else), so it need not choose again. Returns the reservation, or None
-        (no such assumption: the bind decides afresh)."""
+        """Reserve what the pod's assumption holds, as the bind's own decision, when the bind is to its node, the
+        typical shapes it was chosen by are still those of now (`build`), and it still fits there (its GPUs
+        usable, within their room and the namespace's quota). Returns the reservation, or None (the bind then
+        decides afresh).
+
+        Why not choose again: with nothing changed, `Placer.choose` gives the same GPUs (it reads nothing else);
+        and in a burst, what changed the node since is mostly the next pods' own assumptions, each chosen around
+        this one: choosing this one again, around them, would only move it."""
         hold = self.cluster.reserved.get(uid)
-        state = self.cluster.nodes.get(node)
         if (
             hold is None
             or hold.state is not HoldState.ASSUMED
             or hold.allocation.node != node
-            or state is None
-            or hold.seen != (state.change, build)
-            or self._refusal(hold.allocation) is not None  # a quota lowered since, say
+            or hold.chosen_by != build
+            or self._refusal(hold.allocation) is not None
         ):
             return None
         reserved = Hold(hold.allocation, HoldState.RESERVED, since=self.clock())

@@ -152,22 +152,30 @@ async def test_a_bind_to_a_node_that_changed_since_its_filter_chooses_again(
     assert hold is not None and hold.allocation.indexes == (1 - gpu,), "the GPU left, not the one taken meanwhile"
 
 
-def test_an_assumption_is_taken_as_decided_only_if_nothing_it_was_chosen_by_has_changed() -> None:
+def test_an_assumption_is_taken_as_decided_only_by_the_same_shapes_on_its_node_where_it_still_fits() -> None:
     cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
     clock = FakeClock()
     ledger = Ledger(cluster, 60.0, clock, quotas_of(cluster))
     assert ledger.assume(Allocation.uniform("uid-p", "default/p", "n1", (0,), 10), build=7)
     assert ledger.take_assumed("uid-p", "n2", 7) is None, "a bind to another node"
     assert ledger.take_assumed("uid-p", "n1", 8) is None, "the typical shapes rebuilt since"
-    cluster.apply_pod(bound_pod("other", "n1", (1,), 4))
-    assert ledger.take_assumed("uid-p", "n1", 7) is None, "the node changed since"
-    assert ledger.unassume("uid-p")
-    assert ledger.assume(Allocation.uniform("uid-p", "default/p", "n1", (0,), 10), build=7)
+    cluster.apply_pod(bound_pod("other", "n1", (1,), 4))  # the node changed, but not where the pod fits
     clock.advance(1.0)
     taken = ledger.take_assumed("uid-p", "n1", 7)
     assert taken is not None and taken.state is HoldState.RESERVED and taken.since == clock()
     assert cluster.hold_of("uid-p") == taken and cluster.reserved["uid-p"] == taken
     assert ledger.take_assumed("uid-p", "n1", 7) is None, "a reservation is no assumption"
+
+
+def test_an_assumption_on_a_gpu_marked_unhealthy_since_is_not_taken() -> None:
+    """The operators' list of unhealthy GPUs (gpushare's `kube-system/unhealthy-gpu-<node>` ConfigMap) names GPU
+    0 after the filter assumed the pod there: the bind must choose again (GPU 1)."""
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16))
+    ledger = Ledger(cluster, 60.0, FakeClock(), quotas_of(cluster))
+    assert ledger.assume(Allocation.uniform("uid-p", "default/p", "n1", (0,), 10), build=7)
+    cluster.apply_unhealthy("n1", frozenset({0}))
+    assert not cluster.nodes["n1"].devices[0].usable
+    assert ledger.take_assumed("uid-p", "n1", 7) is None
 
 
 @pytest.mark.parametrize(("limit", "taken"), [(10, True), (9, False)], ids=["quota-just-enough", "quota-lowered"])
