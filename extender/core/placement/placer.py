@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any, Protocol
+
+import numpy as np
 
 from extender.core.cache import Cache
 from extender.core.contract import HostPriorityEntry
 from extender.core.devices import Demand
 from extender.core.nodes import NodeState
-from extender.core.placement.batch import Ints
+from extender.core.placement.batch import Bools, Ints
 from extender.core.placement.config import Ask, Policy, PolicyConfig
 from extender.core.placement.fill import Fill
 from extender.core.placement.filtering import FilterOutcome, filter_cached
@@ -123,7 +126,8 @@ class Placer:
         defer: bool,
     ) -> FilterOutcome | Warming:
         slots = self._slots(names, states, ask)
-        if slots is not None and demand.plain and demand.devices == 1 and self._all_fit(demand, slots):
+        fits = self._fits(demand, slots) if slots is not None and demand.plain and demand.devices == 1 else None
+        if fits is not None and fits.all():
             outcome = FilterOutcome(passed=names)  # every name a node of the cache that takes it: one array step
         else:
             outcome = filter_cached(demand, names, states, self.cache, self.cache.protocol.unit, pod)
@@ -131,7 +135,7 @@ class Placer:
             admit(outcome)
         if ask is not None and len(outcome.passed) > 1:
             rules = self.rules(demand)
-            given = slots if slots is not None and outcome.passed is names else None
+            given = self._passed_slots(names, slots, fits, outcome.passed)
             steps = rules.warming(ask, outcome.passed, states, given) if defer else None
             if steps is not None:
                 return Warming(steps)
@@ -148,11 +152,22 @@ class Placer:
         except TypeError:
             return None
 
-    def _all_fit(self, demand: Demand, slots: Ints) -> bool:
-        """Whether every slot is a node that takes this plain one-GPU demand now (its largest free GPU)."""
-        if not len(slots) or int(slots.min()) < 0:
-            return False
-        return bool((self.learned.arrays.fit_free[slots] >= demand.per_device).all())
+    def _fits(self, demand: Demand, slots: Ints) -> Bools:
+        """Which slots are nodes that take this plain one-GPU demand now (their largest free GPU): the nodes
+        `filter_cached` passes, as an array."""
+        return (self.learned.arrays.fit_free[slots] >= demand.per_device) & (slots >= 0)
+
+    @staticmethod
+    def _passed_slots(names: list[Any], slots: Ints | None, fits: Bools | None, passed: list[Any]) -> Ints | None:
+        """The slots of the nodes passed, from those of every name asked (None where they are not known so):
+        all of them when all passed; those that fit when exactly those passed (checked name by name, a pass in
+        C, much cheaper than looking the slots up again). Not when a quota refused some."""
+        if slots is None or passed is names:
+            return slots
+        if fits is None or len(passed) != int(np.count_nonzero(fits)):
+            return None
+        mask = fits.tolist()
+        return slots[fits] if list(compress(names, mask)) == passed else None
 
     def prioritize(
         self, demand: Demand, names: list[str], states: Mapping[str, NodeState], ask: Ask | None = None

@@ -15,7 +15,7 @@ from extender.core.devices import Demand
 from extender.core.placement import fragmentation
 from extender.core.placement.arrays import NodeArrays
 from extender.core.placement.batch import after, kind_of, measures, rounded
-from extender.core.placement.config import Ask
+from extender.core.placement.config import Ask, PolicyConfig
 from extender.core.placement.fragmentation import (
     BATCH_NODES,
     DIGITS,
@@ -27,6 +27,7 @@ from extender.core.placement.fragmentation import (
 )
 from extender.core.placement.learned import Learned
 from extender.core.placement.measure import FragmentMemo, gpu_room, uniform_measure
+from extender.core.placement.placer import Placer
 from tests.builders import (
     HAMI,
     PROFILE,
@@ -248,3 +249,22 @@ def test_a_gpu_out_of_slots_counts_as_full_in_the_lean_way_as_in_the_general_one
     monkeypatch.setattr(fragmentation, "kind_of", lambda state: None)
     general = [added_fragmentation(ask, state, Learned(cluster)) for ask in asks]
     assert lean == general
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_filter_that_refuses_some_nodes_narrows_over_the_slots_of_those_it_passes(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slots of the nodes passed are taken from those of every name asked, not looked up again; told to
+    look them up again (`_passed_slots` answering None), the same nodes pass."""
+    rng = random.Random(seed)
+    cache, learned = random_cluster(rng, 200, (4, 8), (40,))
+    placer = Placer(cache, PolicyConfig(), learned)
+    names = [*cache.nodes, "ghost"]
+    rng.shuffle(names)
+    asks = [Ask(Demand(rng.randint(20, 40)), rng.randint(0, 8000), rng.randint(0, 64 << 30)) for _ in range(10)]
+    taken = [placer.filter(ask.demand, names, cache.nodes, ask=ask) for ask in asks]
+    assert all(0 < len(outcome.failed) < len(names) for outcome in taken), "some nodes refused, some not"
+    monkeypatch.setattr(Placer, "_passed_slots", staticmethod(lambda *arguments: None))
+    looked_up = [placer.filter(ask.demand, names, cache.nodes, ask=ask) for ask in asks]
+    assert [outcome.passed for outcome in taken] == [outcome.passed for outcome in looked_up]
