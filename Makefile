@@ -86,6 +86,7 @@ bench: $(VENV)/.bench
 	$(BIN)/python -m bench.bench
 	$(BIN)/python -m bench.cache_build
 	$(BIN)/python -m bench.transport
+	$(BIN)/python -m bench.scale
 
 # The real kube-scheduler on the e2e tier's control plane, alone and with the extender wired in as it ships:
 # pods/s, CPU per pod per process, and the end check. Needs the tier's binaries and its helpers (tests/e2e).
