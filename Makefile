@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 NODES ?= 1000
 RATE ?= 300
 DURATION ?= 30
-NAMES ?= 1000
+NAMES ?= adaptive
 FILL ?= 0.3
 LOADTEST_ARGS ?=
 

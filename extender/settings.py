@@ -277,9 +277,10 @@ class Settings:
         default=CpuPods.AUTO,
     )
     nodes_to_score: int = _doc(
-        "scheduler-config's percentageOfNodesToScore: 100 lets the extender see every node that fits (the best "
-        "placement); 0 leaves kube-scheduler's adaptive default (about 40 % of 1,000 nodes, 10 % of 5,000).",
-        default=100,
+        "scheduler-config's percentageOfNodesToScore: 0 leaves kube-scheduler's adaptive share (about 40 % of "
+        "1,000 nodes, 10 % of 5,000: on the trace it placed as well as every node, at a third less CPU per pod); "
+        "100 lets the extender see every node that fits.",
+        default=0,
     )
     workload_half_life: float = _doc(
         "Seconds after which a pod seen weighs half in the learned workload the fragmentation policy places for.",
