@@ -110,6 +110,19 @@ def bound_pod(name: str, node: str, indexes: tuple[int, ...], gpu_mem: int, **kw
     return make_pod(name, gpu_mem=gpu_mem, node=node, indexes=indexes, phase="Running", **kwargs)
 
 
+def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:
+    """A `/filter` request's body as kube-scheduler sends it with `nodeCacheCapable: true`: the pod and node names."""
+    return orjson.dumps({"Pod": pod, "NodeNames": names})
+
+
+def bind_body(pod: dict[str, Any], node: str) -> bytes:
+    """A `/bind` request's body for the pod to the node."""
+    meta = pod["metadata"]
+    return orjson.dumps(
+        {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
+    )
+
+
 def make_quota(name: str = "gpus", namespace: str = "default", **hard: str) -> dict[str, Any]:
     """A ResourceQuota whose spec.hard is `hard` (keys hold dots and slashes: `**{"limits.nvidia.com/gpu": "2"}`)."""
     return {

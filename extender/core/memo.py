@@ -107,26 +107,18 @@ class Question(Generic[T]):
         self.name = name
 
 
-class NodeMemo:
-    """Answers derived from node states, one table per question, by node name.
-
-    A node's answers are dropped from every table when the node changes, so a table never holds a stale
-    answer. One dict per question, not one per node: at 5,000 nodes, per-node dicts cost a cache miss each.
-    Bounded to the `limit` questions asked most recently.
-
-    Dropped lazily: a change is one entry in a log (`forget`), and a table drops the answers of the nodes
-    changed since it was last read when it is read next (`table`). A change used to pop the node from every
-    table at once, and with hundreds of tables (one per kind of pod asked lately) that was most of what a bind
-    cost. A table left unread while more than `LOG_LIMIT` changes went by is emptied instead.
-    """
+class _ChangeLog(Generic[K]):
+    """What `NodeMemo` and `SlotMemo` share: their tables, bounded to the `limit` questions asked most recently,
+    and the log of the nodes changed (by name, or slot), from which a table learns what to drop when it is read
+    (`_unseen`). A table left unread while more than `LOG_LIMIT` changes went by is emptied instead."""
 
     LOG_LIMIT = 100_000
 
-    def __init__(self, limit: int = 64) -> None:
-        self._tables: Lru[str, list[object]] = Lru(limit)
+    def __init__(self, limit: int) -> None:
+        self._tables: Lru[str, list[Any]] = Lru(limit)
         """Question name -> [its table, the log position it has seen up to]."""
-        self._log: list[str] = []
-        """Names of the nodes changed, oldest first; `_start` is the position of its first entry."""
+        self._log: list[K] = []
+        """The nodes changed, oldest first; `_start` is the position of its first entry."""
         self._start = 0
 
     @property
@@ -137,31 +129,60 @@ class NodeMemo:
     def limit(self, limit: int) -> None:
         self._tables.limit = limit
 
-    def table(self, question: Question[T]) -> dict[str, T]:
-        end = self._start + len(self._log)
-        entry = self._tables.setdefault_newest(question.name, lambda: [{}, end])
-        table = cast(dict[str, T], entry[0])  # every table of one question name holds that question's T
-        seen = cast(int, entry[1])
-        if seen < end:
-            if seen < self._start:
-                table.clear()  # it fell behind what the log keeps
-            else:
-                pop = table.pop
-                for name in self._log[seen - self._start :]:
-                    pop(name, None)
-            entry[1] = end
-        return table
+    def _entry(self, name: str, new: Callable[[], Any]) -> list[Any]:
+        """The question's [table, seen], made by `new` when it has none."""
+        return self._tables.setdefault_newest(name, lambda: [new(), self._start + len(self._log)])
 
-    def forget(self, name: str) -> None:
+    def _unseen(self, entry: list[Any]) -> list[K] | None:
+        """The nodes changed since the entry's table was last read ([] for none; None when it fell behind what
+        the log keeps: every answer is to drop), and the entry marked as having seen them."""
+        end = self._start + len(self._log)
+        seen: int = entry[1]
+        entry[1] = end
+        if seen >= end:
+            return []
+        return None if seen < self._start else self._log[seen - self._start :]
+
+    def forget(self, node: K) -> None:
+        """The node changed: its answers are dropped from each table when that table is read next."""
         log = self._log
-        log.append(name)
+        log.append(node)
         if len(log) > self.LOG_LIMIT:
             half = len(log) // 2
             del log[:half]
             self._start += half
 
 
-class SlotMemo:
+class NodeMemo(_ChangeLog[str]):
+    """Answers derived from node states, one table per question, by node name.
+
+    A node's answers are dropped from every table when the node changes, so a table never holds a stale
+    answer. One dict per question, not one per node: at 5,000 nodes, per-node dicts cost a cache miss each.
+    Bounded to the `limit` questions asked most recently.
+
+    Dropped lazily: a change is one entry in a log (`forget`), and a table drops the answers of the nodes
+    changed since it was last read when it is read next (`table`). A change used to pop the node from every
+    table at once, and with hundreds of tables (one per kind of pod asked lately) that was most of what a bind
+    cost.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        super().__init__(limit)
+
+    def table(self, question: Question[T]) -> dict[str, T]:
+        entry = self._entry(question.name, dict)
+        table = cast(dict[str, T], entry[0])  # every table of one question name holds that question's T
+        unseen = self._unseen(entry)
+        if unseen is None:
+            table.clear()
+        elif unseen:
+            pop = table.pop
+            for name in unseen:
+                pop(name, None)
+        return table
+
+
+class SlotMemo(_ChangeLog[int]):
     """Answers derived from node states as float arrays, one per question, indexed by the node's slot (a small
     integer per node: `placement.arrays.NodeArrays.slot_of`); NaN where a node has no answer, or has changed
     since it was answered. What `NodeMemo` is for one dict a question, for answers read a thousand at a time:
@@ -172,44 +193,20 @@ class SlotMemo:
     was last read to NaN (in one step) when it is read next. Mutable.
     """
 
-    LOG_LIMIT = 100_000
-
     def __init__(self, limit: int = 64) -> None:
-        self._tables: Lru[str, list[Any]] = Lru(limit)
-        """Question name -> [its values, the log position it has seen up to]."""
-        self._log: list[int] = []
-        self._start = 0
-
-    @property
-    def limit(self) -> int:
-        return self._tables.limit
-
-    @limit.setter
-    def limit(self, limit: int) -> None:
-        self._tables.limit = limit
+        super().__init__(limit)
 
     def table(self, question: Question[float], size: int) -> npt.NDArray[np.float64]:
         """The question's values, at least `size` long (NaN where not answered or changed)."""
-        end = self._start + len(self._log)
-        entry = self._tables.setdefault_newest(question.name, lambda: [np.full(max(size, 64), np.nan), end])
+        entry = self._entry(question.name, lambda: np.full(max(size, 64), np.nan))
         values: npt.NDArray[np.float64] = entry[0]
         if len(values) < size:
             grown = np.full(max(size, 2 * len(values)), np.nan)
             grown[: len(values)] = values
             values = entry[0] = grown
-        seen: int = entry[1]
-        if seen < end:
-            if seen < self._start:
-                values.fill(np.nan)  # it fell behind what the log keeps
-            else:
-                values[self._log[seen - self._start :]] = np.nan
-            entry[1] = end
+        unseen = self._unseen(entry)
+        if unseen is None:
+            values.fill(np.nan)
+        elif unseen:
+            values[unseen] = np.nan
         return values
-
-    def forget(self, slot: int) -> None:
-        log = self._log
-        log.append(slot)
-        if len(log) > self.LOG_LIMIT:
-            half = len(log) // 2
-            del log[:half]
-            self._start += half

@@ -6,17 +6,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import pytest
 
+from extender.core.devices import Demand
 from extender.core.holds import Allocation, HoldState
 from extender.core.ledger import ASSUMED_TTL, Ledger
-from extender.core.placement.config import PolicyConfig
+from extender.core.nodes import NodeState
+from extender.core.placement.config import Ask, PolicyConfig
+from extender.core.placement.fit import Placement
 from extender.core.quota.limits import read_quota
+from extender.service.context import Service
 from tests.builders import (
     PROFILE,
     FakeClock,
+    bind_body,
     bound_pod,
+    filter_body,
     make_cluster,
     make_node,
     make_pod,
@@ -29,15 +34,17 @@ BEST = PolicyConfig()
 """The default policy: the filter passes the one best node."""
 
 
-def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:
-    return orjson.dumps({"Pod": pod, "NodeNames": names})
+def nodes_chosen_on(service: Service, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The nodes `Placer.choose` is asked about from now on (a bind that takes its assumption asks none)."""
+    chosen: list[str] = []
+    choose = service.placer.choose
 
+    def counted(demand: Demand, state: NodeState, ask: Ask | None = None) -> Placement | None:
+        chosen.append(state.name)
+        return choose(demand, state, ask)
 
-def bind_body(pod: dict[str, Any], node: str) -> bytes:
-    meta = pod["metadata"]
-    return orjson.dumps(
-        {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
-    )
+    monkeypatch.setattr(service.placer, "choose", counted)
+    return chosen
 
 
 def two_one_gpu_nodes() -> Any:
@@ -113,13 +120,7 @@ async def test_a_bind_to_a_node_as_its_filter_left_it_takes_the_assumption_witho
     pod = make_pod("p", gpu_mem=10)
     (node,) = (await (await client.post("/filter", data=filter_body(pod, ["n1", "n2"]))).json())["NodeNames"]
     assumed = cluster.hold_of(pod["metadata"]["uid"])
-    chosen: list[str] = []
-    choose = service.placer.choose
-    monkeypatch.setattr(
-        service.placer,
-        "choose",
-        lambda demand, state, ask=None: chosen.append(state.name) or choose(demand, state, ask),
-    )
+    chosen = nodes_chosen_on(service, monkeypatch)
     reply = await (await client.post("/bind", data=bind_body(pod, node))).json()
     hold = cluster.hold_of(pod["metadata"]["uid"])
     assert reply["Error"] == "" and chosen == []
@@ -139,13 +140,7 @@ async def test_a_bind_to_a_node_that_changed_since_its_filter_chooses_again(
     assert assumed is not None and assumed.state is HoldState.ASSUMED
     (gpu,) = assumed.allocation.indexes
     cluster.apply_pod(bound_pod("other", "n1", (gpu,), 14))  # another scheduler's pod, on the GPU it assumed
-    chosen: list[str] = []
-    choose = service.placer.choose
-    monkeypatch.setattr(
-        service.placer,
-        "choose",
-        lambda demand, state, ask=None: chosen.append(state.name) or choose(demand, state, ask),
-    )
+    chosen = nodes_chosen_on(service, monkeypatch)
     reply = await (await client.post("/bind", data=bind_body(pod, "n1"))).json()
     hold = cluster.hold_of(pod["metadata"]["uid"])
     assert reply["Error"] == "" and chosen == ["n1"]

@@ -18,7 +18,7 @@ from extender.core.cache import Cache
 from extender.core.holds import HoldState
 from extender.core.pods import PodRecord
 from extender.core.recheck import LIMIT, MAX_REMEMBERED, Answer, Preemptions, suspects
-from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
+from tests.builders import FakeClock, bound_pod, filter_body, make_cluster, make_node, make_pod
 from tests.conftest import ClientFor, make_service
 
 
@@ -179,10 +179,6 @@ def test_expired_offers_are_dropped_when_others_come_not_only_when_read() -> Non
 
 
 # --- through the service --------------------------------------------------------------------------------------
-
-
-def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:
-    return orjson.dumps({"Pod": pod, "NodeNames": names})
 
 
 async def test_a_victim_the_api_no_longer_has_is_dropped_and_the_node_passes(client_for: ClientFor) -> None:

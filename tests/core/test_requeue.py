@@ -16,7 +16,7 @@ import orjson
 from extender.core.devices import Demand
 from extender.core.ledger import Ledger
 from extender.core.requeue import Refusals, Refused, fits_any
-from tests.builders import FakeClock, bound_pod, make_cluster, make_node, make_pod
+from tests.builders import FakeClock, bound_pod, filter_body, make_cluster, make_node, make_pod
 from tests.conftest import ClientFor, eventually, make_service
 
 
@@ -45,10 +45,6 @@ def test_refusals_are_bounded_and_forgotten_after_their_memory() -> None:
     assert len(refusals) == 2
     clock.advance(301)
     assert refusals.demands_since(0) == set() and len(refusals) == 0
-
-
-def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:
-    return orjson.dumps({"Pod": pod, "NodeNames": names})
 
 
 def full_cluster() -> Any:

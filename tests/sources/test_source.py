@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 import yaml
 
@@ -34,8 +33,10 @@ from tests.apidouble import ApiDouble
 from tests.builders import (
     PROFILE,
     FakeClock,
+    bind_body,
     bound_pod,
     cache_differences,
+    filter_body,
     make_node,
     make_pod,
     make_quota,
@@ -100,17 +101,6 @@ async def replicas(kube: KubeClient) -> AsyncIterator[Replicas]:
 def seed(api: ApiDouble) -> None:
     api.add_node(make_node("n1", gpus=2, mem=16))
     api.add_node(make_node("n2", gpus=1, mem=16))
-
-
-def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:
-    return orjson.dumps({"Pod": pod, "NodeNames": names})
-
-
-def bind_body(pod: dict[str, Any], node: str) -> bytes:
-    meta = pod["metadata"]
-    return orjson.dumps(
-        {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
-    )
 
 
 async def test_ready_only_after_the_first_lists_and_healthy_throughout(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from itertools import compress
 from typing import Any
 
@@ -113,28 +113,20 @@ def _uniform_added(
     if demand.is_zero:
         return round(measure(sorted(current)) - before, DIGITS), None
     need = demand.per_device
-    taken: list[int] = []
-    value = 0.0
-    for _ in range(demand.devices):
-        base = sorted(current)
-        best: tuple[float, int, int] | None = None
-        tried: set[int] = set()
-        for position, available in enumerate(free):
-            if available < need or position in taken or current[position] in tried:
-                continue  # a GPU in the same state as one tried gives the same value: the lower index stands
-            tried.add(current[position])
-            trial = base.copy()
-            del trial[bisect_left(trial, current[position])]
-            insort(trial, _free_after(state, position, need))
-            rank = (measure(trial), available, position)
-            if best is None or rank < best:
-                best = rank
-        if best is None:
-            return None
-        value, _, position = best
-        taken.append(position)
+    base = [sorted(current)]  # the GPUs' free memory in order, as the pod's GPUs taken so far left it
+
+    def value_with(position: int) -> float:
+        trial = base[0].copy()
+        del trial[bisect_left(trial, current[position])]
+        insort(trial, _free_after(state, position, need))
+        return measure(trial)
+
+    def take(position: int) -> None:
         current[position] = _free_after(state, position, need)
-    return round(value - before, DIGITS), tuple(sorted(taken))
+        base[0] = sorted(current)
+
+    chosen = _one_by_one(demand, free, current, value_with, take)
+    return None if chosen is None else (round(chosen[0] - before, DIGITS), chosen[1])
 
 
 def _free_after(state: NodeState, position: int, memory: int) -> int:
@@ -156,26 +148,48 @@ def _plain_choice(
     memo: FragmentMemo,
 ) -> tuple[float, tuple[int, ...]] | None:
     """Memory alone on `devices` GPUs: each GPU chosen in turn where it adds least (one GPU: the best one)."""
-    need, gpus, free_list = demand.per_device, list(room), state.free
+    need, gpus = demand.per_device, list(room)
+
+    def value_with(position: int) -> float:
+        trial = gpus.copy()
+        trial[position] = gpu_room(state, position, need)
+        return memo.measure(cpu, memory, tuple(trial), classes)
+
+    def take(position: int) -> None:
+        gpus[position] = gpu_room(state, position, need)
+
+    return _one_by_one(demand, state.free, gpus, value_with, take)
+
+
+def _one_by_one(
+    demand: Demand,
+    free: Sequence[int],
+    gpus: Sequence[Hashable],
+    value_with: Callable[[int], float],
+    take: Callable[[int], None],
+) -> tuple[float, tuple[int, ...]] | None:
+    """The GPUs of a plain demand chosen one at a time, each where the node's measure is least once the pod takes
+    it (`value_with`; then `take` records it), ties to the GPU with less free memory, then the lower index; None
+    when a GPU is missing. `gpus` are the GPUs' states as `take` leaves them (a state tried once is not tried
+    again). Returns the measure with every GPU taken, and the GPUs' positions in order."""
+    need = demand.per_device
     taken: list[int] = []
     value = 0.0
     for _ in range(demand.devices):
         best: tuple[float, int, int] | None = None
-        tried: set[GpuRoom] = set()
-        for position, free in enumerate(free_list):
-            if free < need or position in taken or gpus[position] in tried:
+        tried: set[Hashable] = set()
+        for position, available in enumerate(free):
+            if available < need or position in taken or gpus[position] in tried:
                 continue  # a GPU in the same state as one tried gives the same value: the lower index stands
             tried.add(gpus[position])
-            trial = gpus.copy()
-            trial[position] = gpu_room(state, position, need)
-            rank = (memo.measure(cpu, memory, tuple(trial), classes), free, position)
+            rank = (value_with(position), available, position)
             if best is None or rank < best:
                 best = rank
         if best is None:
             return None
         value, _, position = best
         taken.append(position)
-        gpus[position] = gpu_room(state, position, need)
+        take(position)
     return value, tuple(sorted(taken))
 
 
