@@ -263,6 +263,31 @@ def make_hami_node(
     }
 
 
+A100_PROFILES = [
+    {"name": "1g.5gb", "memoryMB": 5120, "core": 14, "sliceCount": 1,
+     "placements": [{"start": start, "size": 1} for start in range(7)]},
+    {"name": "2g.10gb", "memoryMB": 10240, "core": 28, "sliceCount": 2,
+     "placements": [{"start": start, "size": 2} for start in (0, 2, 4)]},
+    {"name": "3g.20gb", "memoryMB": 20480, "core": 42, "sliceCount": 3,
+     "placements": [{"start": start, "size": 4} for start in (0, 4)]},
+]  # fmt: skip
+"""An A100-40GB's profiles as HAMi's own tests give them (`a100MigProfiles`, pkg/device/nvidia/
+mig_capability_test.go:27-33 at v2.10.0; 3g.20gb spans 4 slices in NVML's placement table)."""
+
+
+def make_mig_node(name: str = "mig-1", gpus: int = 1, profiles: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A node whose GPUs HAMi's device plugin registers in MIG mode (A100-40GB: 7 instances at most each; the
+    registration of pkg/device/nvidia/device_test.go:2472 at v2.10.0, with `index` and `health`)."""
+    node = make_hami_node(name, gpus=gpus, split=7)
+    register = [
+        {"id": f"GPU-{name}-{index}", "index": index, "count": 7, "devmem": 40960, "devcore": 100,
+         "type": "NVIDIA-A100-SXM4-40GB", "mode": "mig", "migProfiles": profiles or A100_PROFILES, "health": True}
+        for index in range(gpus)
+    ]  # fmt: skip
+    node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = orjson.dumps(register).decode()
+    return node
+
+
 def make_hami_pod(
     name: str = "pod-1",
     gpus: int = 1,

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Protocol
 
-from extender.core import objects
+from extender.core import mig, objects
 from extender.core.devices import Device, NodeLock
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.memo import FitIndex, NodeMemo
@@ -448,4 +448,7 @@ class Cache:
                     found.append(f"{state.name} GPU {device.index}: compute {cores} > {device.cores}")
                 if device.slots and slots > device.slots:
                     found.append(f"{state.name} GPU {device.index}: {slots} pods > split count {device.slots}")
+                clash = mig.clash(state.occupied[position]) if position < len(state.occupied) else None
+                if clash is not None:
+                    found.append(f"{state.name} GPU {device.index}: MIG instances overlap at slice {clash[0]}")
         return found

@@ -16,6 +16,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from extender.core.mig import MODE as MIG_MODE
+from extender.core.mig import MigProfile
+
 WHOLE_GPU = 100
 """Compute of a whole card (HAMi's devcore without core scaling)."""
 
@@ -44,6 +47,13 @@ class Device:
     """How its plugin shares it (HAMi: `hami-core`, `mig`, `mps`)."""
     cordoned: bool = False
     """An operator keeps new pods off it; those running stay."""
+    profiles: tuple[MigProfile, ...] = ()
+    """In MIG mode: the profiles an instance may be made of, with their placements (`core/mig.py`)."""
+
+    @property
+    def mig(self) -> bool:
+        """Cut into MIG instances: each container gets an instance of a profile, not a share (`core/mig.py`)."""
+        return self.mode == MIG_MODE
 
     @property
     def usable(self) -> bool:
@@ -129,6 +139,8 @@ class Request:
     """Compute on each GPU, at most 100 (the protocols clamp it where they build the request)."""
     init: bool = False
     """An init container: it runs before the others, so it counts at its peak, not added to them."""
+    position: int = 0
+    """The container's position in the pod, init containers first (a MIG reservation names it)."""
 
     def memory_on(self, device: Device) -> int:
         """The memory this request takes on `device`."""
@@ -159,6 +171,8 @@ class Demand:
     node_strategy: Strategy | None = None
     """The pod's own choice of node ordering (None: the configured one)."""
     device_strategy: Strategy | None = None
+    position: int = 0
+    """Single request: its container's position in the pod, init containers first (`Request.position`)."""
     per_device: int = field(init=False, compare=False, repr=False)
     """Memory needed on each device; rounded up so a split never gives less than asked. Stored, not a
     property: the filter reads it once per request and the policy's caches key on it."""
@@ -176,6 +190,7 @@ class Demand:
             and self.selectors.any
             and self.node_strategy is None
             and self.device_strategy is None
+            and not self.position  # a choice remembered by `key` names no container
         )
         object.__setattr__(self, "plain", plain)
         key = f"{self.per_device}:{self.devices}" if plain else repr(self)
@@ -190,7 +205,7 @@ class Demand:
         """One request per GPU container, init containers first."""
         if self.containers:
             return self.containers
-        return (Request(self.devices, self.per_device, self.percent, self.cores),)
+        return (Request(self.devices, self.per_device, self.percent, self.cores, position=self.position),)
 
 
 NO_DEMAND = Demand(memory=0, devices=1)

@@ -28,6 +28,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
+from extender.core.mig import MigInstance
+
 
 @dataclass(frozen=True, slots=True)
 class Grant:
@@ -39,6 +41,8 @@ class Grant:
     uuid: str = ""
     """The GPU's UUID where the protocol names GPUs by it (HAMi); `index` is then -1 until the cache resolves it
     against the node's devices."""
+    instance: MigInstance | None = None
+    """On a MIG GPU: the instance the container gets (`memory` and `cores` are then its profile's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,8 @@ class Use:
     cores: int = 0
     slots: int = 1
     uuid: str = ""
+    instances: tuple[MigInstance, ...] = ()
+    """The MIG instances it holds on the GPU (every container's: each instance lives as long as the pod)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +123,18 @@ def _collapse(containers: tuple[tuple[Grant, ...], ...], init_containers: int) -
         and not init_containers
         and len({grant.index for grant in containers[0]}) == len(containers[0])
     ):  # nearly always: one container, each GPU once
-        return tuple(Use(grant.index, grant.memory, grant.cores, 1, grant.uuid) for grant in containers[0])
+        return tuple(
+            Use(grant.index, grant.memory, grant.cores, 1, grant.uuid, (grant.instance,) if grant.instance else ())
+            for grant in containers[0]
+        )
     peak: dict[tuple[int, str], list[int]] = {}
     total: dict[tuple[int, str], list[int]] = {}
+    instances: dict[tuple[int, str], list[MigInstance]] = {}
     for number, grants in enumerate(containers):
         for grant in grants:
             key = (grant.index, grant.uuid if grant.index < 0 else "")
+            if grant.instance is not None:
+                instances.setdefault(key, []).append(grant.instance)
             if number < init_containers:
                 memory, cores, _ = peak.get(key, [0, 0, 0])
                 peak[key] = [max(memory, grant.memory), max(cores, grant.cores), 1]
@@ -136,7 +148,8 @@ def _collapse(containers: tuple[tuple[Grant, ...], ...], init_containers: int) -
     for key in sorted(peak.keys() | total.keys()):
         first, second = peak.get(key, [0, 0, 0]), total.get(key, [0, 0, 0])
         uuid = key[1] or uuids.get(key[0], "")
-        uses.append(Use(key[0], max(first[0], second[0]), max(first[1], second[1]), max(first[2], second[2], 1), uuid))
+        memory, cores, slots = max(first[0], second[0]), max(first[1], second[1]), max(first[2], second[2], 1)
+        uses.append(Use(key[0], memory, cores, slots, uuid, tuple(instances.get(key, ()))))
     return tuple(uses)
 
 

@@ -17,12 +17,15 @@ Decisions about *which* devices are the policy's; this module only refuses what 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
+from extender.core import mig
 from extender.core.cache import Cache
-from extender.core.holds import Allocation, Hold, HoldState
+from extender.core.holds import Allocation, Hold, HoldState, Use
+from extender.core.nodes import NodeState
 from extender.core.quota.book import Quotas
 
 ASSUMED_TTL = 5.0
@@ -32,6 +35,31 @@ pod went elsewhere or nowhere (a later plugin refused it, it was deleted); it is
 UNCERTAIN_WINDOW = 60.0
 """Seconds a binding that failed uncertainly may still land: kube-apiserver's default `--request-timeout`,
 after which it abandons a request it still holds."""
+
+
+def _instances_refusal(state: NodeState, position: int, use: Use, mine: Use | None) -> str:
+    """Why the use's MIG instances cannot be held on this GPU ("" when they can): a MIG GPU needs one instance
+    per container, each at a placement its profile has, overlapping none held (the pod's own given back
+    first); a GPU in another mode takes none."""
+    device = state.devices[position]
+    if not device.mig:
+        return "not in MIG mode, yet the allocation reserves a MIG instance there"
+    if position in state.blocked:
+        return f"takes no new pod: {state.blocked[position]}"
+    if not use.instances:
+        return "in MIG mode, yet the allocation reserves no MIG instance there"
+    held = list(state.occupied[position]) if position < len(state.occupied) else []
+    for instance in mine.instances if mine is not None else ():
+        with contextlib.suppress(ValueError):
+            held.remove((instance.start, instance.size))
+    for instance in use.instances:
+        profile = mig.profile_named(device.profiles, instance.profile)
+        if profile is None or (instance.start, instance.size) not in profile.placements:
+            return f"no MIG profile {instance.profile} at ({instance.start}, {instance.size}) on it"
+        if mig.overlaps(instance.start, instance.size, held):
+            return f"MIG instance {instance.profile} at slice {instance.start} overlaps one held"
+        held.append((instance.start, instance.size))
+    return ""
 
 
 class Ledger:
@@ -112,6 +140,10 @@ class Ledger:
             slots = device.slots - state.used_slots[position] + (mine.slots if mine else 0)
             if device.slots and slots < use.slots:
                 return f"GPU {use.index} on {allocation.node} runs its most pods ({device.slots})"
+            if device.mig or use.instances:
+                refused = _instances_refusal(state, position, use, mine)
+                if refused:
+                    return f"GPU {use.index} on {allocation.node}: {refused}"
         over_quota = self.quotas.admits(allocation, state.devices) if self.quotas is not None else None
         return over_quota.reason if over_quota is not None else None
 

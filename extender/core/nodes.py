@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from extender.core import mig
 from extender.core.devices import Device, NodeLock
 from extender.core.holds import Hold
 
@@ -56,6 +57,13 @@ class NodeState:
     memory_requested: int = 0
     free_gpus: float = 0.0
     """Free GPU in GPUs (each GPU's free memory over its capacity): how empty the node is, for the policy."""
+    mig: bool = False
+    """Some GPU here is in MIG mode: pods are placed by the general fit, which chooses instances."""
+    occupied: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
+    """MIG nodes: per device, the (start, size) of the instances its holds reserve."""
+    blocked: dict[int, str] = field(default_factory=dict)
+    """MIG nodes: devices (by position) that take no new pod, and why: a hold whose instances cannot be known
+    (HAMi marks such a GPU unhealthy, `getNodesUsage` in pkg/scheduler/scheduler.go:760-833 at v2.10.0)."""
     _shape_of: tuple[Device, ...] | None = field(default=None, repr=False)
     """The devices `_positions`, `capacity_desc` and `capacity_total` were computed for (`refresh`)."""
     _positions: dict[int, int] = field(default_factory=dict, repr=False)
@@ -86,13 +94,17 @@ class NodeState:
             self._positions = {device.index: position for position, device in enumerate(devices)}
             self.capacity_desc = tuple(sorted((device.capacity for device in devices if device.usable), reverse=True))
             self.capacity_total = sum(device.capacity for device in devices)
+            self.mig = any(device.mig for device in devices)
             self._shape_of = devices
         count = len(devices)
         used, cores, slots = [0] * count, [0] * count, [0] * count
         stray = 0
         positions = self._positions
+        instances = False
         for hold in self.holds.values():
             for use in hold.allocation.uses:
+                if use.instances:
+                    instances = True
                 position = positions.get(use.index, -1) if use.index >= 0 else -1
                 if position < 0:
                     stray += use.memory
@@ -102,6 +114,9 @@ class NodeState:
                     slots[position] += use.slots
         self.used, self.used_cores, self.used_slots = used, cores, slots
         self.stray = stray
+        if self.mig or instances or self.blocked:
+            self._instances()
+        check_mig = self.mig or bool(self.blocked)
         free = []
         free_gpus = 0.0
         for position, device in enumerate(devices):  # `takes_new_pods`, inline
@@ -113,6 +128,8 @@ class NodeState:
                 and not (device.cores and cores[position] >= device.cores)
             )
             amount = capacity - used[position] if takes and capacity > used[position] else 0
+            if check_mig and (device.mode == mig.MODE or position in self.blocked):
+                amount = self._mig_free(position, amount)
             free.append(amount)
             if capacity:
                 free_gpus += amount / capacity
@@ -126,3 +143,35 @@ class NodeState:
             self.largest_free, self.largest_free_index = 0, -1
         self.fit_free = self.largest_free if self.known and self.ready and self.lock is None else -1
         self.free_gpus = free_gpus
+
+    def _instances(self) -> None:
+        """`occupied` and `blocked` from the holds: each MIG GPU's reserved instances; a MIG GPU that holds a pod
+        without one, a GPU in another mode that holds an instance, and every MIG GPU of a node where an instance
+        names a GPU it does not have, take no new pod until those pods end (as HAMi marks them unhealthy)."""
+        devices, positions = self.devices, self._positions
+        occupied: list[list[tuple[int, int]]] = [[] for _ in devices]
+        blocked: dict[int, str] = {}
+        for hold in self.holds.values():
+            pod = hold.allocation.pod
+            for use in hold.allocation.uses:
+                position = positions.get(use.index, -1) if use.index >= 0 else -1
+                if position < 0:
+                    if use.instances:
+                        gone = f"pod {pod} reserves a MIG instance on GPU {use.uuid or use.index}, not on this node"
+                        blocked.update((other, gone) for other, device in enumerate(devices) if device.mig)
+                    continue
+                device = devices[position]
+                if use.instances and not device.mig:
+                    blocked[position] = f"pod {pod} reserves a MIG instance on it, not in MIG mode"
+                elif device.mig and not use.instances:
+                    blocked[position] = f"pod {pod} runs on it without a MIG instance reserved"
+                occupied[position].extend((instance.start, instance.size) for instance in use.instances)
+        self.occupied = [tuple(placements) for placements in occupied]
+        self.blocked = blocked
+
+    def _mig_free(self, position: int, amount: int) -> int:
+        """What a MIG GPU can give one more container: at most the largest profile with a placement free."""
+        device = self.devices[position]
+        if not amount or position in self.blocked or not device.mig:
+            return 0
+        return min(amount, mig.largest_placeable(device.profiles, self.occupied[position]))

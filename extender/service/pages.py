@@ -71,6 +71,10 @@ def inspect_node(state: NodeState, now: float) -> Raw:
                 }
                 if device.cores:
                     holder["cores"] = use.cores
+                if use.instances:
+                    holder["mig"] = [
+                        {"profile": one.profile, "start": one.start, "size": one.size} for one in use.instances
+                    ]
                 holders.append(holder)
         holders.sort(key=lambda holder: (str(holder["pod"]), str(holder["uid"])))
         shown: Raw = {
@@ -86,6 +90,10 @@ def inspect_node(state: NodeState, now: float) -> Raw:
             shown.update(slots=device.slots, used_slots=state.used_slots[position])
         if device.model or device.uuid:
             shown.update(model=device.model, uuid=device.uuid, cordoned=device.cordoned)
+        if device.mode:
+            shown["mode"] = device.mode
+        if position in state.blocked:  # as HAMi marks the GPU unhealthy: why it takes no new pod
+            shown["problem"] = state.blocked[position]
         devices.append({**shown, "pods": holders})
     node: Raw = {
         "name": state.name,

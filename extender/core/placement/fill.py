@@ -72,7 +72,7 @@ def _choose_one(need: int, state: NodeState, strategy: Strategy) -> tuple[int, .
 
 def fill_choice(demand: Demand, state: NodeState, strategy: Strategy) -> Placement | None:
     """The GPUs to give the pod on this node by `strategy` (per GPU container), or None when it does not fit now."""
-    if demand.plain:
+    if demand.plain and not state.mig:
         indexes = choose_devices(demand, state, strategy)
         if indexes is None:
             return None

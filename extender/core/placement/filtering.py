@@ -63,6 +63,8 @@ def same_reason(demand: Demand, cause: Cause, unit: str) -> str:
         return f"needs {need} on {gpus}; every GPU here that could hold it runs its most pods"
     if cause is Cause.EXCLUSIVE:
         return f"needs {gpus} to itself ({need}); every GPU here that could hold it runs a pod"
+    if cause is Cause.SLICES:
+        return f"needs {need} on {gpus}; no MIG GPU here that could hold it has the slices free"
     if cause is Cause.NUMA:
         return f"needs {gpus} with {need} free each on one NUMA node; no NUMA node here has that"
     if request.devices == 1:

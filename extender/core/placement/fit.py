@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from extender.core import mig
 from extender.core.devices import WHOLE_GPU, Demand, Device, Request, Selectors, Strategy
 from extender.core.holds import Grant
 
@@ -57,6 +58,8 @@ class Cause(enum.StrEnum):
     SLOTS = "slots"
     EXCLUSIVE = "exclusive"
     NUMA = "numa"
+    SLICES = "slices"
+    """No MIG instance that holds it can be placed in the GPU's free slices."""
     QUOTA = "quota"
     """The namespace's ResourceQuota has no room left for what the pod would be given here (`quota/`)."""
 
@@ -78,14 +81,25 @@ class Usage:
     memory: list[int]
     cores: list[int]
     slots: list[int]
+    occupied: list[list[tuple[int, int]]] | None = None
+    """MIG nodes: per position, the (start, size) of the instances held (`NodeState.occupied`)."""
+    blocked: dict[int, str] | None = None
+    """MIG nodes: positions that take no new pod, and why (`NodeState.blocked`)."""
 
     def copy(self) -> Usage:
-        return Usage(list(self.memory), list(self.cores), list(self.slots))
+        occupied = None if self.occupied is None else [list(placements) for placements in self.occupied]
+        return Usage(list(self.memory), list(self.cores), list(self.slots), occupied, self.blocked)
 
     def add(self, position: int, grant: Grant) -> None:
         self.memory[position] += grant.memory
         self.cores[position] += grant.cores
         self.slots[position] += 1
+
+    def reserve(self, position: int, grant: Grant) -> None:
+        """The grant's MIG instance, if any, is held from now on (by every container of the pod, init or not: an
+        instance lives as long as its pod)."""
+        if grant.instance is not None and self.occupied is not None:
+            self.occupied[position].append((grant.instance.start, grant.instance.size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,17 +120,21 @@ def place(
 ) -> Placement | Judgement:
     """Place every container of the demand on these devices, or say why not (a Judgement that does not fit)."""
     app = usage.copy()
+    initial = usage if usage.occupied is None else usage.copy()  # MIG: instances of earlier containers count
     placed: list[tuple[Grant, ...]] = []
     requests = demand.requests
     for number, request in enumerate(requests):
-        base = usage if request.init else app
+        base = initial if request.init else app
         label = f"container {number + 1} of {len(requests)}: " if len(requests) > 1 else ""
         chosen = _place_one(request, demand.selectors, devices, base, strategy, unit, label, rank)
         if isinstance(chosen, Judgement):
             return chosen
-        if not request.init:
-            for position, grant in chosen:
+        for position, grant in chosen:
+            if not request.init:
                 app.add(position, grant)
+            if grant.instance is not None:
+                app.reserve(position, grant)
+                initial.reserve(position, grant)
         placed.append(tuple(grant for _, grant in chosen))
     return Placement(tuple(placed), sum(1 for request in requests if request.init))
 
@@ -149,6 +167,15 @@ def _blocker(request: Request, selectors: Selectors, device: Device, position: i
             return Cause.EXCLUSIVE
         if not cores and usage.cores[position] >= device.cores:
             return Cause.COMPUTE
+    if usage.blocked and position in usage.blocked:
+        return Cause.SLICES
+    occupied = usage.occupied
+    if (
+        device.mig
+        and occupied is not None
+        and not mig.placeable(device.profiles, occupied[position], request.memory_on(device))
+    ):
+        return Cause.SLICES
     return Cause.NONE
 
 
@@ -157,6 +184,8 @@ def _could_ever(request: Request, selectors: Selectors, device: Device) -> bool:
     if not device.usable or not selectors.admits(device):
         return False
     if device.capacity < request.memory_on(device):
+        return False
+    if device.mig and all(profile.memory < request.memory_on(device) for profile in device.profiles):
         return False
     return not (device.cores and device.cores < request.cores)
 
@@ -185,11 +214,18 @@ def _place_one(
     if selectors.numa_bind:
         serving = _one_numa_node(serving, devices, request.devices)
     if len(serving) >= request.devices:
-        return [
-            (p, Grant(devices[p].index, request.memory_on(devices[p]), request.cores, devices[p].uuid))
-            for p in serving[: request.devices]
-        ]
+        return [(p, _grant(request, devices[p], p, usage)) for p in serving[: request.devices]]
     return _refusal(request, selectors, devices, usage, unit, label, numa=bool(serving) or selectors.numa_bind)
+
+
+def _grant(request: Request, device: Device, position: int, usage: Usage) -> Grant:
+    """What the request takes of a device that serves it: its memory and compute; on a MIG GPU, an instance, and
+    the memory and compute of its profile (what HAMi records, `AddResourceUsage` in device.go:645-664)."""
+    memory = request.memory_on(device)
+    if not device.mig or usage.occupied is None:
+        return Grant(device.index, memory, request.cores, device.uuid)
+    profile, instance = mig.choose(device.profiles, usage.occupied[position], memory, request.position)
+    return Grant(device.index, profile.memory, profile.cores, device.uuid, instance)
 
 
 def _one_numa_node(serving: list[int], devices: Sequence[Device], count: int) -> list[int]:
@@ -232,13 +268,14 @@ def _refusal(
     if numa and serving >= count:
         reason = f"{label}needs {count} GPUs with {need} free each on one NUMA node; no NUMA node here has that"
         return Judgement(Verdict.FAILED, reason, Cause.NUMA)
-    cause = max((Cause.MEMORY, Cause.COMPUTE, Cause.SLOTS, Cause.EXCLUSIVE), key=causes.count)
+    cause = max((Cause.MEMORY, Cause.COMPUTE, Cause.SLOTS, Cause.EXCLUSIVE, Cause.SLICES), key=causes.count)
     if count > 1:
         what = {
             Cause.MEMORY: f"{need} free",
             Cause.COMPUTE: f"{need} free",
             Cause.SLOTS: "a pod slot left",
             Cause.EXCLUSIVE: "no pod on them",
+            Cause.SLICES: "a MIG instance that holds it free",
         }[cause]
         return Judgement(
             Verdict.FAILED, f"{label}needs {count} GPUs with {what} each; {serving} of {total} have that", cause
@@ -250,6 +287,11 @@ def _refusal(
     if cause is Cause.EXCLUSIVE:
         reason = f"{label}needs a GPU to itself ({need}); every GPU here that could hold it runs a pod"
         return Judgement(Verdict.FAILED, reason, cause)
+    if cause is Cause.SLICES:
+        short = [p for p, blocker in zip(ever, causes, strict=True) if blocker is Cause.SLICES]
+        return Judgement(
+            Verdict.FAILED, f"{label}needs {need} on a MIG GPU; {_slices_left(short, devices, usage)}", cause
+        )
     if cause is Cause.COMPUTE:
         short = [p for p, blocker in zip(ever, causes, strict=True) if blocker is Cause.COMPUTE]
         best = max(short, key=lambda p: (devices[p].cores - usage.cores[p], -devices[p].index))
@@ -264,6 +306,28 @@ def _refusal(
     return Judgement(
         Verdict.FAILED, f"{label}needs {request.memory_on(devices[best])} {unit} on one GPU; {detail}", cause
     )
+
+
+def _slices_left(short: list[int], devices: Sequence[Device], usage: Usage) -> str:
+    """What the free slices of the MIG GPUs refused still allow, at best ("the free slices of GPU 2 allow
+    1g.5gb at most")."""
+    blocked = usage.blocked or {}
+    best: tuple[int, int, str] | None = None
+    for position in short:
+        if position in blocked:
+            continue
+        occupied = usage.occupied[position] if usage.occupied is not None else []
+        for profile in devices[position].profiles:
+            if mig.free_placements(profile, occupied):
+                candidate = (profile.memory, -devices[position].index, profile.name)
+                if best is None or candidate > best:
+                    best = candidate
+    if best is not None:
+        return f"the free slices of GPU {-best[1]} allow {best[2]} at most"
+    if blocked and all(position in blocked for position in short):
+        position = short[0]
+        return f"GPU {devices[position].index} takes no new pod: {blocked[position]}"
+    return "no MIG GPU here that could hold it has a slice free"
 
 
 def describe(request: Request, unit: str) -> str:

@@ -85,7 +85,7 @@ def added_fragmentation(
         return round(memo.measure(cpu, memory, room.gpus, classes) - before, DIGITS), None
     chosen = (
         _plain_choice(demand, state, room.gpus, cpu, memory, classes, memo)
-        if demand.plain
+        if demand.plain and not state.mig
         else _general_choice(demand, state, room.gpus, cpu, memory, classes, memo)
     )
     if chosen is None:

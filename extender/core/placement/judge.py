@@ -14,7 +14,7 @@ from extender.core.nodes import NodeState
 from extender.core.placement.fit import FITS, Cause, Judgement, Usage, Verdict, place
 
 NOT_IN_CACHE = "node is not in the extender's cache (yet)"
-ROOM = frozenset({Cause.MEMORY, Cause.COMPUTE, Cause.SLOTS, Cause.EXCLUSIVE, Cause.NUMA})
+ROOM = frozenset({Cause.MEMORY, Cause.COMPUTE, Cause.SLOTS, Cause.EXCLUSIVE, Cause.NUMA, Cause.SLICES})
 """Refusals for room on the GPUs: those an eviction could help, unlike a lock or a node not Ready."""
 
 
@@ -23,7 +23,7 @@ def judge(demand: Demand, state: NodeState | None, unit: str, pod: str = "") -> 
     (`namespace/name`) is the pod asking: a device plugin's lock held for it does not keep it off the node."""
     if state is None or not state.known:
         return Judgement(Verdict.FAILED, NOT_IN_CACHE, Cause.NOT_IN_CACHE)
-    if not demand.plain:
+    if not demand.plain or state.mig:  # MIG: instances, not memory alone (`fit.py`)
         return _judge_general(demand, state, unit, pod)
     need, count = demand.per_device, demand.devices
     if state.ready and (state.lock is None or state.lock.pod == pod):
@@ -80,7 +80,10 @@ def _unavailable(state: NodeState, pod: str) -> Judgement | None:
 
 def usage_of(state: NodeState) -> Usage:
     """What the node's GPUs hold now, per position (a copy: placing on it changes nothing in the cache)."""
-    return Usage(list(state.used), list(state.used_cores), list(state.used_slots))
+    if not state.mig and not state.blocked:
+        return Usage(list(state.used), list(state.used_cores), list(state.used_slots))
+    occupied = [list(placements) for placements in state.occupied]
+    return Usage(list(state.used), list(state.used_cores), list(state.used_slots), occupied, dict(state.blocked))
 
 
 def _judge_general(demand: Demand, state: NodeState, unit: str, pod: str) -> Judgement:

@@ -32,10 +32,10 @@ in `shared/protocols/hami.md` and verified in `tests/fixtures/hami/NOTES.md` (fi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import orjson
 
@@ -54,6 +54,14 @@ from extender.core.devices import (
 from extender.core.holds import Allocation, Grant
 from extender.core.objects import Raw, as_object
 from extender.core.protocols import NOTHING_RECORDED, QuotaResources, Recorded
+from extender.core.protocols.gofields import MAX_INT32, field
+from extender.core.protocols.hami_mig import (
+    MIG_ALLOCATIONS,
+    decode_instances,
+    encode_instances,
+    read_profiles,
+    with_instances,
+)
 from extender.core.resources import (
     MAX_DEVICES,
     InvalidPod,
@@ -64,8 +72,6 @@ from extender.core.resources import (
     parse_count,
     where,
 )
-
-T = TypeVar("T")
 
 REGISTER = "hami.io/node-nvidia-register"
 CORDON = "hami.io/device-cordon"
@@ -91,8 +97,6 @@ NODE_POLICY = "hami.io/node-scheduler-policy"
 
 VENDOR = "NVIDIA"
 """The type field of every allocation entry: the plugin's "all allocated?" test looks for it."""
-MAX_INT32 = 2**31 - 1
-"""HAMi's memory and compute fields are int32 (`ParseInt(s, 10, 32)`)."""
 TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 """What Go's `strconv.ParseBool` reads as true (`nvidia.com/numa-bind`)."""
 
@@ -172,7 +176,11 @@ class Hami:
 
     def pod_demand(self, pod: Raw) -> Demand:
         check_pod_shape(pod)
-        requests = [request for found in containers(pod) if (request := self._request(found, pod)) is not None]
+        requests = [
+            request
+            for position, found in enumerate(containers(pod))
+            if (request := self._request(found, pod, position)) is not None
+        ]
         if not requests:
             return NO_DEMAND
         annotations = objects.annotations_of(pod)
@@ -189,6 +197,7 @@ class Hami:
                 selectors=selectors,
                 node_strategy=node_strategy,
                 device_strategy=device_strategy,
+                position=only.position,
             )
         return Demand(
             memory=sum(request.memory * request.devices for request in requests),
@@ -199,7 +208,7 @@ class Hami:
             device_strategy=device_strategy,
         )
 
-    def _request(self, found: tuple[Raw, str], pod: Raw) -> Request | None:
+    def _request(self, found: tuple[Raw, str], pod: Raw, position: int) -> Request | None:
         container, kind = found
         gpus = container_amount(pod, container, GPU, kind)
         memory = container_amount(pod, container, GPUMEM, kind)
@@ -222,7 +231,7 @@ class Hami:
             mib = self.default_memory
             share = 0 if mib else 100
         compute = min(self.default_cores if cores is None else cores, WHOLE_GPU)
-        return Request(gpus, mib, 0 if mib else share, compute, init=kind == "init container")
+        return Request(gpus, mib, 0 if mib else share, compute, init=kind == "init container", position=position)
 
     # -- allocations
 
@@ -230,7 +239,7 @@ class Hami:
         uuids = {device.index: device.uuid for device in devices}
         encoded = encode(allocation.containers, uuids)
         stamp = str(int(since))
-        return {
+        annotations = {
             VGPU_NODE: allocation.node,
             VGPU_TIME: stamp,
             TO_ALLOCATE: encoded,
@@ -238,6 +247,10 @@ class Hami:
             BIND_PHASE: "allocating",
             BIND_TIME: stamp,
         }
+        reservations = encode_instances(allocation.containers, uuids)
+        if reservations:
+            annotations[MIG_ALLOCATIONS] = reservations
+        return annotations
 
     def recorded(self, pod: Raw, demand: Demand | None) -> Recorded:
         annotations = objects.annotations_of(pod)
@@ -253,6 +266,8 @@ class Hami:
             return Recorded(node, None, since)
         requests = demand.requests if demand is not None and not demand.is_zero else ()
         init = sum(1 for request in requests if request.init) if len(requests) == len(entries) else 0
+        with contextlib.suppress(ValueError):  # HAMi ignores reservations it cannot decode (scheduler.go:762-766)
+            entries = with_instances(entries, decode_instances(annotations.get(MIG_ALLOCATIONS)))
         key = objects.key(objects.namespace(pod), objects.name(pod))
         return Recorded(node, Allocation(objects.uid(pod), key, node, entries, init), since)
 
@@ -326,36 +341,27 @@ def _registered(text: object, cordoned: frozenset[str]) -> tuple[Device, ...]:
     for entry in entries:
         if not isinstance(entry, dict):
             raise ValueError("each GPU must be an object")
-        model = _field(entry, "type", str, "")
+        model = field(entry, "type", str, "")
         if VENDOR.lower() not in model.lower():
             continue
-        index = _field(entry, "index", int, 0)
+        index = field(entry, "index", int, 0)
         if index < 0 or index in devices:
             raise ValueError(f"bad or repeated GPU index {index}")
-        uuid = _field(entry, "id", str, "")
+        uuid = field(entry, "id", str, "")
         devices[index] = Device(
             index,
-            _field(entry, "devmem", int, 0),
-            healthy=_field(entry, "health", bool, False),
-            cores=_field(entry, "devcore", int, 0),
-            slots=_field(entry, "count", int, 0),
+            field(entry, "devmem", int, 0),
+            healthy=field(entry, "health", bool, False),
+            cores=field(entry, "devcore", int, 0),
+            slots=field(entry, "count", int, 0),
             model=model,
             uuid=uuid,
-            numa=_field(entry, "numa", int, 0),
-            mode=_field(entry, "mode", str, ""),
+            numa=field(entry, "numa", int, 0),
+            mode=field(entry, "mode", str, ""),
             cordoned=uuid in cordoned,
+            profiles=read_profiles(entry.get("migProfiles")),
         )
     return tuple(devices[index] for index in sorted(devices))
-
-
-def _field(entry: Raw, name: str, kind: type[T], default: T) -> T:
-    """A field of one registered GPU, of the JSON type Go's decoder accepts (a wrong one fails the annotation)."""
-    value = entry.get(name, default)
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT32):
-        raise ValueError(f"{name} {str(value)[:40]!r} is not a whole number")
-    if not isinstance(value, kind):
-        raise ValueError(f"{name} {str(value)[:40]!r} is not a {kind.__name__}")
-    return value
 
 
 def _cordoned(value: object) -> frozenset[str]:

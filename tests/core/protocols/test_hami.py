@@ -191,7 +191,7 @@ def test_init_and_app_containers_are_requests_of_their_own_init_first() -> None:
         container("main", gpu="1", gpumem="2000", gpucores="20"),
         init=(container("prep", gpu="1", gpumem="1000", gpucores="10"),),
     )
-    assert HAMI.pod_demand(pod).requests == (Request(1, 1000, 0, 10, init=True), Request(1, 2000, 0, 20))
+    assert HAMI.pod_demand(pod).requests == (Request(1, 1000, 0, 10, init=True), Request(1, 2000, 0, 20, position=2))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,140 @@
+"""HAMi's MIG formats (v2.10.0, commit 4707fb02): the profiles a MIG-mode GPU registers, and the reservation
+`hami.io/vgpu-mig-allocations` that tells HAMi's device plugin which instance to make for each container.
+
+`shared/protocols/hami-mig-topology.md` §1 has the rules with file and line; `core/mig.py` the geometry and the
+choice. The plugin (`GetContainerDeviceStrArray`, pkg/device-plugin/nvidiadevice/nvinternal/plugin/util.go:
+290-360) finds a container's reservations by its position in the pod (init containers first), sorts them by
+`deviceIndex`, requires one per GPU of the container and the same GPU UUID at each position, and makes exactly
+the profile at the placement reserved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+
+from extender.core import mig
+from extender.core.holds import Grant
+from extender.core.mig import MigInstance, MigProfile
+from extender.core.protocols.gofields import field
+from extender.core.resources import MAX_DEVICES
+
+MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
+MAX_RESERVATIONS = MAX_DEVICES * 16
+"""Reservations read from one pod: more than a pod could ever hold is a malformed annotation."""
+
+
+def read_profiles(value: object) -> tuple[MigProfile, ...]:
+    """A GPU's `migProfiles` (HAMi's `[{name, memoryMB, core, sliceCount, placements:[{start, size}]}]`,
+    pkg/device/devices.go:50-90 at v2.10.0), bounded."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > mig.MAX_PROFILES:
+        raise ValueError(f"migProfiles must be an array of at most {mig.MAX_PROFILES} profiles")
+    profiles = []
+    for entry in value:
+        if not isinstance(entry, dict):
+            raise ValueError("each MIG profile must be an object")
+        name = field(entry, "name", str, "")
+        placements = entry.get("placements") or []
+        if not isinstance(placements, list) or len(placements) > mig.MAX_PLACEMENTS:
+            raise ValueError(f"MIG profile {name[:40]!r}: placements must be an array of at most {mig.MAX_PLACEMENTS}")
+        spots = []
+        for placement in placements:
+            if not isinstance(placement, dict):
+                raise ValueError(f"MIG profile {name[:40]!r}: each placement must be an object")
+            spots.append((field(placement, "start", int, 0), field(placement, "size", int, 0)))
+        profiles.append(
+            MigProfile(
+                name,
+                field(entry, "memoryMB", int, 0),
+                field(entry, "core", int, 0),
+                field(entry, "sliceCount", int, 0),
+                tuple(spots),
+            )
+        )
+    return tuple(profiles)
+
+
+def encode_instances(containers: Sequence[Sequence[Grant]], uuids: dict[int, str]) -> str:
+    """`hami.io/vgpu-mig-allocations` for the grants that have a MIG instance ("" when none has): a JSON array
+    of `{"containerIndex","deviceIndex","gpuUUID","profile","placement":{"start","size"}}`, `deviceIndex` the
+    grant's position in its container's entry of `hami.io/vgpu-devices-allocated`, as HAMi's
+    `EncodeMigAllocations` writes it (pkg/device/nvidia/mig_allocations.go:45-77 at v2.10.0). The device plugin
+    makes each instance at Allocate and fails a container with fewer reservations than GPUs
+    (plugin/util.go:329-333)."""
+    entries = [
+        {
+            "containerIndex": grant.instance.container,
+            "deviceIndex": number,
+            "gpuUUID": grant.uuid or uuids.get(grant.index, ""),
+            "profile": grant.instance.profile,
+            "placement": {"start": grant.instance.start, "size": grant.instance.size},
+        }
+        for grants in containers
+        for number, grant in enumerate(grants)
+        if grant.instance is not None
+    ]
+    return orjson.dumps(entries).decode() if entries else ""
+
+
+def decode_instances(value: object) -> list[tuple[str, MigInstance]]:
+    """The GPU UUID and instance of each reservation in `hami.io/vgpu-mig-allocations`, by HAMi's rules
+    (`DecodeMigAllocations`, mig_allocations.go:79-112): ValueError for one that is not complete (a GPU, a
+    profile, a placement of some size), has a partial runtime identity, or repeats a (container, device)."""
+    if value is None or value == "":
+        return []
+    if not isinstance(value, str) or len(value) > 64 * 1024:
+        raise ValueError("not a string of at most 64 KiB")
+    try:
+        listed = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        raise ValueError("not JSON") from None
+    if not isinstance(listed, list) or len(listed) > MAX_RESERVATIONS:
+        raise ValueError("expected a JSON array of reservations")
+    found: list[tuple[str, MigInstance]] = []
+    seen: set[tuple[int, int]] = set()
+    for number, entry in enumerate(listed):
+        if not isinstance(entry, dict):
+            raise ValueError(f"reservation {number} is not an object")
+        placement = entry.get("placement")
+        placement = placement if isinstance(placement, dict) else {}
+        container, device = field(entry, "containerIndex", int, 0), field(entry, "deviceIndex", int, 0)
+        uuid, profile = field(entry, "gpuUUID", str, ""), field(entry, "profile", str, "")
+        start, size = field(placement, "start", int, 0), field(placement, "size", int, 0)
+        if not uuid or not profile or not size:
+            raise ValueError(f"MIG allocation {number} is incomplete")
+        runtime = sum(
+            1 for name in ("migUUID", "gpuInstanceID", "computeInstanceID") if entry.get(name) not in (None, "")
+        )
+        if runtime not in (0, 3):
+            raise ValueError(f"MIG allocation {number} has partial runtime identity")
+        if (container, device) in seen:
+            raise ValueError(f"duplicate MIG allocation for container {container} device {device}")
+        seen.add((container, device))
+        found.append((uuid, MigInstance(profile, start, size, container)))
+    return found
+
+
+def with_instances(
+    entries: tuple[tuple[Grant, ...], ...], reservations: list[tuple[str, MigInstance]]
+) -> tuple[tuple[Grant, ...], ...]:
+    """The grants read back, each given the next reservation of its GPU in order, as HAMi's rebuild matches them
+    (`getNodesUsage`, scheduler.go:776-801). A reservation left over (no grant on its GPU) is not counted: HAMi's
+    own scheduler never writes one."""
+    if not reservations:
+        return entries
+    by_gpu: dict[str, list[MigInstance]] = {}
+    for uuid, instance in reservations:
+        by_gpu.setdefault(uuid, []).append(instance)
+    matched = []
+    for grants in entries:
+        given = []
+        for grant in grants:
+            waiting = by_gpu.get(grant.uuid)
+            given.append(
+                Grant(grant.index, grant.memory, grant.cores, grant.uuid, waiting.pop(0)) if waiting else grant
+            )
+        matched.append(tuple(given))
+    return tuple(matched)
