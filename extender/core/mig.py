@@ -22,6 +22,7 @@ ties. Pure functions over plain tuples; the cache reads `largest_placeable`, the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -103,10 +104,19 @@ def placeable(profiles: Sequence[MigProfile], occupied: Occupied, memory: int) -
 
 def largest_placeable(profiles: Sequence[MigProfile], occupied: Occupied) -> int:
     """The most memory one more instance could give on this GPU now (0: no placement is free)."""
-    return max(
-        (profile.memory for profile in profiles if free_placements(profile, occupied)),
-        default=0,
-    )
+    return _largest(tuple(profiles), tuple(sorted(occupied)))
+
+
+@functools.lru_cache(maxsize=65536)
+def _largest(profiles: tuple[MigProfile, ...], occupied: tuple[tuple[int, int], ...]) -> int:
+    """`largest_placeable`, remembered: a cluster's MIG GPUs are in few distinct states."""
+    return max((profile.memory for profile in profiles if free_placements(profile, occupied)), default=0)
+
+
+@functools.lru_cache(maxsize=1024)
+def slices(profiles: tuple[MigProfile, ...]) -> int:
+    """The GPU's memory slices: the end of the furthest placement (8 on an A100, whose 7g.80gb covers 0-7)."""
+    return max((start + size for profile in profiles for start, size in profile.placements), default=0)
 
 
 def hami_placement(profile: MigProfile, occupied: Occupied) -> tuple[int, int] | None:
@@ -142,13 +152,23 @@ def choose(
     """The profile and instance a container asking `memory` MiB gets on this GPU now (HAMi's profile; our
     placement, or HAMi's with `greedy`). Raises ValueError when none fits: the fit asks only where `placeable`
     found one."""
-    profile = placeable(profiles, occupied, memory)
-    placement = None
-    if profile is not None:
-        placement = hami_placement(profile, occupied) if greedy else least_cut(profiles, profile, occupied)
-    if profile is None or placement is None:
+    chosen = _choice(tuple(profiles), tuple(sorted(occupied)), memory, greedy)
+    if chosen is None:
         raise ValueError(f"no MIG profile of at least {memory} MiB has a placement free")
-    return profile, MigInstance(profile.name, placement[0], placement[1], container)
+    profile, (start, size) = chosen
+    return profile, MigInstance(profile.name, start, size, container)
+
+
+@functools.lru_cache(maxsize=65536)
+def _choice(
+    profiles: tuple[MigProfile, ...], occupied: tuple[tuple[int, int], ...], memory: int, greedy: bool
+) -> tuple[MigProfile, tuple[int, int]] | None:
+    """`choose`, remembered by the GPU's state (the measure asks it for every GPU a pod could take)."""
+    profile = placeable(profiles, occupied, memory)
+    if profile is None:
+        return None
+    placement = hami_placement(profile, occupied) if greedy else least_cut(profiles, profile, occupied)
+    return None if placement is None else (profile, placement)
 
 
 def profile_named(profiles: Sequence[MigProfile], name: str) -> MigProfile | None:

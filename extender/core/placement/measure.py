@@ -42,12 +42,15 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from extender.core import mig
 from extender.core.nodes import NodeState
 from extender.core.placement.workload import Classes, Shape
 
-GpuRoom = tuple[int, int, int, str]
-"""One GPU as the measure sees it: (memory free to a new pod, memory capacity, compute free or -1 when its
-plugin does not track compute, model). Sorted tuples of these are memo keys."""
+GpuRoom = tuple[int, int, int, str, int]
+"""One GPU as the measure sees it: (memory free, memory capacity, compute free or -1 when its plugin does not
+track compute, model, the most one new pod can take). The last is the first, but on a MIG GPU the first is the
+memory of its free slices (what is wasted if no pod can use them) and the last the largest instance that can
+still be placed in them (what a pod can take). Sorted tuples of these are memo keys."""
 
 STARVED_WEIGHT = 0.5
 """Weight of the free GPU the node's cpu and memory cannot feed (`starved`), against the paper's measure."""
@@ -80,16 +83,48 @@ def room_of(state: NodeState) -> Room:
 def gpu_room(state: NodeState, position: int, memory: int = 0, cores: int = 0) -> GpuRoom:
     """One GPU of the node as the measure sees it, after `memory` and `cores` more are taken on it."""
     device = state.devices[position]
+    if device.mig:
+        return _mig_room(state, position, memory, cores)
     free = state.free[position] - memory
     left = device.cores - state.used_cores[position] - cores if device.cores else -1
     if left == 0 or (device.slots and state.used_slots[position] + (1 if memory or cores else 0) >= device.slots):
         free = 0
-    return (max(free, 0), device.capacity, left, device.model)
+    free = max(free, 0)
+    return (free, device.capacity, left, device.model, free)
+
+
+def _mig_room(state: NodeState, position: int, memory: int, cores: int) -> GpuRoom:
+    """`gpu_room` of a MIG GPU: with `memory` more, an instance more, where `mig.choose` would place it."""
+    device = state.devices[position]
+    occupied = list(state.occupied[position])
+    used, used_cores, used_slots = state.used[position], state.used_cores[position], state.used_slots[position]
+    if memory and position not in state.blocked:
+        try:
+            profile, instance = mig.choose(device.profiles, occupied, memory, -1)
+        except ValueError:  # it cannot take that much: nothing changes
+            profile = None
+        if profile is not None:
+            occupied.append((instance.start, instance.size))
+            used, used_cores, used_slots = used + profile.memory, used_cores + max(profile.cores, cores), used_slots + 1
+    left = device.cores - used_cores if device.cores else -1
+    total = mig.slices(device.profiles)
+    if (
+        position in state.blocked
+        or not device.usable
+        or not total
+        or left == 0
+        or (device.slots and used_slots >= device.slots)
+    ):
+        return (0, device.capacity, left, device.model, 0)
+    room = device.capacity - used
+    free = min(device.capacity * (total - sum(size for _, size in occupied)) // total, room)
+    largest = min(mig.largest_placeable(device.profiles, occupied), room)
+    return (max(free, 0), device.capacity, left, device.model, max(largest, 0))
 
 
 def free_gpus(gpus: Sequence[GpuRoom]) -> float:
     """Free GPU in GPUs."""
-    return sum(free / capacity for free, capacity, _, _ in gpus if capacity > 0)
+    return sum(gpu[0] / gpu[1] for gpu in gpus if gpu[1] > 0)
 
 
 def starved(cpu: int, memory: int, total: float, rates: tuple[float, float]) -> float:
@@ -257,5 +292,7 @@ class FragmentMemo:
 
 def serves(shape: Shape, gpu: GpuRoom) -> bool:
     """Whether this GPU could take one of the shape's GPUs now: memory and compute left, a model it allows."""
-    free, capacity, cores, model = gpu
-    return bool(free) and free >= shape.need(capacity) and (cores < 0 or cores >= shape.cores) and shape.admits(model)
+    free, capacity, cores, model, largest = gpu
+    return (
+        bool(free) and largest >= shape.need(capacity) and (cores < 0 or cores >= shape.cores) and shape.admits(model)
+    )

@@ -26,7 +26,7 @@ def classes_of(*weighted: tuple[Shape, int]) -> Classes:
 
 
 def gpus(*free: int, model: str = "") -> tuple[tuple[int, int, int, str], ...]:
-    return tuple((amount, GPU, -1, model) for amount in free)
+    return tuple((amount, GPU, -1, model, amount) for amount in free)
 
 
 HALF_AND_WHOLE = classes_of((HALF, 1), (WHOLE, 1))
@@ -77,7 +77,7 @@ def test_memory_short_of_a_shape_makes_all_the_free_gpu_its_fragment() -> None:
 
 def test_a_gpu_out_of_compute_is_fragment_for_a_shape_that_asks_compute() -> None:
     computing = classes_of((Shape(1000, 0, 1, 100, cores=50), 1))
-    rooms = ((900, GPU, 40, ""), (900, GPU, 60, ""))  # only the second has 50 % compute left
+    rooms = ((900, GPU, 40, "", 900), (900, GPU, 60, "", 900))  # only the second has 50 % compute left
     assert fragment(UNLIMITED, UNLIMITED, rooms, computing) == pytest.approx(0.9)
 
 
@@ -145,7 +145,9 @@ def test_nodes_of_one_gpu_size_and_model_are_judged_by_bisection_with_the_same_r
     classes = classes_of(*shapes)
     for _ in range(200):
         model = rng.choice(["T4", "A100"])
-        gpus_of_one_model = tuple((rng.choice([0, 50, 300, 500, 700, 1000]), GPU, -1, model) for _ in range(8))
+        gpus_of_one_model = tuple(
+            (amount, GPU, -1, model, amount) for amount in rng.choices([0, 50, 300, 500, 700, 1000], k=8)
+        )
         cpu = rng.choice([0, 1000, 4000, 16000])
         total = free_gpus(gpus_of_one_model)
         if total:

@@ -15,7 +15,9 @@ import pytest
 
 from extender.core.holds import Allocation, Grant
 from extender.core.mig import MigInstance, MigProfile
+from extender.core.placement.config import PolicyConfig, ask_of
 from extender.core.placement.fit import Cause, Verdict
+from extender.core.placement.measure import gpu_room
 from extender.core.protocols.hami import ALLOCATED, REGISTER, encode
 from extender.core.protocols.hami_mig import MIG_ALLOCATIONS, decode_instances, encode_instances
 from tests.builders import (
@@ -298,3 +300,35 @@ def test_overlapping_instances_from_the_api_are_reported_as_overcommitted() -> N
     )
     cluster = make_hami_cluster(make_mig_node(), pods=pods)
     assert cluster.overcommitted() == ["mig-1 GPU 0: MIG instances overlap at slice 6"]
+
+
+def test_the_measure_sees_a_mig_gpus_free_slices_and_what_they_can_still_hold() -> None:
+    """`measure.gpu_room` of a MIG GPU: its free slices are what is wasted if no pod can use them; the largest
+    instance still placeable is what a pod can take (not the memory left, which three 2g.10gb leave at 10 GiB
+    with room for a 1g.5gb only)."""
+    pods = tuple(
+        bound_mig_pod(f"p{start}", "mig-1", (Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", start, 2, 0)),))
+        for start in (0, 2, 4)
+    )
+    state = make_hami_cluster(make_mig_node(), pods=pods).nodes["mig-1"]
+    assert gpu_room(state, 0) == (10240, 40960, 16, "NVIDIA-A100-SXM4-40GB", 5120)  # 2 of 8 slices free
+    assert gpu_room(state, 0, 5000) == (5120, 40960, 2, "NVIDIA-A100-SXM4-40GB", 0)  # slice 7 alone: no profile
+
+
+def test_the_policy_fills_the_slice_that_no_larger_profile_could_use() -> None:
+    """A 1g pod, two MIG nodes: one empty, one whose last free slice only a 1g can use. The fragmentation
+    policy (as shipped) passes the second alone: its slice is wasted otherwise, while the empty GPU keeps
+    room for a 3g.20gb."""
+    full = (
+        bound_mig_pod("big", "mig-2", (Grant(0, 20480, 42, "GPU-mig-2-0", MigInstance("3g.20gb", 0, 4, 0)),)),
+        bound_mig_pod("mid", "mig-2", (Grant(0, 10240, 28, "GPU-mig-2-0", MigInstance("2g.10gb", 4, 2, 0)),)),
+    )
+    cluster = make_hami_cluster(make_mig_node("mig-1"), make_mig_node("mig-2"), pods=full)
+    placer = placer_for(cluster, PolicyConfig())
+    demand = HAMI.pod_demand(mig_pod("small", 4000))
+    outcome = placer.filter(
+        demand, ["mig-1", "mig-2"], cluster.nodes, "default/small", ask_of(mig_pod("small", 4000), demand)
+    )
+    assert outcome.passed == ["mig-2"]
+    placed = placer.choose(demand, cluster.nodes["mig-2"])
+    assert placed is not None and placed.containers[0][0].instance == MigInstance("1g.5gb", 6, 1, 0)
