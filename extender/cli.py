@@ -23,7 +23,8 @@ from typing import Any
 
 from extender import settings as settings_module
 from extender.core.errors import UserError
-from extender.settings import LogFormat, Settings, SettingsError
+from extender.settings import LogFormat, Settings
+from extender.settings_values import SettingsError
 
 log = logging.getLogger("extender")
 

@@ -15,18 +15,15 @@ import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from extender.core.devices import Strategy
-from extender.core.errors import UserError
 from extender.core.placement.config import Narrowing, Policy, PolicyConfig
 from extender.core.placement.workload import HALF_LIFE
 from extender.core.protocols import DeviceProtocol
 from extender.core.protocols.gpushare import Profile
 from extender.core.protocols.hami import Hami
+from extender.settings_values import SettingsError, convert, read_config
 
 ENV_PREFIX = "EXTENDER_"
 
@@ -37,10 +34,6 @@ _PROFILE = Profile()
 HEALTH_MAX_CONNECTIONS = 64
 """Connections to the health port: the kubelet's probes and Prometheus take one or two each; whoever else
 reaches the port (a NetworkPolicy limits who does) cannot take the file descriptors the verbs need."""
-
-
-class SettingsError(UserError):
-    """A setting that is missing, malformed or inconsistent; the message names it and its source."""
 
 
 class Protocol(enum.StrEnum):
@@ -201,6 +194,11 @@ class Settings:
     )
     hami_default_cores: int = _doc("hami: % compute per GPU for a container asking no nvidia.com/gpucores.", default=0)
     hami_memory_factor: int = _doc("hami: MiB that one unit of nvidia.com/gpumem stands for.", default=1)
+    hami_topology_all: bool = _doc(
+        "hami: give every container asking several GPUs the best-linked set (hami.io/node-nvidia-score), as if "
+        "its pod asked the topology-aware GPU policy; off: only pods that ask it.",
+        default=False,
+    )
     node_lock_timeout: float = _doc(
         "hami: seconds after which the device plugin's node lock counts as abandoned and is taken over "
         "(HAMi's --node-lock-timeout).",
@@ -341,7 +339,9 @@ class Settings:
     def device_protocol(self) -> DeviceProtocol:
         """The protocol the cache reads nodes and pods with (`core/protocols/`)."""
         if self.protocol is Protocol.HAMI:
-            return Hami(self.hami_default_memory, self.hami_default_cores, self.hami_memory_factor)
+            return Hami(
+                self.hami_default_memory, self.hami_default_cores, self.hami_memory_factor, self.hami_topology_all
+            )
         return self.profile
 
     @property
@@ -430,50 +430,6 @@ def env_name(field: dataclasses.Field[Any]) -> str:
     return ENV_PREFIX + field.name.upper()
 
 
-def _convert(field: dataclasses.Field[Any], value: Any, source: str) -> Any:
-    kind: type[Any] = type(field.default)
-    try:
-        if kind is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in {"1", "true", "yes", "on"}:
-                return True
-            if text in {"0", "false", "no", "off", ""}:
-                return False
-            raise ValueError("expected true or false")
-        if kind is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError("expected a whole number")
-            return int(value)
-        if kind is float:
-            if isinstance(value, bool):
-                raise ValueError("expected a number")
-            return float(value)
-        if issubclass(kind, enum.Enum):
-            return kind(str(value))
-        if not isinstance(value, (str, int, float)):
-            raise ValueError("expected a string")
-        return str(value)
-    except ValueError as error:
-        choices = f" (one of: {', '.join(member.value for member in kind)})" if issubclass(kind, enum.Enum) else ""
-        raise SettingsError(f"{source}={value!r}: {error}{choices}") from None
-
-
-def _read_config(path: str) -> dict[str, Any]:
-    try:
-        loaded = yaml.safe_load(Path(path).read_text())
-    except OSError as error:
-        raise SettingsError(f"config file {path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise SettingsError(f"config file {path}: not YAML or JSON: {error}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise SettingsError(f"config file {path}: expected a mapping of setting names to values")
-    return {str(key).replace("-", "_"): value for key, value in loaded.items()}
-
-
 def load(
     flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None, config: str = "", check: bool = True
 ) -> Settings:
@@ -481,7 +437,7 @@ def load(
     flags = flags or {}
     env = os.environ if env is None else env
     config = config or env.get(ENV_PREFIX + "CONFIG", "")
-    from_file = _read_config(config) if config else {}
+    from_file = read_config(config) if config else {}
     known = {field.name: field for field in fields()}
     unknown = sorted(set(from_file) - set(known))
     if unknown:
@@ -489,10 +445,10 @@ def load(
     values: dict[str, Any] = {}
     for name, field in known.items():
         if name in flags and flags[name] is not None:
-            values[name] = _convert(field, flags[name], flag(field))
+            values[name] = convert(field, flags[name], flag(field))
         elif env_name(field) in env:
-            values[name] = _convert(field, env[env_name(field)], env_name(field))
+            values[name] = convert(field, env[env_name(field)], env_name(field))
         elif name in from_file:
-            values[name] = _convert(field, from_file[name], f"{config}: {name}")
+            values[name] = convert(field, from_file[name], f"{config}: {name}")
     built = Settings(**values)
     return built.check() if check else built

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from extender.core.devices import Strategy
-from extender.settings import Settings, SettingsError, load
+from extender.settings import Settings, load
+from extender.settings_values import SettingsError
 
 TLS = {"tls_cert": "s.crt", "tls_key": "s.key"}
 

@@ -49,6 +49,15 @@ class Device:
     """An operator keeps new pods off it; those running stay."""
     profiles: tuple[MigProfile, ...] = ()
     """In MIG mode: the profiles an instance may be made of, with their placements (`core/mig.py`)."""
+    links: tuple[tuple[str, int], ...] = ()
+    """How well it is linked to each other GPU of the node, by UUID (HAMi's pair scores: 100 an NVLink)."""
+
+    def link(self, other: Device) -> int:
+        """Its pair score to `other` (0: not measured)."""
+        for uuid, score in self.links:
+            if uuid == other.uuid:
+                return score
+        return 0
 
     @property
     def mig(self) -> bool:
@@ -105,6 +114,13 @@ class Selectors:
     """All GPUs of one container on one NUMA node."""
     exclusive: bool = False
     """Only GPUs no pod uses (HAMi's `mutex` GPU policy)."""
+    topology: bool = False
+    """Several GPUs: the best-linked set; one: the GPU least linked to the others (HAMi's `topology-aware`)."""
+    order: tuple[str, ...] = ()
+    """The GPUs' order as a chain of keys, `binpack`, `spread`, `numa` (HAMi's comma list); empty: the
+    strategy's."""
+    weights: tuple[int, int, int] = (1, 1, 1)
+    """How much slots, compute and memory count in a GPU's fill, by which binpack and spread order GPUs."""
 
     def admits(self, device: Device) -> bool:
         model = device.model.upper()
@@ -139,8 +155,6 @@ class Request:
     """Compute on each GPU, at most 100 (the protocols clamp it where they build the request)."""
     init: bool = False
     """An init container: it runs before the others, so it counts at its peak, not added to them."""
-    position: int = 0
-    """The container's position in the pod, init containers first (a MIG reservation names it)."""
 
     def memory_on(self, device: Device) -> int:
         """The memory this request takes on `device`."""
@@ -171,8 +185,6 @@ class Demand:
     node_strategy: Strategy | None = None
     """The pod's own choice of node ordering (None: the configured one)."""
     device_strategy: Strategy | None = None
-    position: int = 0
-    """Single request: its container's position in the pod, init containers first (`Request.position`)."""
     per_device: int = field(init=False, compare=False, repr=False)
     """Memory needed on each device; rounded up so a split never gives less than asked. Stored, not a
     property: the filter reads it once per request and the policy's caches key on it."""
@@ -190,7 +202,6 @@ class Demand:
             and self.selectors.any
             and self.node_strategy is None
             and self.device_strategy is None
-            and not self.position  # a choice remembered by `key` names no container
         )
         object.__setattr__(self, "plain", plain)
         key = f"{self.per_device}:{self.devices}" if plain else repr(self)
@@ -205,7 +216,7 @@ class Demand:
         """One request per GPU container, init containers first."""
         if self.containers:
             return self.containers
-        return (Request(self.devices, self.per_device, self.percent, self.cores, position=self.position),)
+        return (Request(self.devices, self.per_device, self.percent, self.cores),)
 
 
 NO_DEMAND = Demand(memory=0, devices=1)

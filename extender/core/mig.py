@@ -8,7 +8,8 @@ still refuse a profile whose placements are all cut through: `placeable` answers
 The rules are HAMi v2.10.0's (commit 4707fb02, `pkg/device/nvidia/`), which its device plugin realises at
 Allocate:
 
-- overlap: `a.start < b.start + b.size and b.start < a.start + a.size` (`mig_topology.go:82-84`);
+- overlap: `a.start < b.start + b.size and b.start < a.start + a.size` (`migPlacementsOverlap`,
+  `mig_topology.go:78-80`);
 - a request of `memory` MiB takes the smallest profile (by memory, then slices) whose memory is at least that
   and that has a placement free (`selectMigCandidate`, `device.go:602-624`);
 - HAMi tries a profile's placements highest start first for `1g.*` and `3g.*`, lowest first for the others
@@ -51,13 +52,12 @@ class MigProfile:
 
 @dataclass(frozen=True, slots=True)
 class MigInstance:
-    """One MIG instance reserved for one container: HAMi's `hami.io/vgpu-mig-allocations` entry."""
+    """One MIG instance reserved for one container (`holds.Grant.instance`; the container and the GPU are the
+    grant's): HAMi's `hami.io/vgpu-mig-allocations` entry."""
 
     profile: str
     start: int
     size: int
-    container: int = -1
-    """The container's position in the pod, init containers first (HAMi's `containerIndex`; -1: unknown)."""
 
 
 Occupied = Sequence[tuple[int, int]]
@@ -147,7 +147,7 @@ def least_cut(profiles: Sequence[MigProfile], profile: MigProfile, occupied: Occ
 
 
 def choose(
-    profiles: Sequence[MigProfile], occupied: Occupied, memory: int, container: int, greedy: bool = False
+    profiles: Sequence[MigProfile], occupied: Occupied, memory: int, greedy: bool = False
 ) -> tuple[MigProfile, MigInstance]:
     """The profile and instance a container asking `memory` MiB gets on this GPU now (HAMi's profile; our
     placement, or HAMi's with `greedy`). Raises ValueError when none fits: the fit asks only where `placeable`
@@ -156,7 +156,7 @@ def choose(
     if chosen is None:
         raise ValueError(f"no MIG profile of at least {memory} MiB has a placement free")
     profile, (start, size) = chosen
-    return profile, MigInstance(profile.name, start, size, container)
+    return profile, MigInstance(profile.name, start, size)
 
 
 @functools.lru_cache(maxsize=65536)

@@ -43,7 +43,8 @@ import yaml
 
 from extender.core.devices import Strategy
 from extender.core.placement.config import Policy
-from extender.settings import CpuPods, Settings, SettingsError
+from extender.settings import CpuPods, Settings
+from extender.settings_values import SettingsError
 
 OLDEST_MINOR = 19
 """Kubernetes 1.19: the oldest scheduler we render for (the legacy Policy file)."""

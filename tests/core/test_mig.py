@@ -47,9 +47,9 @@ def test_a_request_gets_the_smallest_profile_that_holds_it_recorded_as_the_profi
     """`TestAddResourceUsageUsesReportedProfileAndPlacement` (nv/mig_capability_test.go:35-50): 10,000 MiB gets
     2g.10gb at (0, 2), and HAMi records 10,240 MiB and 28 % compute; ours chooses the same here."""
     for greedy in (True, False):
-        profile, instance = mig.choose(A100, [], 10000, container=0, greedy=greedy)
+        profile, instance = mig.choose(A100, [], 10000, greedy=greedy)
         assert (profile.memory, profile.cores) == (10240, 28)
-        assert instance == MigInstance("2g.10gb", 0, 2, 0)
+        assert instance == MigInstance("2g.10gb", 0, 2)
 
 
 def test_three_2g_instances_leave_room_for_a_1g_and_nothing_larger() -> None:
@@ -78,9 +78,9 @@ def test_our_placement_keeps_a_3g_placeable_where_hamis_first_fit_cuts_both() ->
     hami: list[tuple[int, int]] = []
     ours: list[tuple[int, int]] = []
     for memory in (10000, 5000):
-        _, taken = mig.choose(A100, hami, memory, 0, greedy=True)
+        _, taken = mig.choose(A100, hami, memory, greedy=True)
         hami.append((taken.start, taken.size))
-        _, taken = mig.choose(A100, ours, memory, 0)
+        _, taken = mig.choose(A100, ours, memory)
         ours.append((taken.start, taken.size))
     assert hami == [(0, 2), (6, 1)] and ours == [(0, 2), (3, 1)]
     assert mig.placeable(A100, hami, 20000) is None
@@ -94,4 +94,4 @@ def test_room_left_counts_free_placements_largest_profile_first() -> None:
 
 def test_choose_says_why_when_nothing_fits() -> None:
     with pytest.raises(ValueError, match="no MIG profile of at least 1 MiB has a placement free"):
-        mig.choose(A100, [(0, 4), (4, 4)], 1, 0)
+        mig.choose(A100, [(0, 4), (4, 4)], 1)

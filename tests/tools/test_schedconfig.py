@@ -13,7 +13,8 @@ import yaml
 from extender import cli
 from extender.core.devices import Strategy
 from extender.core.placement.config import Policy
-from extender.settings import CpuPods, Protocol, Settings, SettingsError
+from extender.settings import CpuPods, Protocol, Settings
+from extender.settings_values import SettingsError
 from extender.tools.schedconfig import Wiring, go_duration, kubernetes_minor, render
 
 # minor -> (apiVersion, kind) the scheduler of that minor reads

@@ -29,6 +29,7 @@ from typing import NamedTuple
 from extender.core import mig
 from extender.core.devices import WHOLE_GPU, Demand, Device, Request, Selectors, Strategy
 from extender.core.holds import Grant
+from extender.core.placement import topology
 
 
 class Verdict(enum.IntEnum):
@@ -139,14 +140,34 @@ def place(
     return Placement(tuple(placed), sum(1 for request in requests if request.init))
 
 
-def _score(device: Device, position: int, usage: Usage) -> float:
-    """How full the device is, over the dimensions its plugin tracks (HAMi's per-GPU score, unweighted)."""
-    score = usage.memory[position] / device.capacity if device.capacity else 0.0
+def _score(device: Device, position: int, usage: Usage, weights: tuple[int, int, int] = (1, 1, 1)) -> float:
+    """How full the device is, over the dimensions its plugin tracks, each weighed by the pod's (slot, core,
+    memory) weights (HAMi's per-GPU score, `ComputeScore`, pkg/scheduler/policy/gpu_policy.go:194-221)."""
+    slot, core, memory = weights
+    score = memory * usage.memory[position] / device.capacity if device.capacity else 0.0
     if device.cores:
-        score += usage.cores[position] / device.cores
+        score += core * usage.cores[position] / device.cores
     if device.slots:
-        score += usage.slots[position] / device.slots
+        score += slot * usage.slots[position] / device.slots
     return score
+
+
+def _order(
+    selectors: Selectors, strategy: Strategy, devices: Sequence[Device], usage: Usage
+) -> Callable[[int], tuple[float, ...]]:
+    """The devices' order, best first: by the pod's chain of keys where it gave one (binpack: fullest first;
+    spread: emptiest; numa: by NUMA node, lowest first), else by the strategy; then the lower index."""
+    weights = selectors.weights
+    if not selectors.order:
+        sign = -1.0 if strategy is Strategy.BINPACK else 1.0
+        return lambda p: (sign * _score(devices[p], p, usage, weights), devices[p].index)
+
+    def chained(p: int) -> tuple[float, ...]:
+        score = _score(devices[p], p, usage, weights)
+        keys = {"binpack": -score, "spread": score, "numa": float(devices[p].numa)}
+        return (*(keys[word] for word in selectors.order), devices[p].index)
+
+    return chained
 
 
 def _blocker(request: Request, selectors: Selectors, device: Device, position: int, usage: Usage) -> Cause:
@@ -205,14 +226,15 @@ def _place_one(
         for position, device in enumerate(devices)
         if _blocker(request, selectors, device, position, usage) is Cause.NONE
     ]
-    fuller_first = strategy is Strategy.BINPACK
-    sign = -1.0 if fuller_first else 1.0
+    order = _order(selectors, strategy, devices, usage)
     if rank is None:
-        serving.sort(key=lambda p: (sign * _score(devices[p], p, usage), devices[p].index))
+        serving.sort(key=order)
     else:
-        serving.sort(key=lambda p: (rank(p, request), sign * _score(devices[p], p, usage), devices[p].index))
+        serving.sort(key=lambda p: (rank(p, request), *order(p)))
     if selectors.numa_bind:
         serving = _one_numa_node(serving, devices, request.devices)
+    if selectors.topology and len(serving) > request.devices:
+        serving = topology.best_linked(serving, devices, request.devices)
     if len(serving) >= request.devices:
         return [(p, _grant(request, devices[p], p, usage)) for p in serving[: request.devices]]
     return _refusal(request, selectors, devices, usage, unit, label, numa=bool(serving) or selectors.numa_bind)
@@ -224,7 +246,7 @@ def _grant(request: Request, device: Device, position: int, usage: Usage) -> Gra
     memory = request.memory_on(device)
     if not device.mig or usage.occupied is None:
         return Grant(device.index, memory, request.cores, device.uuid)
-    profile, instance = mig.choose(device.profiles, usage.occupied[position], memory, request.position)
+    profile, instance = mig.choose(device.profiles, usage.occupied[position], memory)
     return Grant(device.index, profile.memory, profile.cores, device.uuid, instance)
 
 

@@ -23,6 +23,7 @@ from extender.core.devices import Demand, Request, Strategy
 from extender.core.holds import Grant
 from extender.core.memo import Question
 from extender.core.nodes import NodeState
+from extender.core.placement import topology
 from extender.core.placement.arrays import ROW_BITS, KindRows
 from extender.core.placement.batch import Floats, Ints, Kind, after, kind_of, measures, rounded
 from extender.core.placement.config import Ask, Narrowing, PolicyConfig
@@ -91,7 +92,18 @@ def added_fragmentation(
     if chosen is None:
         return None
     value, choice = chosen
-    return round(value - before, DIGITS), choice
+    return round(value - before + _links(demand, state, choice), DIGITS), choice
+
+
+def _links(demand: Demand, state: NodeState, choice: Choice) -> float:
+    """`topology.link_term` of the GPUs chosen (0 on a node without pair scores, every gpushare node)."""
+    if not any(device.links for device in state.devices):
+        return 0.0
+    if isinstance(choice, Placement):
+        positions = sorted({state.position(grant.index) for grants in choice.containers for grant in grants})
+    else:
+        positions = list(choice or ())
+    return topology.link_term(demand, state, positions)
 
 
 def _uniform_added(

@@ -100,7 +100,7 @@ def _mig_room(state: NodeState, position: int, memory: int, cores: int) -> GpuRo
     used, used_cores, used_slots = state.used[position], state.used_cores[position], state.used_slots[position]
     if memory and position not in state.blocked:
         try:
-            profile, instance = mig.choose(device.profiles, occupied, memory, -1)
+            profile, instance = mig.choose(device.profiles, occupied, memory)
         except ValueError:  # it cannot take that much: nothing changes
             profile = None
         if profile is not None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -53,7 +53,7 @@ from extender.core.devices import (
 )
 from extender.core.holds import Allocation, Grant
 from extender.core.objects import Raw, as_object
-from extender.core.protocols import NOTHING_RECORDED, QuotaResources, Recorded
+from extender.core.protocols import NOTHING_RECORDED, QuotaResources, Recorded, hami_policy
 from extender.core.protocols.gofields import MAX_INT32, field
 from extender.core.protocols.hami_mig import (
     MIG_ALLOCATIONS,
@@ -111,6 +111,9 @@ class Hami:
     """% compute per GPU for a container asking no gpucores."""
     memory_factor: int = 1
     """What one unit of `nvidia.com/gpumem` is worth in MiB (HAMi's memoryFactor)."""
+    topology_multi_gpu: bool = False
+    """Every pod asking several GPUs in one container gets the best-linked set, as if it asked
+    `topology-aware` (`--hami-topology multi-gpu`)."""
 
     @property
     def name(self) -> str:
@@ -168,6 +171,10 @@ class Hami:
             devices = _registered(listed, _cordoned(annotations.get(CORDON)))
         except ValueError as error:
             return NodeDevices((), f"{REGISTER} unreadable: {error}", lock)
+        try:
+            devices = hami_policy.with_links(devices, annotations.get(hami_policy.SCORES))
+        except ValueError as error:
+            return NodeDevices((), f"{hami_policy.SCORES} unreadable: {error}", lock)
         if not devices:
             return NodeDevices((), f"{REGISTER} lists no NVIDIA GPU", lock)
         return NodeDevices(devices, "", lock)
@@ -176,17 +183,15 @@ class Hami:
 
     def pod_demand(self, pod: Raw) -> Demand:
         check_pod_shape(pod)
-        requests = [
-            request
-            for position, found in enumerate(containers(pod))
-            if (request := self._request(found, pod, position)) is not None
-        ]
+        requests = [request for found in containers(pod) if (request := self._request(found, pod)) is not None]
         if not requests:
             return NO_DEMAND
         annotations = objects.annotations_of(pod)
-        selectors = _selectors(annotations)
+        asked = _selectors(annotations, pod)
         node_strategy = _strategy(annotations.get(NODE_POLICY), NODE_POLICY, pod)
-        device_strategy = _gpu_strategy(annotations.get(GPU_POLICY), pod)
+        selectors, device_strategy = asked.selectors, asked.strategy
+        if self.topology_multi_gpu and not selectors.topology and any(request.devices > 1 for request in requests):
+            selectors = replace(selectors, topology=True)
         if len(requests) == 1 and not requests[0].init:
             only = requests[0]
             return Demand(
@@ -197,7 +202,6 @@ class Hami:
                 selectors=selectors,
                 node_strategy=node_strategy,
                 device_strategy=device_strategy,
-                position=only.position,
             )
         return Demand(
             memory=sum(request.memory * request.devices for request in requests),
@@ -208,7 +212,7 @@ class Hami:
             device_strategy=device_strategy,
         )
 
-    def _request(self, found: tuple[Raw, str], pod: Raw, position: int) -> Request | None:
+    def _request(self, found: tuple[Raw, str], pod: Raw) -> Request | None:
         container, kind = found
         gpus = container_amount(pod, container, GPU, kind)
         memory = container_amount(pod, container, GPUMEM, kind)
@@ -231,7 +235,7 @@ class Hami:
             mib = self.default_memory
             share = 0 if mib else 100
         compute = min(self.default_cores if cores is None else cores, WHOLE_GPU)
-        return Request(gpus, mib, 0 if mib else share, compute, init=kind == "init container", position=position)
+        return Request(gpus, mib, 0 if mib else share, compute, init=kind == "init container")
 
     # -- allocations
 
@@ -389,18 +393,36 @@ def _names(value: object, upper: bool) -> tuple[str, ...]:
     return tuple(part.upper() if upper else part for part in parts if part)
 
 
-def _selectors(annotations: Raw) -> Selectors:
-    policy = str(annotations.get(GPU_POLICY) or "")
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    selectors: Selectors
+    strategy: Strategy | None
+
+
+def _selectors(annotations: Raw, pod: Raw) -> _Asked:
+    """The pod's GPU selectors and its own GPU strategy; InvalidPod naming an annotation HAMi would refuse."""
+    try:
+        policy = hami_policy.gpu_policy(annotations.get(GPU_POLICY))
+    except ValueError as error:
+        raise InvalidPod(f"pod {objects.pod_key(pod)}: {GPU_POLICY}: {error}") from None
+    try:
+        weights = hami_policy.weights(annotations.get(hami_policy.WEIGHTS))
+    except ValueError as error:
+        raise InvalidPod(f"pod {objects.pod_key(pod)}: {hami_policy.WEIGHTS}: {error}") from None
     modes = annotations.get(VGPU_MODE)
-    return Selectors(
+    selectors = Selectors(
         use_models=_names(annotations.get(USE_TYPE), upper=True),
         avoid_models=_names(annotations.get(AVOID_TYPE), upper=True),
         use_uuids=_names(annotations.get(USE_UUID), upper=False),
         avoid_uuids=_names(annotations.get(AVOID_UUID), upper=False),
         modes=modes if isinstance(modes, str) else "",
         numa_bind=annotations.get(NUMA_BIND) in TRUE,
-        exclusive="mutex" in (part.strip() for part in policy.split(",")),
+        exclusive=policy.exclusive,
+        topology=policy.topology,
+        order=policy.order,
+        weights=weights,
     )
+    return _Asked(selectors, policy.strategy)
 
 
 def _strategy(value: object, annotation: str, pod: Raw) -> Strategy | None:
@@ -412,14 +434,3 @@ def _strategy(value: object, annotation: str, pod: Raw) -> Strategy | None:
         raise InvalidPod(
             f"pod {objects.pod_key(pod)}: {annotation} {str(value)[:40]!r} is not binpack or spread"
         ) from None
-
-
-def _gpu_strategy(value: object, pod: Raw) -> Strategy | None:
-    """binpack, spread, mutex (only GPUs no pod uses), or a comma list of them; HAMi's topology-aware and numa
-    policies are not supported."""
-    chosen = None
-    for part in (part.strip() for part in str(value or "").split(",")):
-        if part in ("", "mutex"):
-            continue
-        chosen = _strategy(part, GPU_POLICY, pod)
-    return chosen

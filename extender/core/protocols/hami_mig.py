@@ -2,10 +2,13 @@
 `hami.io/vgpu-mig-allocations` that tells HAMi's device plugin which instance to make for each container.
 
 `shared/protocols/hami-mig-topology.md` §1 has the rules with file and line; `core/mig.py` the geometry and the
-choice. The plugin (`GetContainerDeviceStrArray`, pkg/device-plugin/nvidiadevice/nvinternal/plugin/util.go:
-290-360) finds a container's reservations by its position in the pod (init containers first), sorts them by
-`deviceIndex`, requires one per GPU of the container and the same GPU UUID at each position, and makes exactly
-the profile at the placement reserved.
+choice. The plugin takes the next entry of `hami.io/vgpu-devices-to-allocate` at each Allocate and resolves
+its container from the entry's position, init containers first (`popNextContainerDevices`, pkg/device-plugin/
+nvidiadevice/nvinternal/plugin/util.go:106-128 at v2.10.0); then (`GetContainerDeviceStrArray`, util.go:290-360)
+it takes the reservations whose `containerIndex` is that position, sorted by `deviceIndex`, requires one per GPU
+of the entry and the same GPU UUID at each position, and makes exactly the profile at the placement reserved.
+So `containerIndex` is the entry's position: the container's among the pod's GPU containers (HAMi's own
+`EncodeMigAllocations` numbers them so), not among all its containers.
 """
 
 from __future__ import annotations
@@ -59,20 +62,20 @@ def read_profiles(value: object) -> tuple[MigProfile, ...]:
 
 def encode_instances(containers: Sequence[Sequence[Grant]], uuids: dict[int, str]) -> str:
     """`hami.io/vgpu-mig-allocations` for the grants that have a MIG instance ("" when none has): a JSON array
-    of `{"containerIndex","deviceIndex","gpuUUID","profile","placement":{"start","size"}}`, `deviceIndex` the
-    grant's position in its container's entry of `hami.io/vgpu-devices-allocated`, as HAMi's
+    of `{"containerIndex","deviceIndex","gpuUUID","profile","placement":{"start","size"}}`, `containerIndex` the
+    container's entry in `hami.io/vgpu-devices-allocated` and `deviceIndex` the grant's in it, as HAMi's
     `EncodeMigAllocations` writes it (pkg/device/nvidia/mig_allocations.go:45-77 at v2.10.0). The device plugin
     makes each instance at Allocate and fails a container with fewer reservations than GPUs
     (plugin/util.go:329-333)."""
     entries = [
         {
-            "containerIndex": grant.instance.container,
+            "containerIndex": container,
             "deviceIndex": number,
             "gpuUUID": grant.uuid or uuids.get(grant.index, ""),
             "profile": grant.instance.profile,
             "placement": {"start": grant.instance.start, "size": grant.instance.size},
         }
-        for grants in containers
+        for container, grants in enumerate(containers)
         for number, grant in enumerate(grants)
         if grant.instance is not None
     ]
@@ -100,7 +103,7 @@ def decode_instances(value: object) -> list[tuple[str, MigInstance]]:
             raise ValueError(f"reservation {number} is not an object")
         placement = entry.get("placement")
         placement = placement if isinstance(placement, dict) else {}
-        container, device = field(entry, "containerIndex", int, 0), field(entry, "deviceIndex", int, 0)
+        key = field(entry, "containerIndex", int, 0), field(entry, "deviceIndex", int, 0)
         uuid, profile = field(entry, "gpuUUID", str, ""), field(entry, "profile", str, "")
         start, size = field(placement, "start", int, 0), field(placement, "size", int, 0)
         if not uuid or not profile or not size:
@@ -110,10 +113,10 @@ def decode_instances(value: object) -> list[tuple[str, MigInstance]]:
         )
         if runtime not in (0, 3):
             raise ValueError(f"MIG allocation {number} has partial runtime identity")
-        if (container, device) in seen:
-            raise ValueError(f"duplicate MIG allocation for container {container} device {device}")
-        seen.add((container, device))
-        found.append((uuid, MigInstance(profile, start, size, container)))
+        if key in seen:
+            raise ValueError(f"duplicate MIG allocation for container {key[0]} device {key[1]}")
+        seen.add(key)
+        found.append((uuid, MigInstance(profile, start, size)))
     return found
 
 

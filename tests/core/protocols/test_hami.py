@@ -191,7 +191,7 @@ def test_init_and_app_containers_are_requests_of_their_own_init_first() -> None:
         container("main", gpu="1", gpumem="2000", gpucores="20"),
         init=(container("prep", gpu="1", gpumem="1000", gpucores="10"),),
     )
-    assert HAMI.pod_demand(pod).requests == (Request(1, 1000, 0, 10, init=True), Request(1, 2000, 0, 20, position=2))
+    assert HAMI.pod_demand(pod).requests == (Request(1, 1000, 0, 10, init=True), Request(1, 2000, 0, 20))
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_init_and_app_containers_are_requests_of_their_own_init_first() -> None:
         ({"nvidia.com/nouse-gpuuuid": "GPU-A "}, Selectors(avoid_uuids=("GPU-A",))),
         ({"nvidia.com/numa-bind": "T"}, Selectors(numa_bind=True)),
         ({"nvidia.com/numa-bind": "yes"}, Selectors()),  # strconv.ParseBool: silently off
-        ({"hami.io/gpu-scheduler-policy": "binpack, mutex"}, Selectors(exclusive=True)),
+        ({"hami.io/gpu-scheduler-policy": "binpack, mutex"}, Selectors(exclusive=True, order=("binpack",))),
         ({"nvidia.com/vgpu-mode": "hami-core"}, Selectors(modes="hami-core")),
     ],
 )
@@ -234,10 +234,12 @@ def test_a_pods_own_policies_are_read(annotation: str, value: str, strategy: Str
     assert strategy in (demand.device_strategy, demand.node_strategy) and not demand.plain
 
 
-def test_an_unsupported_policy_is_refused_where_hami_silently_spreads() -> None:
-    """gpu_policy.go:123-126: anything but binpack/mutex/numa sorts as spread, "Binpack" included."""
-    with pytest.raises(InvalidPod, match="topology-aware"):
-        HAMI.pod_demand(hami_pod(container(gpu="1"), **{"hami.io/gpu-scheduler-policy": "topology-aware"}))
+@pytest.mark.parametrize("value", ["Binpack", "binpack,topology", "best-fit"])
+def test_a_word_that_is_no_policy_is_refused_where_hami_silently_spreads(value: str) -> None:
+    """pkg/scheduler/policy/gpu_policy.go:85-126 at v2.10.0: a single unknown value sorts as spread, an unknown
+    word of a chain is dropped; here the pod is refused with the word named, since a typo would move pods."""
+    with pytest.raises(InvalidPod, match="is not one of binpack, spread, numa, mutex, topology-aware"):
+        HAMI.pod_demand(hami_pod(container(gpu="1"), **{"hami.io/gpu-scheduler-policy": value}))
 
 
 # --- allocations ---------------------------------------------------------------------------------------------

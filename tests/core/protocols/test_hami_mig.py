@@ -95,24 +95,26 @@ def test_the_reservation_is_written_as_hamis_encoder_writes_it() -> None:
     """`TestEncodeDecodeMigAllocations` (nv/mig_profiles_test.go:36-59): one 1g.5gb at (6, 1) on GPU-a, container
     0, device 0; Go marshals the fields in declaration order and leaves out the empty runtime identity
     (nv/mig_allocations.go:37-48)."""
-    grant = Grant(0, 5120, 14, "GPU-a", MigInstance("1g.5gb", 6, 1, 0))
+    grant = Grant(0, 5120, 14, "GPU-a", MigInstance("1g.5gb", 6, 1))
     assert encode_instances(((grant,),), {}) == (
         '[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb","placement":{"start":6,"size":1}}]'
     )
     assert encode_instances(((Grant(0, 5120, 14, "GPU-a"),),), {}) == ""
 
 
-def test_device_index_counts_within_the_container_and_container_index_is_the_pods() -> None:
-    """deviceIndex is the GPU's position in its container's entry, containerIndex the container's in the pod
-    (init containers first), as the plugin looks them up (plug/util.go:296-330)."""
-    first = Grant(0, 5120, 14, "GPU-a", MigInstance("1g.5gb", 6, 1, 1))
-    second = Grant(1, 5120, 14, "GPU-b", MigInstance("1g.5gb", 6, 1, 1))
-    other = Grant(0, 10240, 28, "GPU-a", MigInstance("2g.10gb", 0, 2, 3))
-    listed = orjson.loads(encode_instances(((first, second), (other,)), {}))
+def test_container_index_is_the_entrys_and_device_index_the_gpus_in_it() -> None:
+    """containerIndex is the container's entry in the device annotation (its position among the pod's GPU
+    containers, init first), deviceIndex the GPU's in the entry: the plugin resolves a container from its entry's
+    position (`popNextContainerDevices`, plug/util.go:106-128) and matches reservations to it by that index
+    (plug/util.go:296-330); HAMi's `EncodeMigAllocations` numbers the same way (nv/mig_allocations.go:48-60)."""
+    first = Grant(0, 5120, 14, "GPU-a", MigInstance("1g.5gb", 6, 1))
+    second = Grant(1, 5120, 14, "GPU-b", MigInstance("1g.5gb", 6, 1))
+    other = Grant(0, 10240, 28, "GPU-a", MigInstance("2g.10gb", 0, 2))
+    listed = orjson.loads(encode_instances(((first, second), (Grant(1, 100, 0, "GPU-b"),), (other,)), {}))
     assert [(entry["containerIndex"], entry["deviceIndex"], entry["gpuUUID"]) for entry in listed] == [
-        (1, 0, "GPU-a"),
-        (1, 1, "GPU-b"),
-        (3, 0, "GPU-a"),
+        (0, 0, "GPU-a"),
+        (0, 1, "GPU-b"),
+        (2, 0, "GPU-a"),
     ]
 
 
@@ -147,17 +149,17 @@ def test_a_reservation_with_its_runtime_identity_decodes() -> None:
         '[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"2g.10gb","placement":{"start":0,"size":2},'
         '"migUUID":"MIG-a","gpuInstanceID":4,"computeInstanceID":0}]'
     )
-    assert decode_instances(raw) == [("GPU-a", MigInstance("2g.10gb", 0, 2, 0))]
+    assert decode_instances(raw) == [("GPU-a", MigInstance("2g.10gb", 0, 2))]
 
 
 def test_an_allocation_read_back_holds_its_instances() -> None:
     """After a restart the instances are counted again, matched to the pod's GPUs in order (sch/scheduler.go:
     776-801), and the annotations written from them are the same."""
-    grant = Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", 2, 2, 0))
+    grant = Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", 2, 2))
     pod = bound_mig_pod("p", "mig-1", (grant,))
     recorded = HAMI.recorded(pod, HAMI.pod_demand(pod))
     assert recorded.allocation is not None
-    assert recorded.allocation.containers == ((Grant(-1, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", 2, 2, 0)),),)
+    assert recorded.allocation.containers == ((Grant(-1, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", 2, 2)),),)
     written = HAMI.allocation_annotations(Allocation("u", "default/p", "mig-1", ((grant,),)), (), 0.0)
     assert written[MIG_ALLOCATIONS] == pod["metadata"]["annotations"][MIG_ALLOCATIONS]
 
@@ -169,7 +171,7 @@ def test_a_mig_gpu_offers_the_largest_profile_it_can_still_place() -> None:
     """Three 2g.10gb held leave a 1g.5gb (nv/mig_capability_test.go:52-69): the GPU's free is 5,120 MiB, not the
     10,240 its memory would say."""
     pods = tuple(
-        bound_mig_pod(f"p{start}", "mig-1", (Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", start, 2, 0)),))
+        bound_mig_pod(f"p{start}", "mig-1", (Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", start, 2)),))
         for start in (0, 2, 4)
     )
     state = make_hami_cluster(make_mig_node(), pods=pods).nodes["mig-1"]
@@ -180,7 +182,7 @@ def test_a_mig_gpu_offers_the_largest_profile_it_can_still_place() -> None:
 def test_a_pod_too_large_for_the_free_slices_is_refused_in_words() -> None:
     """`CardMigTopologyInfeasible` (nv/device.go:814-823), said as a person reads it."""
     pods = tuple(
-        bound_mig_pod(f"p{start}", "mig-1", (Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", start, 2, 0)),))
+        bound_mig_pod(f"p{start}", "mig-1", (Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", start, 2)),))
         for start in (0, 2, 4)
     )
     placer = placer_for(make_hami_cluster(make_mig_node(), pods=pods))
@@ -198,7 +200,7 @@ def test_a_pod_placed_on_a_mig_gpu_gets_an_instance_and_its_reservation() -> Non
     placed = placer.choose(HAMI.pod_demand(pod), cluster.nodes["mig-1"])
     assert placed is not None
     (grant,) = placed.containers[0]
-    assert (grant.memory, grant.cores, grant.instance) == (10240, 28, MigInstance("2g.10gb", 0, 2, 0))
+    assert (grant.memory, grant.cores, grant.instance) == (10240, 28, MigInstance("2g.10gb", 0, 2))
     allocation = Allocation("uid-p", "default/p", "mig-1", placed.containers)
     written = HAMI.allocation_annotations(allocation, cluster.nodes["mig-1"].devices, 0.0)
     assert written[ALLOCATED] == "GPU-mig-1-0,NVIDIA,10240,28:;"
@@ -208,10 +210,11 @@ def test_a_pod_placed_on_a_mig_gpu_gets_an_instance_and_its_reservation() -> Non
     ]  # fmt: skip
 
 
-def test_containers_of_one_pod_get_instances_that_do_not_overlap_and_name_their_position() -> None:
-    """Two GPU containers behind a sidecar and an init container on one MIG GPU: each container's instance is
-    reserved for its position in the pod, and none overlaps another (HAMi adds each container's instance to
-    the GPU's before the next, nv/device.go:657)."""
+def test_containers_of_one_pod_get_instances_that_do_not_overlap_and_name_their_entry() -> None:
+    """Two GPU containers behind a sidecar and an init container on one MIG GPU: none of their instances
+    overlaps another (HAMi adds each container's instance to the GPU's before the next, nv/device.go:657), and
+    the reservations name the containers' entries 0, 1, 2 (not their places in the pod, 0, 2, 3: the plugin
+    would then find none for the second, plug/util.go:329-333)."""
     cluster = make_hami_cluster(make_mig_node())
     pod = make_hami_pod("p", mem=5000, **{"nvidia.com/vgpu-mode": "mig"})
     main = pod["spec"]["containers"][0]
@@ -220,7 +223,8 @@ def test_containers_of_one_pod_get_instances_that_do_not_overlap_and_name_their_
     placed = placer_for(cluster).choose(HAMI.pod_demand(pod), cluster.nodes["mig-1"])
     assert placed is not None
     instances = [grant.instance for grants in placed.containers for grant in grants]
-    assert [instance.container for instance in instances if instance] == [0, 2, 3]
+    written = orjson.loads(encode_instances(placed.containers, {}))
+    assert [entry["containerIndex"] for entry in written] == [0, 1, 2]
     spans = sorted((instance.start, instance.size) for instance in instances if instance)
     assert all(start + size <= after for (start, size), (after, _) in itertools.pairwise(spans))
 
@@ -232,7 +236,7 @@ def test_a_plain_pod_on_a_mig_node_is_placed_by_instances_not_memory() -> None:
     demand = HAMI.pod_demand(make_hami_pod("p", mem=4000))
     assert demand.plain
     placed = placer_for(cluster).choose(demand, cluster.nodes["mig-1"])
-    assert placed is not None and placed.containers[0][0].instance == MigInstance("1g.5gb", 6, 1, 0)
+    assert placed is not None and placed.containers[0][0].instance == MigInstance("1g.5gb", 6, 1)
 
 
 def test_a_mig_pod_is_kept_off_hami_core_gpus_by_its_mode() -> None:
@@ -250,9 +254,7 @@ def test_a_mig_pod_is_kept_off_hami_core_gpus_by_its_mode() -> None:
             "without a MIG instance reserved",
         ),
         (  # a reservation naming a GPU the node does not have (sch/scheduler.go:823-830)
-            lambda: bound_mig_pod(
-                "gone", "mig-1", (Grant(0, 5120, 14, "GPU-elsewhere", MigInstance("1g.5gb", 6, 1, 0)),)
-            ),
+            lambda: bound_mig_pod("gone", "mig-1", (Grant(0, 5120, 14, "GPU-elsewhere", MigInstance("1g.5gb", 6, 1)),)),
             "not on this node",
         ),
     ],
@@ -268,7 +270,7 @@ def test_a_mig_gpu_whose_instances_cannot_be_known_takes_no_new_pod(pod: Any, wh
 
 def test_an_instance_on_a_hami_core_gpu_keeps_new_pods_off_it() -> None:
     """sch/scheduler.go:788-792: a MIG reservation on a hami-core GPU marks it unhealthy."""
-    pod = bound_mig_pod("odd", "core-1", (Grant(0, 5120, 14, "GPU-core-1-0", MigInstance("1g.5gb", 6, 1, 0)),))
+    pod = bound_mig_pod("odd", "core-1", (Grant(0, 5120, 14, "GPU-core-1-0", MigInstance("1g.5gb", 6, 1)),))
     state = make_hami_cluster(make_hami_node("core-1"), pods=(pod,)).nodes["core-1"]
     assert state.free[0] == 0 and "not in MIG mode" in state.blocked[0]
     assert state.free[1] == 40960
@@ -278,24 +280,24 @@ def test_the_ledger_never_holds_two_instances_in_one_place() -> None:
     """The last check before a decision (`Ledger._refusal`): an instance overlapping one held, one at a placement
     its profile does not have, or a grant on a MIG GPU without an instance (the plugin would fail its Allocate,
     plug/util.go:331-333) is refused."""
-    held = bound_mig_pod("p", "mig-1", (Grant(0, 20480, 42, "GPU-mig-1-0", MigInstance("3g.20gb", 4, 4, 0)),))
+    held = bound_mig_pod("p", "mig-1", (Grant(0, 20480, 42, "GPU-mig-1-0", MigInstance("3g.20gb", 4, 4)),))
     cluster = make_hami_cluster(make_mig_node(), pods=(held,))
     ledger = make_ledger(cluster)
 
     def allocation(name: str, grant: Grant) -> Allocation:
         return Allocation(f"uid-{name}", f"default/{name}", "mig-1", ((grant,),))
 
-    assert not ledger.assume(allocation("a", Grant(0, 5120, 14, "GPU-mig-1-0", MigInstance("1g.5gb", 6, 1, 0))), 0)
-    assert not ledger.assume(allocation("b", Grant(0, 5120, 14, "GPU-mig-1-0", MigInstance("1g.5gb", 1, 2, 0))), 0)
+    assert not ledger.assume(allocation("a", Grant(0, 5120, 14, "GPU-mig-1-0", MigInstance("1g.5gb", 6, 1))), 0)
+    assert not ledger.assume(allocation("b", Grant(0, 5120, 14, "GPU-mig-1-0", MigInstance("1g.5gb", 1, 2))), 0)
     assert not ledger.assume(allocation("c", Grant(0, 5120, 14, "GPU-mig-1-0")), 0)
-    assert ledger.assume(allocation("d", Grant(0, 5120, 14, "GPU-mig-1-0", MigInstance("1g.5gb", 3, 1, 0))), 0)
+    assert ledger.assume(allocation("d", Grant(0, 5120, 14, "GPU-mig-1-0", MigInstance("1g.5gb", 3, 1))), 0)
     assert cluster.overcommitted() == []
 
 
 def test_overlapping_instances_from_the_api_are_reported_as_overcommitted() -> None:
     """What another scheduler wrote is counted as written, and the invariant check names the GPU."""
     pods = tuple(
-        bound_mig_pod(name, "mig-1", (Grant(0, 5120, 14, "GPU-mig-1-0", MigInstance("1g.5gb", 6, 1, 0)),))
+        bound_mig_pod(name, "mig-1", (Grant(0, 5120, 14, "GPU-mig-1-0", MigInstance("1g.5gb", 6, 1)),))
         for name in ("a", "b")
     )
     cluster = make_hami_cluster(make_mig_node(), pods=pods)
@@ -307,7 +309,7 @@ def test_the_measure_sees_a_mig_gpus_free_slices_and_what_they_can_still_hold() 
     instance still placeable is what a pod can take (not the memory left, which three 2g.10gb leave at 10 GiB
     with room for a 1g.5gb only)."""
     pods = tuple(
-        bound_mig_pod(f"p{start}", "mig-1", (Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", start, 2, 0)),))
+        bound_mig_pod(f"p{start}", "mig-1", (Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", start, 2)),))
         for start in (0, 2, 4)
     )
     state = make_hami_cluster(make_mig_node(), pods=pods).nodes["mig-1"]
@@ -320,8 +322,8 @@ def test_the_policy_fills_the_slice_that_no_larger_profile_could_use() -> None:
     policy (as shipped) passes the second alone: its slice is wasted otherwise, while the empty GPU keeps
     room for a 3g.20gb."""
     full = (
-        bound_mig_pod("big", "mig-2", (Grant(0, 20480, 42, "GPU-mig-2-0", MigInstance("3g.20gb", 0, 4, 0)),)),
-        bound_mig_pod("mid", "mig-2", (Grant(0, 10240, 28, "GPU-mig-2-0", MigInstance("2g.10gb", 4, 2, 0)),)),
+        bound_mig_pod("big", "mig-2", (Grant(0, 20480, 42, "GPU-mig-2-0", MigInstance("3g.20gb", 0, 4)),)),
+        bound_mig_pod("mid", "mig-2", (Grant(0, 10240, 28, "GPU-mig-2-0", MigInstance("2g.10gb", 4, 2)),)),
     )
     cluster = make_hami_cluster(make_mig_node("mig-1"), make_mig_node("mig-2"), pods=full)
     placer = placer_for(cluster, PolicyConfig())
@@ -331,4 +333,4 @@ def test_the_policy_fills_the_slice_that_no_larger_profile_could_use() -> None:
     )
     assert outcome.passed == ["mig-2"]
     placed = placer.choose(demand, cluster.nodes["mig-2"])
-    assert placed is not None and placed.containers[0][0].instance == MigInstance("1g.5gb", 6, 1, 0)
+    assert placed is not None and placed.containers[0][0].instance == MigInstance("1g.5gb", 6, 1)

@@ -1,0 +1,73 @@
+"""Topology: how well a node's GPUs are linked (HAMi's pair scores, `hami.io/node-nvidia-score`: 100 an NVLink,
+10-60 PCIe paths), in the choice of a pod's GPUs and of its node.
+
+- **The GPUs** (`best_linked`, HAMi's `topology-aware` policy): several GPUs for one container are the set whose
+  pairs' scores sum highest; one GPU is the one least linked to the other candidates, so the well-linked ones
+  stay together for the pods that need them.
+- **The node** (`link_term`, beyond HAMi, whose node score for topology is always 0: pkg/device/nvidia/device.go:
+  641-643 at v2.10.0): the fragmentation policy adds to what a placement costs a small term, so that among nodes
+  that waste alike a topology-aware pod goes where its set is best linked, and any other pod takes GPUs poorly
+  linked to those left free: an 8-GPU box whose NVLink islands are intact is kept for the pod that needs one.
+  Nodes without scores get no term (the trace's figures are unchanged).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+
+from extender.core.devices import Demand, Device
+from extender.core.nodes import NodeState
+
+COMBINATIONS = 20_000
+"""Sets of GPUs compared at most for one topology-aware container (8 of 16 GPUs are 12,870); beyond, the set is
+grown one best-linked GPU at a time."""
+
+
+def best_linked(serving: list[int], devices: Sequence[Device], count: int) -> list[int]:
+    """`serving` with the GPUs a topology-aware container gets first (HAMi's `topology-aware`, pkg/device/nvidia/
+    device.go:856-876 and 950-1000 at v2.10.0): for one GPU, the one whose links to the other candidates sum
+    lowest (it keeps the well-linked ones together for pods that need them); for several, the set whose pairs'
+    scores sum highest. Ties go to the earlier in `serving`'s order (HAMi: to the first found)."""
+
+    def together(group: Iterable[int]) -> int:
+        return sum(devices[a].link(devices[b]) for a, b in itertools.combinations(group, 2))
+
+    if count == 1:
+        chosen = [min(serving, key=lambda p: sum(devices[p].link(devices[q]) for q in serving if q != p))]
+    elif math.comb(len(serving), count) <= COMBINATIONS:
+        chosen = list(max(itertools.combinations(serving, count), key=together))  # max and min: the first of equals
+    else:
+        chosen = list(max(itertools.combinations(serving, 2), key=together))
+        while len(chosen) < count:
+            rest = [p for p in serving if p not in chosen]
+            chosen.append(max(rest, key=lambda p: sum(devices[c].link(devices[p]) for c in chosen)))
+    return chosen + [p for p in serving if p not in chosen]
+
+
+LINK_WEIGHT = 0.05
+"""What the worst use of a node's links costs, in GPUs of fragmentation (`link_term`): a twentieth of a GPU, so
+it decides between nodes that waste alike or nearly, never against a GPU really wasted."""
+NVLINK = 100
+"""One NVLink's score (calculate_score.go:211-285): an average link this strong or more counts in full."""
+
+
+def link_term(demand: Demand, state: NodeState, positions: Sequence[int]) -> float:
+    """What taking the GPUs at `positions` costs the node's links, between -`LINK_WEIGHT` and `LINK_WEIGHT`: for a
+    topology-aware pod asking several GPUs, minus how well they are linked together; for any other, how well
+    they were linked to the GPUs left free (0 where the node has no scores). Links are counted against one
+    NVLink, the same on every node, so a box of PCIe paths costs less to break into than an NVLink island."""
+    devices = state.devices
+    if not positions or not any(device.links for device in devices):
+        return 0.0
+    if demand.selectors.topology and len(positions) > 1:
+        pairs = list(itertools.combinations(positions, 2))
+        together = sum(devices[a].link(devices[b]) for a, b in pairs) / len(pairs)
+        return -LINK_WEIGHT * min(max(together, 0) / NVLINK, 1.0)
+    taken = set(positions)
+    left = [p for p in range(len(devices)) if p not in taken and state.free[p] > 0]
+    if not left:
+        return 0.0
+    broken = sum(devices[p].link(devices[q]) for p in positions for q in left) / (len(positions) * len(left))
+    return LINK_WEIGHT * min(max(broken, 0) / NVLINK, 1.0)
