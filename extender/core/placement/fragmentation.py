@@ -96,8 +96,9 @@ def added_fragmentation(
 
 
 def _links(demand: Demand, state: NodeState, choice: Choice) -> float:
-    """`topology.link_term` of the GPUs chosen (0 on a node without pair scores, every gpushare node)."""
-    if not any(device.links for device in state.devices):
+    """`topology.link_term` of the GPUs chosen (0 but for a topology-aware pod on a node without pair scores, every
+    gpushare node)."""
+    if not demand.selectors.topology and not any(device.links for device in state.devices):
         return 0.0
     if isinstance(choice, Placement):
         positions = sorted({state.position(grant.index) for grants in choice.containers for grant in grants})

@@ -5,9 +5,10 @@
   pairs' scores sum highest; one GPU is the one least linked to the other candidates, so the well-linked ones
   stay together for the pods that need them.
 - **The node** (`link_term`, beyond HAMi, whose node score for topology is always 0: pkg/device/nvidia/device.go:
-  641-643 at v2.10.0): the fragmentation policy adds to what a placement costs a small term, so that among nodes
-  that waste alike a topology-aware pod goes where its set is best linked, and any other pod takes GPUs poorly
-  linked to those left free: an 8-GPU box whose NVLink islands are intact is kept for the pod that needs one.
+  641-643 at v2.10.0): the fragmentation policy adds to what a placement costs a term, so that a topology-aware
+  pod goes where its set is linked by NVLink unless that wastes a whole GPU more, and any other pod, among nodes
+  that waste alike, takes GPUs poorly linked to those left free: an 8-GPU box whose NVLink islands are intact is
+  kept for the pod that needs one.
   Nodes without scores get no term (the trace's figures are unchanged).
 """
 
@@ -47,24 +48,33 @@ def best_linked(serving: list[int], devices: Sequence[Device], count: int) -> li
 
 
 LINK_WEIGHT = 0.05
-"""What the worst use of a node's links costs, in GPUs of fragmentation (`link_term`): a twentieth of a GPU, so
-it decides between nodes that waste alike or nearly, never against a GPU really wasted."""
+"""What the worst use of a node's links costs a pod that did not ask for them, in GPUs of fragmentation
+(`link_term`): a twentieth of a GPU, so it decides between nodes that waste alike or nearly, never against a GPU
+really wasted."""
+ASKED_WEIGHT = 1.0
+"""What a topology-aware pod's GPUs not linked by NVLink cost it, in GPUs of fragmentation: a pod that asked for
+its links goes to a node where its set is linked unless that wastes a whole GPU more (measured in
+`tests/e2e/test_hami_topology.py`: at the twentieth of a GPU of the other pods, a 4-GPU topology-aware pod went
+to a box of PCIe paths while an NVLink island stood empty)."""
 NVLINK = 100
 """One NVLink's score (calculate_score.go:211-285): an average link this strong or more counts in full."""
 
 
 def link_term(demand: Demand, state: NodeState, positions: Sequence[int]) -> float:
-    """What taking the GPUs at `positions` costs the node's links, between -`LINK_WEIGHT` and `LINK_WEIGHT`: for a
-    topology-aware pod asking several GPUs, minus how well they are linked together; for any other, how well
-    they were linked to the GPUs left free (0 where the node has no scores). Links are counted against one
-    NVLink, the same on every node, so a box of PCIe paths costs less to break into than an NVLink island."""
+    """What taking the GPUs at `positions` costs the node's links: for a topology-aware pod asking several GPUs,
+    up to `ASKED_WEIGHT` as they fall short of an NVLink between each pair (a node without scores: the full
+    cost); for any other pod, up to `LINK_WEIGHT` as they were linked to the GPUs left free (0 where the node has
+    no scores). Links are counted against one NVLink, the same on every node, so a box of PCIe paths costs less
+    to break into than an NVLink island."""
     devices = state.devices
-    if not positions or not any(device.links for device in devices):
+    if not positions:
         return 0.0
-    if demand.selectors.topology and len(positions) > 1:
+    if demand.selectors.topology and len(positions) > 1:  # a node without scores: no NVLink known, the full cost
         pairs = list(itertools.combinations(positions, 2))
         together = sum(devices[a].link(devices[b]) for a, b in pairs) / len(pairs)
-        return -LINK_WEIGHT * min(max(together, 0) / NVLINK, 1.0)
+        return ASKED_WEIGHT * (1.0 - min(max(together, 0) / NVLINK, 1.0))
+    if not any(device.links for device in devices):
+        return 0.0
     taken = set(positions)
     left = [p for p in range(len(devices)) if p not in taken and state.free[p] > 0]
     if not left:
