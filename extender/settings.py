@@ -267,11 +267,12 @@ class Settings:
         default=0.0,
     )
     cpu_pods: CpuPods = _doc(
-        "With --placement fragmentation, whether scheduler-config sends every pod through the extender (an empty "
-        "managedResources), those that ask no GPU too, so their cpu goes where it strands the least GPU (where "
-        "that is equal, kube-scheduler's own scores choose): on, off, or auto: on for a scheduler of its own "
-        "(--scheduler-name other than default-scheduler), off for the default scheduler, which also places the "
-        "extender's own pods and the cluster's system pods, and these must never wait for the extender.",
+        "With --placement fragmentation, whether scheduler-config sends the pods that ask no GPU through the "
+        "extender too, so their cpu goes where it strands the least GPU (where that is equal, kube-scheduler's own "
+        "scores choose): on (every pod through the one extender entry), off, or auto: on for a scheduler of its "
+        "own (--scheduler-name other than default-scheduler); for the default scheduler, which also places the "
+        "extender's own pods and the cluster's system pods, through a second extender entry that only filters "
+        "and is ignorable, so they never wait for an extender that is down.",
         default=CpuPods.AUTO,
     )
     nodes_to_score: int = _doc(

@@ -468,7 +468,8 @@ def parse(text: str, minor: int) -> dict[str, Any]:
 @pytest.mark.parametrize("minor", EVERY_MINOR)
 def test_rendered_configuration_meets_the_contract(minor: int) -> None:
     settings = extender_settings()
-    (entry,) = parse(render(settings, f"1.{minor}"), minor)["extenders"]
+    entry, aside = parse(render(settings, f"1.{minor}"), minor)["extenders"]  # aside: pods asking no GPU (issue 25)
+    assert (aside["filterVerb"], aside["managedResources"], aside["ignorable"]) == ("filter-cpu", [], True)
     assert (entry["filterVerb"], entry["prioritizeVerb"], entry["bindVerb"], entry["preemptVerb"]) == (
         "filter",
         "prioritize",
@@ -527,7 +528,7 @@ def test_checked_in_configuration_is_what_the_command_renders(path: str) -> None
 
 def test_the_filter_bind_configuration_leaves_node_scoring_to_node_resources_fit_on_gpu_memory() -> None:
     document = yaml.safe_load((MANIFESTS / "default-scheduler/kube-scheduler-config-filter-bind.yaml").read_text())
-    (entry,) = document["extenders"]
+    entry, _ = document["extenders"]
     assert (entry["filterVerb"], entry["bindVerb"], entry["preemptVerb"]) == ("filter", "bind", "preempt")
     assert "prioritizeVerb" not in entry
     (profile,) = document["profiles"]

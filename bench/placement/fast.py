@@ -74,7 +74,7 @@ class InProcessExtender:
         self.service: Service = build_service(settings, cache, quotas, self.source, None)
         self.router = build_server(self.service).router
         self.loop = asyncio.new_event_loop()
-        self.seconds: dict[str, float] = {"filter": 0.0, "prioritize": 0.0, "bind": 0.0}
+        self.seconds: dict[str, float] = {"filter": 0.0, "filter-cpu": 0.0, "prioritize": 0.0, "bind": 0.0}
 
     @property
     def cache(self) -> Cache:
@@ -94,9 +94,9 @@ class InProcessExtender:
 
     def __call__(self, verb: str, pod: ModelPod, names: list[str]) -> Any:
         reply = self.call(verb, orjson.dumps({"Pod": pod.body, "NodeNames": names, "Nodes": None}))
-        if verb == "filter":
+        if verb.startswith("filter"):
             if reply.get("Error"):
-                raise RuntimeError(f"/filter answered an error: {reply['Error']}")
+                raise RuntimeError(f"/{verb} answered an error: {reply['Error']}")
             failed = dict(reply.get("FailedNodes") or {}) | dict(reply.get("FailedAndUnresolvableNodes") or {})
             return ExtenderAnswer(list(reply.get("NodeNames") or []), failed)
         return reply

@@ -10,8 +10,10 @@ affinity; one priority, so preemption finds no victim):
   zone), until `numFeasibleNodesToFind` fit, and the index moves on by the nodes visited; the real scheduler
   checks 16 nodes at once and stops a little later, so its sample may differ by a few nodes (none when every node
   is scored: `percentageOfNodesToScore: 100`).
-- The extender (`findNodesThatPassExtenders`, `extender.go` `IsInterested`): called when the pod asks one of
-  its managedResources (every pod when there are none); the nodes it returns are kept, the rest dropped.
+- The extenders (`findNodesThatPassExtenders`, `extender.go` `IsInterested`), in their order: each is called
+  when the pod asks one of its managedResources (every pod when there are none); the nodes it returns are kept,
+  the rest dropped. The first entry is the extender's own (filter, prioritize, bind); a second may only filter
+  (`aside`: the ignorable entry of pods that ask no GPU on the default scheduler, `schedconfig.cpu_entry`).
 - One node left: chosen without scoring. Else the score (`prioritizeNodes`): each enabled score plugin that
   varies here (NodeResourcesFit by its scoring strategy, NodeResourcesBalancedAllocation on cpu and memory)
   times its weight, plus the extender's 0-10 x weight x 10 for the hosts it lists. The other default score
@@ -107,6 +109,8 @@ class SchedulerModel:
     extender_filter: bool = False
     managed: frozenset[str] = frozenset()
     """managedResources of the extender (empty: every pod)."""
+    aside: str = ""
+    """The filter verb of a second entry every pod reaches ("": none)."""
     has_extender: bool = False
     seed: int = 0
     next_start: int = 0
@@ -152,8 +156,13 @@ class SchedulerModel:
             seed=seed,
         )
         extenders = config.get("extenders") or []
+        if len(extenders) > 1:
+            second = extenders[1]
+            if len(extenders) > 2 or second.get("managedResources") or set(second) & {"prioritizeVerb", "bindVerb"}:
+                raise ValueError("the model knows one extender entry, and beside it one that only filters every pod")
+            model.aside = str(second["filterVerb"])
         if extenders:
-            (entry,) = extenders
+            entry = extenders[0]
             model.has_extender = True
             model.extender_filter = bool(entry.get("filterVerb"))
             model.extender_weight = int(entry.get("weight") or 0) if entry.get("prioritizeVerb") else 0
@@ -190,8 +199,12 @@ class SchedulerModel:
                 break
         self.next_start = (self.next_start + visited) % count if count else 0
         found = len(feasible)
-        if feasible and extender is not None and self.extender_filter and self.interested(pod):
-            answer: ExtenderAnswer = extender("filter", pod, [node.name for node in feasible])
+        verbs = ["filter"] if self.extender_filter and self.interested(pod) else []
+        verbs += [self.aside] if self.aside else []
+        for verb in verbs:
+            if not feasible or extender is None:
+                break
+            answer: ExtenderAnswer = extender(verb, pod, [node.name for node in feasible])
             by_name = {node.name: node for node in feasible}
             feasible = [by_name[name] for name in answer.passed]
             for reason in answer.failed.values():

@@ -24,7 +24,7 @@ from extender.settings import GpuSeries
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` series double the exposition and nobody alerts on them
 
-VERBS = ("filter", "prioritize", "bind", "preempt")
+VERBS = ("filter", "filter-cpu", "prioritize", "bind", "preempt")
 OUTCOMES = ("ok", "error", "bad_request")
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

@@ -145,7 +145,21 @@ async def _respond_later(service: Service, name: str, started: float, pending: A
 
 def _filter(request: Request, service: Service) -> VerbResult | Awaitable[VerbResult]:
     args = _parse(request, contract.ExtenderArgs)
+    return _filter_args(args, _demand(args.Pod, service), service)
+
+
+def _filter_cpu(request: Request, service: Service) -> VerbResult | Awaitable[VerbResult]:
+    """The filter of the second, ignorable extender entry every pod reaches on the default scheduler
+    (`tools/schedconfig.cpu_entry`): a pod that asks no GPU is filtered as any (so its cpu goes where it strands
+    the least GPU); one that asks a GPU passes every node sent, untouched (the first entry filtered it)."""
+    args = _parse(request, contract.ExtenderArgs)
     demand = _demand(args.Pod, service)
+    if not demand.is_zero:
+        return contract.filter_reply(args, contract.requested_names(args), {}, {}), ""
+    return _filter_args(args, demand, service)
+
+
+def _filter_args(args: contract.ExtenderArgs, demand: Demand, service: Service) -> VerbResult | Awaitable[VerbResult]:
     names = contract.requested_names(args, checked=False)
     if not service.ready():
         return _not_ready_filter(args, service)
@@ -348,6 +362,7 @@ def build_server(service: Service) -> HttpServer:
     """The HTTP server for a service, not yet listening: `await server.start(host, port, ssl_context)`."""
     router = Router()
     router.add("POST", "/filter", _verb(service, "filter", _filter))
+    router.add("POST", "/filter-cpu", _verb(service, "filter-cpu", _filter_cpu))
     router.add("POST", "/prioritize", _verb(service, "prioritize", _prioritize))
     router.add("POST", "/bind", _verb(service, "bind", _bind))
     router.add("POST", "/preempt", _verb(service, "preempt", _preempt))

@@ -134,21 +134,12 @@ def _check(settings: Settings) -> bool:
 def extender_entry(settings: Settings, legacy_policy: bool, wiring: Wiring = Wiring.FULL) -> dict[str, Any]:
     """The `extenders[]` entry: the config API's keys, or the legacy Policy's (`enableHttps`, nanoseconds).
     Without a prioritize verb there is no weight: kube-scheduler reads it only for prioritize."""
-    https = _check(settings)
     entry: dict[str, Any] = {"urlPrefix": settings.url}
     if wiring is Wiring.FILTER_BIND:
         entry |= {key: verb for key, verb in VERBS.items() if key != "prioritizeVerb"}
     else:
         entry |= {**VERBS, "weight": settings.weight}
-    entry["enableHttps" if legacy_policy else "enableHTTPS"] = https
-    if https:
-        tls = {"caFile": settings.scheduler_ca_file}
-        if settings.scheduler_cert_file:
-            tls |= {"certFile": settings.scheduler_cert_file, "keyFile": settings.scheduler_key_file}
-        entry["tlsConfig"] = tls
-    entry["httpTimeout"] = round(settings.http_timeout * 1e9) if legacy_policy else go_duration(settings.http_timeout)
-    # The scheduler then sends names only (NodeNames, MetaVictims): our cache holds the nodes already.
-    entry["nodeCacheCapable"] = True
+    entry |= _connection(settings, legacy_policy, settings.http_timeout)
     # ignoredByScheduler stays false: the scheduler keeps counting gpu-mem per node (NodeResourcesFit) as for
     # any extended resource, so the node total holds even when we are ignorable and down, the kubelet (which
     # checks the same total at admission) never rejects a pod we placed, and our per-GPU check comes on top.
@@ -168,6 +159,54 @@ def extender_entry(settings: Settings, legacy_policy: bool, wiring: Wiring = Wir
         ]
     entry["ignorable"] = settings.ignorable
     return entry
+
+
+def _connection(settings: Settings, legacy_policy: bool, timeout: float) -> dict[str, Any]:
+    """How kube-scheduler reaches us: HTTPS and its files, the timeout, and names only (`nodeCacheCapable`: the
+    scheduler then sends NodeNames and MetaVictims, our cache holding the nodes already)."""
+    https = _check(settings)
+    keys: dict[str, Any] = {"enableHttps" if legacy_policy else "enableHTTPS": https}
+    if https:
+        tls = {"caFile": settings.scheduler_ca_file}
+        if settings.scheduler_cert_file:
+            tls |= {"certFile": settings.scheduler_cert_file, "keyFile": settings.scheduler_key_file}
+        keys["tlsConfig"] = tls
+    keys["httpTimeout"] = round(timeout * 1e9) if legacy_policy else go_duration(timeout)
+    keys["nodeCacheCapable"] = True
+    return keys
+
+
+CPU_FILTER_VERB = "filter-cpu"
+CPU_TIMEOUT = 1.0
+"""The most the default scheduler waits for the second entry on a pod asking no GPU (`cpu_entry`): our filter
+answers in milliseconds; an extender that hangs delays such a pod by this at most, then is ignored."""
+
+
+def cpu_entry(settings: Settings, legacy_policy: bool) -> dict[str, Any] | None:
+    """The second `extenders[]` entry, for the default scheduler (`pods_aside`): every pod reaches it (an empty
+    managedResources), it only filters (`/filter-cpu`: a pod asking no GPU goes where its cpu strands the least
+    GPU; one asking a GPU passes untouched, the first entry filtered and binds it), and it is `ignorable`: when
+    the extender is down, refuses or times out, kube-scheduler places the pod as if it were not there
+    (`findNodesThatPassExtenders`, pkg/scheduler/schedule_one.go at v1.34.1), so the cluster's system pods, the
+    extender's own among them, never wait for it. None when not wanted."""
+    if not pods_aside(settings):
+        return None
+    entry: dict[str, Any] = {"urlPrefix": settings.url, "filterVerb": CPU_FILTER_VERB}
+    entry |= _connection(settings, legacy_policy, min(settings.http_timeout, CPU_TIMEOUT))
+    entry["managedResources"] = []
+    entry["ignorable"] = True
+    return entry
+
+
+def pods_aside(settings: Settings) -> bool:
+    """Whether pods that ask no GPU reach us through a second, ignorable entry (`cpu_entry`): under the
+    fragmentation policy, on the default scheduler, `cpu_pods` auto. Measured on the trace: the default
+    scheduler's wiring without it ends a point below (docs/benchmarks/placement.md)."""
+    return (
+        settings.placement is Policy.FRAGMENTATION
+        and settings.cpu_pods is CpuPods.AUTO
+        and settings.scheduler_name == DEFAULT_SCHEDULER
+    )
 
 
 def every_pod(settings: Settings) -> bool:
@@ -238,7 +277,13 @@ def _config_api(settings: Settings, minor: int, api_version: str, wiring: Wiring
     ignored = ignored_resources(settings)
     if ignored:
         _fit_args(profile)["ignoredResources"] = ignored
-    document |= {"profiles": [profile], "extenders": [entry]}
+    second = cpu_entry(settings, legacy_policy=False)
+    document |= {"profiles": [profile], "extenders": [entry] if second is None else [entry, second]}
+    if second is not None:
+        what += (
+            f"# Pods asking no GPU are filtered by {url}/{CPU_FILTER_VERB} (a second entry, ignorable: placed as if\n"
+            "# it were not there when the extender is down or slow).\n"
+        )
     left = (
         "leaderElection is\n# left at its default here).\n"
         if settings.scheduler_kubeconfig
@@ -263,7 +308,9 @@ def _policy(settings: Settings, minor: int) -> str:
                 f"{name} {value!r}: a Policy file (Kubernetes 1.{minor}) has no such field; use {instead} instead"
             )
     # No "predicates"/"priorities" keys: absent, the scheduler keeps its defaults; an empty list disables them.
-    document = {"kind": "Policy", "apiVersion": "v1", "extenders": [extender_entry(settings, legacy_policy=True)]}
+    entries = [extender_entry(settings, legacy_policy=True)]
+    second = cpu_entry(settings, legacy_policy=True)
+    document = {"kind": "Policy", "apiVersion": "v1", "extenders": entries if second is None else [*entries, second]}
     return json.dumps(document, indent=2) + "\n"
 
 

@@ -41,11 +41,21 @@ def parse(text: str, minor: int) -> dict[str, Any]:
 
 
 def only_extender(document: dict[str, Any]) -> dict[str, Any]:
+    """The extender entry that filters, scores and binds the GPU pods (beside it, at most the ignorable entry of
+    the pods that ask no GPU: `cpu_extender`)."""
     extenders = document["extenders"]
-    assert isinstance(extenders, list) and len(extenders) == 1
+    assert isinstance(extenders, list) and len(extenders) in (1, 2)
     entry = extenders[0]
-    assert isinstance(entry, dict)
+    assert isinstance(entry, dict) and entry.get("bindVerb") == "bind"
+    if len(extenders) == 2:
+        assert extenders[1]["filterVerb"] == "filter-cpu" and "bindVerb" not in extenders[1]
     return entry
+
+
+def cpu_extender(document: dict[str, Any]) -> dict[str, Any] | None:
+    """The second, ignorable entry that pods asking no GPU reach on the default scheduler (None without it)."""
+    extenders = document["extenders"]
+    return extenders[1] if len(extenders) == 2 else None
 
 
 @pytest.mark.parametrize("minor", EVERY_MINOR)
@@ -96,8 +106,38 @@ def test_a_scheduler_of_its_own_sends_every_pod_so_pods_without_gpus_are_placed_
     ],
     ids=["default-scheduler", "off", "fill"],
 )
-def test_pods_that_ask_no_gpu_stay_with_kube_scheduler(settings: Settings, why: str) -> None:
+def test_pods_that_ask_no_gpu_do_not_reach_the_main_entry(settings: Settings, why: str) -> None:
     assert only_extender(parse(render(settings, "1.34"), 34))["managedResources"] == GPU_MEMORY, why
+
+
+@pytest.mark.parametrize("minor", EVERY_MINOR)
+def test_on_the_default_scheduler_pods_without_gpus_reach_an_ignorable_filter_of_their_own(minor: int) -> None:
+    """Issue 25: every pod reaches the second entry (an empty managedResources, extender.go IsInterested), which
+    only filters (`/filter-cpu`) and is ignorable: an extender that is down or slow (1 s at most) is skipped
+    (schedule_one.go findNodesThatPassExtenders), so system pods never wait for it; it does not bind or
+    preempt (one binder only, validation.go validateExtenders)."""
+    document = parse(render(SETTINGS, f"1.{minor}"), minor)
+    entry = cpu_extender(document)
+    assert entry is not None
+    assert entry["urlPrefix"] == SETTINGS.url and entry["managedResources"] == []
+    assert entry["ignorable"] is True and entry["nodeCacheCapable"] is True
+    assert {key for key in entry if key.endswith("Verb")} == {"filterVerb"}
+    assert entry["httpTimeout"] == (1_000_000_000 if minor in POLICY else "1s")
+    assert entry.get("tlsConfig") == only_extender(document).get("tlsConfig")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SECOND_SCHEDULER,
+        dataclasses.replace(SETTINGS, cpu_pods=CpuPods.OFF),
+        dataclasses.replace(SETTINGS, cpu_pods=CpuPods.ON),
+        dataclasses.replace(SETTINGS, placement=Policy.FILL),
+    ],
+    ids=["second-scheduler", "off", "on", "fill"],
+)
+def test_no_second_entry_where_pods_without_gpus_have_their_way(settings: Settings) -> None:
+    assert cpu_extender(parse(render(settings, "1.34"), 34)) is None
 
 
 def test_cpu_pods_on_sends_every_pod_even_from_the_default_scheduler() -> None:
