@@ -444,7 +444,7 @@ class Cache:
                 used, cores, slots = state.used[position], state.used_cores[position], state.used_slots[position]
                 if used > device.capacity:
                     found.append(f"{state.name} GPU {device.index}: used {used} > capacity {device.capacity}")
-                if device.cores and cores > device.cores:
+                if device.cores and cores > device.cores and not device.mig:  # MIG: profile cores may pass 100
                     found.append(f"{state.name} GPU {device.index}: compute {cores} > {device.cores}")
                 if device.slots and slots > device.slots:
                     found.append(f"{state.name} GPU {device.index}: {slots} pods > split count {device.slots}")

@@ -42,10 +42,10 @@ def _instances_refusal(state: NodeState, position: int, use: Use, mine: Use | No
     per container, each at a placement its profile has, overlapping none held (the pod's own given back
     first); a GPU in another mode takes none."""
     device = state.devices[position]
-    if not device.mig:
-        return "not in MIG mode, yet the allocation reserves a MIG instance there"
     if position in state.blocked:
         return f"takes no new pod: {state.blocked[position]}"
+    if not device.mig:
+        return "not in MIG mode, yet the allocation reserves a MIG instance there"
     if not use.instances:
         return "in MIG mode, yet the allocation reserves no MIG instance there"
     held = list(state.occupied[position]) if position < len(state.occupied) else []
@@ -135,12 +135,12 @@ class Ledger:
             if free < use.memory:
                 return f"GPU {use.index} on {allocation.node} has {max(free, 0)} free, needs {use.memory}"
             cores = device.cores - state.used_cores[position] + (mine.cores if mine else 0)
-            if device.cores and cores < use.cores:
+            if device.cores and not device.mig and cores < use.cores:  # MIG: instances limit, not compute
                 return f"GPU {use.index} on {allocation.node} has {max(cores, 0)} % compute free, needs {use.cores}"
             slots = device.slots - state.used_slots[position] + (mine.slots if mine else 0)
             if device.slots and slots < use.slots:
                 return f"GPU {use.index} on {allocation.node} runs its most pods ({device.slots})"
-            if device.mig or use.instances:
+            if device.mig or use.instances or position in state.blocked:
                 refused = _instances_refusal(state, position, use, mine)
                 if refused:
                     return f"GPU {use.index} on {allocation.node}: {refused}"

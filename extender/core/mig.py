@@ -33,6 +33,8 @@ MAX_PROFILES = 64
 """Profiles read per GPU: NVML lists about 20 for the largest GPUs; more is a malformed registration."""
 MAX_PLACEMENTS = 64
 """Placements read per profile (a GPU has at most 8 memory slices)."""
+MAX_SLICES = 64
+"""The end of a placement, in memory slices, at most (8 on today's GPUs)."""
 
 
 @dataclass(frozen=True, slots=True)

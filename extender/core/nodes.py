@@ -8,11 +8,12 @@ or changes a hold (the cache and the ledger do).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.core import mig
 from extender.core.devices import Device, NodeLock
-from extender.core.holds import Hold
+from extender.core.holds import Allocation, Hold
 
 
 @dataclass(slots=True, eq=False)
@@ -129,7 +130,7 @@ class NodeState:
             )
             amount = capacity - used[position] if takes and capacity > used[position] else 0
             if check_mig and (device.mode == mig.MODE or position in self.blocked):
-                amount = self._mig_free(position, amount)
+                amount = self._mig_free(position)
             free.append(amount)
             if capacity:
                 free_gpus += amount / capacity
@@ -145,33 +146,54 @@ class NodeState:
         self.free_gpus = free_gpus
 
     def _instances(self) -> None:
-        """`occupied` and `blocked` from the holds: each MIG GPU's reserved instances; a MIG GPU that holds a pod
-        without one, a GPU in another mode that holds an instance, and every MIG GPU of a node where an instance
-        names a GPU it does not have, take no new pod until those pods end (as HAMi marks them unhealthy)."""
-        devices, positions = self.devices, self._positions
-        occupied: list[list[tuple[int, int]]] = [[] for _ in devices]
-        blocked: dict[int, str] = {}
-        for hold in self.holds.values():
-            pod = hold.allocation.pod
-            for use in hold.allocation.uses:
-                position = positions.get(use.index, -1) if use.index >= 0 else -1
-                if position < 0:
-                    if use.instances:
-                        gone = f"pod {pod} reserves a MIG instance on GPU {use.uuid or use.index}, not on this node"
-                        blocked.update((other, gone) for other, device in enumerate(devices) if device.mig)
-                    continue
-                device = devices[position]
-                if use.instances and not device.mig:
-                    blocked[position] = f"pod {pod} reserves a MIG instance on it, not in MIG mode"
-                elif device.mig and not use.instances:
-                    blocked[position] = f"pod {pod} runs on it without a MIG instance reserved"
-                occupied[position].extend((instance.start, instance.size) for instance in use.instances)
+        """`occupied` and `blocked` from the holds (`instances_of`)."""
+        occupied, blocked = instances_of(
+            self.devices, self._positions, (hold.allocation for hold in self.holds.values())
+        )
         self.occupied = [tuple(placements) for placements in occupied]
         self.blocked = blocked
 
-    def _mig_free(self, position: int, amount: int) -> int:
-        """What a MIG GPU can give one more container: at most the largest profile with a placement free."""
+    def _mig_free(self, position: int) -> int:
+        """What a MIG GPU can give one more container: the largest profile with a placement free, within the
+        memory HAMi counts free; none when it is blocked, unusable or out of its instances (`count`). Compute is
+        not a limit: an instance's is its profile's, and HAMi's rounded-up profile cores (7 x 15 on an A100)
+        pass 100 on a full GPU without refusing it (`Usedcores == Totalcore`, device.go:788)."""
         device = self.devices[position]
-        if not amount or position in self.blocked or not device.mig:
+        used = self.used[position]
+        if (
+            position in self.blocked
+            or not device.mig
+            or not device.usable
+            or (device.slots and self.used_slots[position] >= device.slots)
+            or used >= device.capacity
+        ):
             return 0
-        return min(amount, mig.largest_placeable(device.profiles, self.occupied[position]))
+        return min(device.capacity - used, mig.largest_placeable(device.profiles, self.occupied[position]))
+
+
+def instances_of(
+    devices: Sequence[Device], positions: Mapping[int, int], allocations: Iterable[Allocation]
+) -> tuple[list[list[tuple[int, int]]], dict[int, str]]:
+    """Per device (by position), the (start, size) of the MIG instances the allocations reserve, and the devices
+    that take no new pod, with why: a MIG GPU that holds a pod without an instance, a GPU in another mode that
+    holds one, and every MIG GPU of a node where an instance names a GPU it does not have, until those pods end
+    (HAMi marks them unhealthy: `getNodesUsage`, pkg/scheduler/scheduler.go:760-833 at v2.10.0). The one place
+    these rules live: the cache's summary, and preemption's node without its victims, read them from here."""
+    occupied: list[list[tuple[int, int]]] = [[] for _ in devices]
+    blocked: dict[int, str] = {}
+    for allocation in allocations:
+        pod = allocation.pod
+        for use in allocation.uses:
+            position = positions.get(use.index, -1) if use.index >= 0 else -1
+            if position < 0:
+                if use.instances:
+                    gone = f"pod {pod} reserves a MIG instance on GPU {use.uuid or use.index}, not on this node"
+                    blocked.update((other, gone) for other, device in enumerate(devices) if device.mig)
+                continue
+            device = devices[position]
+            if use.instances and not device.mig:
+                blocked[position] = f"pod {pod} reserves a MIG instance on it, not in MIG mode"
+            elif device.mig and not use.instances:
+                blocked[position] = f"pod {pod} runs on it without a MIG instance reserved"
+            occupied[position].extend((instance.start, instance.size) for instance in use.instances)
+    return occupied, blocked

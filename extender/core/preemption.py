@@ -10,11 +10,12 @@ them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand, Strategy
 from extender.core.holds import Allocation
-from extender.core.nodes import NodeState
+from extender.core.nodes import NodeState, instances_of
 from extender.core.objects import Raw, as_object, pod_priority
 from extender.core.placement.fit import Judgement, Usage, place
 from extender.core.placement.judge import usage_of
@@ -23,17 +24,24 @@ from extender.core.quota.charges import Charge, charge_of, namespace_of
 
 
 def _freed(state: NodeState, victims: Iterable[Allocation]) -> Usage:
-    """What the node's GPUs hold once what the victims hold on it is free."""
+    """What the node's GPUs hold once what the victims hold on it is free (their MIG instances too, and what a
+    GPU was blocked for by one of them)."""
     usage = usage_of(state)
+    gone = set()
     for allocation in victims:
         if allocation.node != state.name:
             continue
+        gone.add(allocation.pod_uid)
         for use in allocation.uses:
             position = state.position(use.index)
             if position >= 0:
                 usage.memory[position] -= use.memory
                 usage.cores[position] -= use.cores
                 usage.slots[position] -= use.slots
+    if usage.occupied is not None and gone:
+        kept = (hold.allocation for uid, hold in state.holds.items() if uid not in gone)
+        occupied, blocked = instances_of(state.devices, {d.index: p for p, d in enumerate(state.devices)}, kept)
+        return replace(usage, occupied=occupied, blocked=blocked)
     return usage
 
 

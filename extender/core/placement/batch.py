@@ -48,7 +48,7 @@ def kind_of(state: NodeState) -> Kind | None:
     if capacity <= 0:
         return None
     for device in devices:
-        if device.capacity != capacity or device.model != model or device.cores or device.profiles:
+        if device.capacity != capacity or device.model != model or device.cores or device.profiles or device.links:
             return None
     return len(devices), capacity, model
 

@@ -156,7 +156,8 @@ def _order(
     selectors: Selectors, strategy: Strategy, devices: Sequence[Device], usage: Usage
 ) -> Callable[[int], tuple[float, ...]]:
     """The devices' order, best first: by the pod's chain of keys where it gave one (binpack: fullest first;
-    spread: emptiest; numa: by NUMA node, lowest first), else by the strategy; then the lower index."""
+    spread: emptiest; numa: by NUMA node, the highest first, as HAMi's Fit walks its list sorted by NUMA node
+    from the end, pkg/device/nvidia/device.go:733), else by the strategy; then the lower index."""
     weights = selectors.weights
     if not selectors.order:
         sign = -1.0 if strategy is Strategy.BINPACK else 1.0
@@ -164,7 +165,7 @@ def _order(
 
     def chained(p: int) -> tuple[float, ...]:
         score = _score(devices[p], p, usage, weights)
-        keys = {"binpack": -score, "spread": score, "numa": float(devices[p].numa)}
+        keys = {"binpack": -score, "spread": score, "numa": -float(devices[p].numa)}
         return (*(keys[word] for word in selectors.order), devices[p].index)
 
     return chained
@@ -180,6 +181,13 @@ def _blocker(request: Request, selectors: Selectors, device: Device, position: i
         return Cause.EXCLUSIVE
     if device.capacity - usage.memory[position] < request.memory_on(device):
         return Cause.MEMORY
+    occupied = usage.occupied
+    if occupied is not None:  # a node with MIG GPUs, or GPUs blocked by MIG instances
+        if usage.blocked and position in usage.blocked:
+            return Cause.SLICES
+        if device.mig:  # its instances decide, not compute (`NodeState._mig_free`)
+            placeable = mig.placeable(device.profiles, occupied[position], request.memory_on(device))
+            return Cause.NONE if placeable else Cause.SLICES
     cores = request.cores
     if device.cores:
         if device.cores - usage.cores[position] < cores:
@@ -188,15 +196,6 @@ def _blocker(request: Request, selectors: Selectors, device: Device, position: i
             return Cause.EXCLUSIVE
         if not cores and usage.cores[position] >= device.cores:
             return Cause.COMPUTE
-    if usage.blocked and position in usage.blocked:
-        return Cause.SLICES
-    occupied = usage.occupied
-    if (
-        device.mig
-        and occupied is not None
-        and not mig.placeable(device.profiles, occupied[position], request.memory_on(device))
-    ):
-        return Cause.SLICES
     return Cause.NONE
 
 

@@ -22,6 +22,7 @@ from extender.core.contract import MAX_EXTENDER_PRIORITY, HostPriorityEntry, hos
 from extender.core.devices import Demand, Request, Strategy
 from extender.core.holds import Grant
 from extender.core.memo import Question
+from extender.core.mig import MigInstance
 from extender.core.nodes import NodeState
 from extender.core.placement import topology
 from extender.core.placement.arrays import ROW_BITS, KindRows
@@ -96,8 +97,8 @@ def added_fragmentation(
 
 
 def _links(demand: Demand, state: NodeState, choice: Choice) -> float:
-    """`topology.link_term` of the GPUs chosen (0 but for a topology-aware pod on a node without pair scores, every
-    gpushare node)."""
+    """`topology.link_term` of the GPUs chosen: 0 on a node without pair scores (every gpushare node), but for a
+    topology-aware pod asking several GPUs, whose GPUs count as unlinked there."""
     if not demand.selectors.topology and not any(device.links for device in state.devices):
         return 0.0
     if isinstance(choice, Placement):
@@ -228,13 +229,16 @@ def _general_choice(
         return None
     memory_taken = [0] * len(state.devices)
     cores_taken = [0] * len(state.devices)
+    instances: list[list[MigInstance]] = [[] for _ in state.devices]
     for grants in placed.containers:
         for grant in grants:
             position = state.position(grant.index)
             memory_taken[position] += grant.memory
             cores_taken[position] += grant.cores
+            if grant.instance is not None:
+                instances[position].append(grant.instance)
     after = tuple(
-        gpu_room(state, position, memory_taken[position], cores_taken[position])
+        gpu_room(state, position, memory_taken[position], cores_taken[position], instances[position] or None)
         if memory_taken[position] or cores_taken[position]
         else gpu
         for position, gpu in enumerate(room)

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from extender.core import mig
+from extender.core.mig import MigInstance
 from extender.core.nodes import NodeState
 from extender.core.placement.workload import Classes, Shape
 
@@ -80,11 +81,14 @@ def room_of(state: NodeState) -> Room:
     )
 
 
-def gpu_room(state: NodeState, position: int, memory: int = 0, cores: int = 0) -> GpuRoom:
-    """One GPU of the node as the measure sees it, after `memory` and `cores` more are taken on it."""
+def gpu_room(
+    state: NodeState, position: int, memory: int = 0, cores: int = 0, instances: Sequence[MigInstance] | None = None
+) -> GpuRoom:
+    """One GPU of the node as the measure sees it, after `memory` and `cores` more are taken on it (on a MIG GPU:
+    `instances` more, or where none are given, the instance `mig.choose` would make for `memory`)."""
     device = state.devices[position]
-    if device.mig:
-        return _mig_room(state, position, memory, cores)
+    if state.mig and device.mig:
+        return _mig_room(state, position, memory, instances)
     free = state.free[position] - memory
     left = device.cores - state.used_cores[position] - cores if device.cores else -1
     if left == 0 or (device.slots and state.used_slots[position] + (1 if memory or cores else 0) >= device.slots):
@@ -93,33 +97,28 @@ def gpu_room(state: NodeState, position: int, memory: int = 0, cores: int = 0) -
     return (free, device.capacity, left, device.model, free)
 
 
-def _mig_room(state: NodeState, position: int, memory: int, cores: int) -> GpuRoom:
-    """`gpu_room` of a MIG GPU: with `memory` more, an instance more, where `mig.choose` would place it."""
+def _mig_room(state: NodeState, position: int, memory: int, instances: Sequence[MigInstance] | None) -> GpuRoom:
+    """`gpu_room` of a MIG GPU. Compute is not its limit (`NodeState._mig_free`): -1, as on a GPU whose plugin
+    does not track it."""
     device = state.devices[position]
     occupied = list(state.occupied[position])
-    used, used_cores, used_slots = state.used[position], state.used_cores[position], state.used_slots[position]
-    if memory and position not in state.blocked:
+    used, used_slots = state.used[position], state.used_slots[position]
+    if instances is None and memory and position not in state.blocked:
         try:
-            profile, instance = mig.choose(device.profiles, occupied, memory)
+            instances = (mig.choose(device.profiles, occupied, memory)[1],)
         except ValueError:  # it cannot take that much: nothing changes
-            profile = None
-        if profile is not None:
-            occupied.append((instance.start, instance.size))
-            used, used_cores, used_slots = used + profile.memory, used_cores + max(profile.cores, cores), used_slots + 1
-    left = device.cores - used_cores if device.cores else -1
+            instances = ()
+    for instance in instances or ():
+        profile = mig.profile_named(device.profiles, instance.profile)
+        occupied.append((instance.start, instance.size))
+        used, used_slots = used + (profile.memory if profile else 0), used_slots + 1
     total = mig.slices(device.profiles)
-    if (
-        position in state.blocked
-        or not device.usable
-        or not total
-        or left == 0
-        or (device.slots and used_slots >= device.slots)
-    ):
-        return (0, device.capacity, left, device.model, 0)
+    if position in state.blocked or not device.usable or not total or (device.slots and used_slots >= device.slots):
+        return (0, device.capacity, -1, device.model, 0)
     room = device.capacity - used
     free = min(device.capacity * (total - sum(size for _, size in occupied)) // total, room)
     largest = min(mig.largest_placeable(device.profiles, occupied), room)
-    return (max(free, 0), device.capacity, left, device.model, max(largest, 0))
+    return (max(free, 0), device.capacity, -1, device.model, max(largest, 0))
 
 
 def free_gpus(gpus: Sequence[GpuRoom]) -> float:
@@ -148,7 +147,7 @@ def fragment(cpu: int, memory: int, gpus: Sequence[GpuRoom], classes: Classes) -
     if not total:
         return 0.0
     first = gpus[0]
-    if all(gpu[1] == first[1] and gpu[2] < 0 and gpu[3] == first[3] for gpu in gpus):
+    if all(gpu[1] == first[1] and gpu[2] < 0 and gpu[3] == first[3] and gpu[0] == gpu[4] for gpu in gpus):
         return _uniform(cpu, memory, gpus, classes, total)
     return _general(cpu, memory, gpus, classes, total)
 

@@ -113,7 +113,7 @@ class Hami:
     """What one unit of `nvidia.com/gpumem` is worth in MiB (HAMi's memoryFactor)."""
     topology_multi_gpu: bool = False
     """Every pod asking several GPUs in one container gets the best-linked set, as if it asked
-    `topology-aware` (`--hami-topology multi-gpu`)."""
+    `topology-aware` (`--hami-topology-all`)."""
 
     @property
     def name(self) -> str:

@@ -30,16 +30,21 @@ MAX_RESERVATIONS = MAX_DEVICES * 16
 
 def read_profiles(value: object) -> tuple[MigProfile, ...]:
     """A GPU's `migProfiles` (HAMi's `[{name, memoryMB, core, sliceCount, placements:[{start, size}]}]`,
-    pkg/device/devices.go:50-90 at v2.10.0), bounded."""
+    pkg/device/devices.go:50-90 at v2.10.0), bounded. A profile without a name, a name given twice, or a placement
+    of no slices or beyond `mig.MAX_SLICES` is refused: an instance of it is one HAMi's device plugin would
+    refuse to make (`DecodeMigAllocations` requires a profile and a size), or one that overlaps nothing and would
+    be given to every pod."""
     if value is None:
         return ()
     if not isinstance(value, list) or len(value) > mig.MAX_PROFILES:
         raise ValueError(f"migProfiles must be an array of at most {mig.MAX_PROFILES} profiles")
-    profiles = []
+    profiles: list[MigProfile] = []
     for entry in value:
         if not isinstance(entry, dict):
             raise ValueError("each MIG profile must be an object")
         name = field(entry, "name", str, "")
+        if not name or any(profile.name == name for profile in profiles):
+            raise ValueError(f"MIG profile name {name[:40]!r} is empty or given twice")
         placements = entry.get("placements") or []
         if not isinstance(placements, list) or len(placements) > mig.MAX_PLACEMENTS:
             raise ValueError(f"MIG profile {name[:40]!r}: placements must be an array of at most {mig.MAX_PLACEMENTS}")
@@ -47,7 +52,12 @@ def read_profiles(value: object) -> tuple[MigProfile, ...]:
         for placement in placements:
             if not isinstance(placement, dict):
                 raise ValueError(f"MIG profile {name[:40]!r}: each placement must be an object")
-            spots.append((field(placement, "start", int, 0), field(placement, "size", int, 0)))
+            start, size = field(placement, "start", int, 0), field(placement, "size", int, 0)
+            if not size or start + size > mig.MAX_SLICES:
+                raise ValueError(
+                    f"MIG profile {name[:40]!r}: placement ({start}, {size}) is not within the GPU's slices"
+                )
+            spots.append((start, size))
         profiles.append(
             MigProfile(
                 name,

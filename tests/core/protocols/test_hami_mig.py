@@ -18,6 +18,7 @@ from extender.core.mig import MigInstance, MigProfile
 from extender.core.placement.config import PolicyConfig, ask_of
 from extender.core.placement.fit import Cause, Verdict
 from extender.core.placement.measure import gpu_room
+from extender.core.preemption import fits_after_eviction
 from extender.core.protocols.hami import ALLOCATED, REGISTER, encode
 from extender.core.protocols.hami_mig import MIG_ALLOCATIONS, decode_instances, encode_instances
 from tests.builders import (
@@ -307,14 +308,14 @@ def test_overlapping_instances_from_the_api_are_reported_as_overcommitted() -> N
 def test_the_measure_sees_a_mig_gpus_free_slices_and_what_they_can_still_hold() -> None:
     """`measure.gpu_room` of a MIG GPU: its free slices are what is wasted if no pod can use them; the largest
     instance still placeable is what a pod can take (not the memory left, which three 2g.10gb leave at 10 GiB
-    with room for a 1g.5gb only)."""
+    with room for a 1g.5gb only); compute is not its limit (-1)."""
     pods = tuple(
         bound_mig_pod(f"p{start}", "mig-1", (Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", start, 2)),))
         for start in (0, 2, 4)
     )
     state = make_hami_cluster(make_mig_node(), pods=pods).nodes["mig-1"]
-    assert gpu_room(state, 0) == (10240, 40960, 16, "NVIDIA-A100-SXM4-40GB", 5120)  # 2 of 8 slices free
-    assert gpu_room(state, 0, 5000) == (5120, 40960, 2, "NVIDIA-A100-SXM4-40GB", 0)  # slice 7 alone: no profile
+    assert gpu_room(state, 0) == (10240, 40960, -1, "NVIDIA-A100-SXM4-40GB", 5120)  # 2 of 8 slices free
+    assert gpu_room(state, 0, 5000) == (5120, 40960, -1, "NVIDIA-A100-SXM4-40GB", 0)  # slice 7 alone: no profile
 
 
 def test_the_policy_fills_the_slice_that_no_larger_profile_could_use() -> None:
@@ -334,3 +335,61 @@ def test_the_policy_fills_the_slice_that_no_larger_profile_could_use() -> None:
     assert outcome.passed == ["mig-2"]
     placed = placer.choose(demand, cluster.nodes["mig-2"])
     assert placed is not None and placed.containers[0][0].instance == MigInstance("1g.5gb", 6, 1)
+
+
+# --- HAMi's real profile cores, preemption, malformed profiles -------------------------------------------------
+
+REAL_1G = {"name": "1g.5gb", "memoryMB": 4864, "core": 15, "sliceCount": 1,
+           "placements": [{"start": start, "size": 1} for start in range(7)]}  # fmt: skip
+"""A 1g.5gb as HAMi's device plugin registers it (pkg/device/devices_test.go:384-397: 4864 MiB, core 15: its
+SMs x 100 / the largest profile's, rounded up, plugin/register.go:242-244), so seven of them count 105 %."""
+
+
+def test_seven_instances_of_a_profile_whose_cores_sum_past_100_all_fit_and_reserve() -> None:
+    """HAMi refuses a MIG GPU for compute only when its used cores equal the total (nv/device.go:788), and
+    records each instance's profile cores: seven 1g at 15 % make 105 %, and the GPU is full by its slices and
+    its count, not by compute. Filter and bind agree on every one (they once disagreed from the sixth)."""
+    cluster = make_hami_cluster(make_mig_node(profiles=[REAL_1G]))
+    placer, ledger = placer_for(cluster), make_ledger(cluster)
+    for number in range(7):
+        demand = HAMI.pod_demand(mig_pod(f"p{number}", 4000))
+        assert placer.judge(demand, cluster.nodes["mig-1"]).verdict is Verdict.FITS, number
+        placed = placer.choose(demand, cluster.nodes["mig-1"])
+        assert placed is not None
+        assert ledger.assume(Allocation(f"u{number}", f"default/p{number}", "mig-1", placed.containers), 0), number
+    state = cluster.nodes["mig-1"]
+    assert state.used_cores == [105] and state.free == [0] and cluster.overcommitted() == []
+
+
+def test_evicting_the_pods_of_a_mig_gpu_frees_their_slices_for_a_larger_instance() -> None:
+    """Preemption gives back the victims' instances too (`preemption._freed`): six 1g.5gb out, a 3g.20gb fits."""
+    pods = tuple(
+        bound_mig_pod(f"v{start}", "mig-1", (Grant(0, 5120, 14, "GPU-mig-1-0", MigInstance("1g.5gb", start, 1)),))
+        for start in range(6)
+    )
+    cluster = make_hami_cluster(make_mig_node(), pods=pods)
+    state = cluster.nodes["mig-1"]
+    demand = HAMI.pod_demand(mig_pod("big", 20000))
+    victims = [hold.allocation for hold in state.holds.values()]
+    assert not fits_after_eviction(demand, state, victims[:2])
+    assert fits_after_eviction(demand, state, victims)
+
+
+@pytest.mark.parametrize(
+    ("profiles", "why"),
+    [
+        ('[{"name":"","memoryMB":5120,"placements":[{"start":0,"size":1}]}]', "empty or given twice"),
+        (
+            '[{"name":"1g.5gb","placements":[{"start":0,"size":1}]},{"name":"1g.5gb","placements":[{"start":1,"size":1}]}]',
+            "empty or given twice",
+        ),
+        ('[{"name":"1g.5gb","memoryMB":5120,"placements":[{"start":6,"size":0}]}]', "not within the GPU's slices"),
+        ('[{"name":"1g.5gb","memoryMB":5120,"placements":[{"start":64,"size":1}]}]', "not within the GPU's slices"),
+    ],
+)
+def test_profiles_that_would_give_instances_hami_cannot_make_leave_the_node_unreadable(profiles: str, why: str) -> None:
+    """A size-0 placement overlaps nothing: it would be given to every pod, and HAMi's decoder refuses it
+    (nv/mig_allocations.go:87-89); a nameless or repeated profile cannot be named in a reservation."""
+    register = REGISTERED.replace(REGISTERED[REGISTERED.index('[{"name"') : -2], profiles)
+    found = HAMI.node_devices(node_with(register))
+    assert found.devices == () and why in found.unreadable

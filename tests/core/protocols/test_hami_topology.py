@@ -138,9 +138,10 @@ def test_the_gpu_policy_chain_reads_as_hamis(value: str, policy: GpuPolicy) -> N
 
 
 def test_the_chain_orders_gpus_key_by_key() -> None:
-    """`binpack,numa` (policy/gpu_policy.go:131-166): the fullest first, then by NUMA node; `numa,binpack`:
-    NUMA node 0 first, the fullest of it first."""
-    devices = gpus({"a": {}, "b": {}, "c": {}}, numa=(1, 0, 0))
+    """`binpack,numa` (policy/gpu_policy.go:131-166): the fullest first, then by NUMA node; `numa,binpack`: by NUMA
+    node first, the highest (HAMi's Fit walks the list sorted ascending from its end, nv/device.go:733), the
+    fullest of it first."""
+    devices = gpus({"a": {}, "b": {}, "c": {}}, numa=(0, 1, 1))
     usage = Usage([4096, 2048, 0], [0, 0, 0], [1, 1, 0])
     assert chosen(devices, 1, Selectors(order=("binpack", "numa")), usage) == {"a"}
     assert chosen(devices, 1, Selectors(order=("numa", "binpack")), usage) == {"b"}
@@ -265,3 +266,14 @@ def test_the_nvlink_box_is_kept_for_the_pod_that_needs_its_links(
     assert placed is not None
     if node == nvlink:
         assert len({grant.index // 4 for grant in placed.containers[0]}) == 1
+
+
+def test_eight_of_sixteen_gpus_are_grown_from_the_best_pair_and_stay_on_one_island() -> None:
+    """C(16, 8) = 12,870 sets is more than `topology.COMBINATIONS`: the set is grown one best-linked GPU at a time
+    from the best-linked pair (HAMi compares every set, in a quarter of a second here); two islands of eight."""
+    scores = {
+        f"GPU-{a:02d}": {f"GPU-{b:02d}": 300 if a // 8 == b // 8 else 10 for b in range(16) if b != a}
+        for a in range(16)
+    }
+    devices = gpus(scores)
+    assert chosen(devices, 8, TOPOLOGY) == {f"GPU-{index:02d}" for index in range(8)}
