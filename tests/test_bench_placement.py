@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench.placement import __main__ as cli
-from bench.placement import fast, report
+from bench.placement import fast, mig, report
 from bench.placement.kube_model import ExtenderAnswer, ModelNode, ModelPod, SchedulerModel
 from bench.placement.outcome import NodeUse, Outcome, ReplayResult
 from bench.placement.real import unschedulable_reasons
@@ -348,3 +348,62 @@ def test_a_sample_of_the_trace_keeps_the_papers_ratio_for_its_own_capacity(trace
     assert len(sampled.nodes) == 1
     assert sum(pod.gpu_demand for pod in sampled.pods) <= sampled.gpu_capacity
     random.Random(0)  # the sample is drawn from the seed, not the global generator
+
+
+# ---- the MIG workload -----------------------------------------------------------------------------------
+
+
+def mig_runs(seed: int = 5) -> tuple[mig.MigResult, mig.MigResult]:
+    workload = mig.synthetic_mig(seed)
+    flags = ["--scheduler-name=gpu-scheduler", "--protocol=hami"]
+    served, _ = cli.command_settings("serve", flags)
+    return mig.replay_ours(workload, served, cli.config_text(flags), seed), mig.replay_hami(workload, seed)
+
+
+def test_the_mig_workload_runs_both_policies_within_every_gpus_slices_and_the_same_for_a_seed() -> None:
+    ours, hami = mig_runs()
+    again = mig_runs()
+    for result, repeated in zip((ours, hami), again, strict=True):
+        assert result.problems == []
+        figures = mig.figures(result)
+        assert figures["placed"] > 0 and 0 < figures["slices"] <= 100 and figures["memory"] <= figures["slices"]
+        assert mig.figures(repeated) == figures
+
+
+@pytest.mark.parametrize(
+    ("milli", "memory"), [(110, 9856), (230, 19968), (470, 40192), (490, 40192), (500, 80384), (1000, 80384)]
+)
+def test_a_share_asks_the_memory_of_the_smallest_profile_that_holds_it_of_an_80_gib_gpu(
+    milli: int, memory: int
+) -> None:
+    """0.49 x 81920 = 40141 MiB: a 3g.40gb (40192); 0.5 x 81920 = 40960: only the 7g holds it."""
+    assert mig.gpu_memory(TracePod("p", 1000, 1024, 1, milli)) == memory
+
+
+def test_a_mig_profiles_core_is_the_ceiling_hami_registers() -> None:
+    """ceil(SMs x 100 / 98): 14 SMs -> 15, 28 -> 29, 42 -> 43, 56 -> 58, 98 -> 100."""
+    assert [profile.cores for profile in mig.PROFILES] == [15, 15, 29, 43, 58, 100]
+
+
+def test_hamis_greedy_takes_the_fullest_node_and_there_the_emptiest_gpu_from_the_end() -> None:
+    """Node binpack, GPU spread (Fit walks the sorted list from its end: the highest index among the emptiest),
+    the 1g.20gb at the highest start."""
+    nodes = [TraceNode("a", 1000, 1000, 2, mig.A100), TraceNode("b", 1000, 1000, 2, mig.A100)]
+    hami = mig.HamiGreedy(nodes, seed=0)
+    pod = ModelPod("first", {}, (), mig.pod_object(TracePod("first", 1, 1, 1, 470), {}, "hami-scheduler"))
+    hami("filter", pod, ["a", "b"])
+    first = hami.bind("first")
+    assert first[1] == ((1, mig.Instance("3g.40gb", 4, 4, 40192, 43)),)
+    pod = ModelPod("second", {}, (), mig.pod_object(TracePod("second", 1, 1, 1, 230), {}, "hami-scheduler"))
+    assert hami("filter", pod, ["a", "b"]).passed == [first[0]]
+    assert hami.bind("second")[1] == ((0, mig.Instance("1g.20gb", 6, 2, 19968, 15)),)
+
+
+def test_the_mig_end_check_finds_overlapping_instances_and_a_gpu_over_its_seven() -> None:
+    node = TraceNode("n", 1000, 1000, 1, mig.A100)
+    pods = tuple(TracePod(f"p{number}", 1, 1, 1, 100) for number in range(8))
+    workload = mig.MigWorkload("toy", (node,), pods, pods, {})
+    placed = {pod.name: ((0, mig.Instance("1g.10gb", min(number, 6), 1, 9856, 15)),) for number, pod in enumerate(pods)}
+    result = mig.MigResult("toy", workload, [Outcome(pod, "n") for pod in pods], placed, 0.0)
+    problems = mig.check(result)
+    assert "n GPU 0: instances overlap at slice 6" in problems and "n GPU 0: 8 instances, more than 7" in problems

@@ -14,6 +14,9 @@ Modes (comma-separated to run several):
 - `fast`: the extender's verbs in process behind a model of kube-scheduler's cycle (`fast.py`): seconds to a
   minute per run, for iterating.
 
+`--mig`: the MIG workload instead (`mig.py`): the trace's MIG-capable nodes in HAMi's MIG mode, the extender
+(`--protocol hami`, in process as in the fast mode) against hami-scheduler's own choice; `--mode` is not read.
+
 `--extender-flag` and `--config-flag` (repeatable) pass flags to `extender serve` and `extender scheduler-config`
 (the fast mode reads both too), so another policy or wiring can be measured the same way: e.g.
 `--extender-flag=--placement=fill` for the fill policy. It prints the figures of each run and, for several
@@ -34,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from bench.placement import fast, report
+from bench.placement import fast, mig, report
 from bench.placement.outcome import ReplayResult
 from bench.placement.trace import TraceError, Workload, arrivals, load, synthetic_workload
 from extender import settings
@@ -85,6 +88,7 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--extender-flag", action="append", default=[], help="a flag for extender serve alone")
     parser.add_argument("--config-flag", action="append", default=[], help="a flag for extender scheduler-config alone")
+    parser.add_argument("--mig", action="store_true", help="the MIG workload, ours against HAMi's (mig.py)")
     parser.add_argument("--workdir", default="", help="keep every run's logs here (default: a temporary directory)")
     parsed = parser.parse_args(argv)
     modes = [mode.strip() for mode in parsed.mode.split(",") if mode.strip()]
@@ -167,6 +171,10 @@ def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parsed = arguments(argv)
+    if parsed.mig:
+        hami = ["--protocol=hami"]
+        served, _ = command_settings("serve", [*parsed.extender_flag, *hami])
+        return mig.main(parsed, served, config_text([*parsed.config_flag, *hami]))
     keep = bool(parsed.workdir)
     workdir = Path(parsed.workdir) if keep else Path(tempfile.mkdtemp(prefix="bench-placement-"))
     failed = False
