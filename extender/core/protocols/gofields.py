@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+import orjson
+
 from extender.core.objects import Raw
 
 T = TypeVar("T")
@@ -24,3 +26,14 @@ def field(entry: Raw, name: str, kind: type[T], default: T) -> T:
     if not isinstance(value, kind):
         raise ValueError(f"{name} {str(value)[:40]!r} is not a {kind.__name__}")
     return value
+
+
+def json_text(value: object, most_bytes: int) -> object:
+    """An annotation's text decoded as JSON, read only when at most `most_bytes` long; ValueError naming what is
+    wrong (a value Go's decoder would refuse, or one too long to read)."""
+    if not isinstance(value, str) or len(value) > most_bytes:
+        raise ValueError(f"not a string of at most {most_bytes // 1024} KiB")
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        raise ValueError("not JSON") from None

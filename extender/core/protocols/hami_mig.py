@@ -20,7 +20,7 @@ import orjson
 from extender.core import mig
 from extender.core.holds import Grant
 from extender.core.mig import MigInstance, MigProfile
-from extender.core.protocols.gofields import field
+from extender.core.protocols.gofields import field, json_text
 from extender.core.resources import MAX_DEVICES
 
 MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
@@ -98,12 +98,7 @@ def decode_instances(value: object) -> list[tuple[str, MigInstance]]:
     profile, a placement of some size), has a partial runtime identity, or repeats a (container, device)."""
     if value is None or value == "":
         return []
-    if not isinstance(value, str) or len(value) > 64 * 1024:
-        raise ValueError("not a string of at most 64 KiB")
-    try:
-        listed = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        raise ValueError("not JSON") from None
+    listed = json_text(value, 64 * 1024)
     if not isinstance(listed, list) or len(listed) > MAX_RESERVATIONS:
         raise ValueError("expected a JSON array of reservations")
     found: list[tuple[str, MigInstance]] = []

@@ -21,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import orjson
-
 from extender.core.devices import Device, Strategy
+from extender.core.protocols.gofields import json_text
 from extender.core.resources import MAX_DEVICES
 
 SCORES = "hami.io/node-nvidia-score"
@@ -92,12 +91,7 @@ def with_links(devices: Sequence[Device], value: object) -> tuple[Device, ...]:
     when it is present and Go's decoder would refuse it."""
     if value is None:
         return tuple(devices)
-    if not isinstance(value, str) or len(value) > 256 * 1024:
-        raise ValueError("not a string of at most 256 KiB")
-    try:
-        listed = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        raise ValueError("not JSON") from None
+    listed = json_text(value, 256 * 1024)
     if listed is None:
         return tuple(devices)
     if not isinstance(listed, list) or len(listed) > MAX_DEVICES:
