@@ -186,15 +186,18 @@ def scheduler_config(version: str, url: str, tls: TLSFiles, wiring: str) -> str:
 
 
 def floor_config(ours: str) -> str:
-    """Our rendered configuration with the floor's verbs in its extender entry: no preempt (the floor has none,
-    and no pod here is ever preempted), and every managed resource counted by kube-scheduler whatever ours says
-    (ignoredByScheduler false), since the floor counts nothing; the same pods are sent to it as to ours. The
-    rest (filter, bind, prioritize and its weight when the wiring has it, TLS, timeout, nodeCacheCapable) stays
-    ours."""
+    """Our rendered configuration with the floor's verbs in its extender entries: no preempt (the floor has none,
+    and no pod here is ever preempted), every managed resource counted by kube-scheduler whatever ours says
+    (ignoredByScheduler false), since the floor counts nothing, and the second entry of the default scheduler's
+    wiring (pods asking no GPU: `filter-cpu`) calling the floor's filter, which passes every node as ours does for
+    a GPU pod there; the same pods are sent to it as to ours, as many times. The rest (filter, bind, prioritize
+    and its weight when the wiring has it, TLS, timeout, nodeCacheCapable, ignorable) stays ours."""
     config = yaml.safe_load(ours)
-    (entry,) = config["extenders"]
-    entry.pop("preemptVerb", None)
-    entry["managedResources"] = [dict(item, ignoredByScheduler=False) for item in entry["managedResources"]]
+    for entry in config["extenders"]:
+        entry.pop("preemptVerb", None)
+        entry["managedResources"] = [dict(item, ignoredByScheduler=False) for item in entry["managedResources"]]
+        if entry.get("filterVerb") == "filter-cpu":
+            entry["filterVerb"] = "filter"
     return yaml.safe_dump(config, sort_keys=False)
 
 

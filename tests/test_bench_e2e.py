@@ -230,8 +230,10 @@ def rendered(wiring: str) -> dict[str, Any]:
 def test_the_floor_is_called_for_filter_bind_and_prioritize_when_its_wiring_has_it(
     floor: str, verbs: dict[str, str]
 ) -> None:
-    (entry,) = rendered(floor)["extenders"]
+    entry, aside = rendered(floor)["extenders"]  # aside: the default scheduler's entry of pods asking no GPU
     assert {key: value for key, value in entry.items() if key.endswith("Verb")} == verbs
+    assert {key: value for key, value in aside.items() if key.endswith("Verb")} == {"filterVerb": "filter"}
+    assert aside["ignorable"] is True
     assert entry["urlPrefix"] == FLOOR_URL
     assert entry["enableHTTPS"] is True
     assert entry["tlsConfig"] == {
@@ -244,7 +246,7 @@ def test_the_floor_is_called_for_filter_bind_and_prioritize_when_its_wiring_has_
 
 def test_kube_scheduler_counts_the_gpu_memory_the_floor_manages() -> None:
     # the floor counts nothing, so NodeResourcesFit must: ignoredByScheduler false, as when it runs alone
-    (entry,) = rendered("floor-full")["extenders"]
+    entry, _ = rendered("floor-full")["extenders"]
     assert {"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False} in entry["managedResources"]
     assert not any(item["ignoredByScheduler"] for item in entry["managedResources"])
     assert entry["weight"] == 5
@@ -256,6 +258,9 @@ def test_a_floor_wiring_is_ours_without_preempt(floor: str, ours: str) -> None:
     # extender differs between the two runs
     expected = rendered(ours)
     del expected["extenders"][0]["preemptVerb"]
+    expected["extenders"][1]["filterVerb"] = (
+        "filter"  # the floor's filter passes every node, as /filter-cpu a GPU pod's
+    )
     assert rendered(floor) == expected
 
 
