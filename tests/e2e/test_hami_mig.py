@@ -9,18 +9,23 @@ Every check of where instances went is computed from the API's Pod objects alone
 from the extender, and checked on every poll while a burst is placed, not only at the end: on a MIG GPU no two
 instances of live pods overlap, it holds no more instances than its `count`, each GPU entry records its instance's
 profile memory and compute, and that profile holds what the container asks; on a HAMi-core GPU, test_hami.py's
-memory, compute and slot limits. The extender's /inspect is then compared with that.
+memory, compute and slot limits. At the end, topology-aware pods asking several HAMi-core GPUs are checked by
+test_hami_topology.py's best-linked check (`best_linked_problems`: their GPUs' pairs sum at least as high as any
+as many GPUs of their node that could still hold them). The extender's /inspect is then compared with that.
 
-The module shares one extender, one kube-scheduler (its own schedulerName) and four nodes: three of two A100-80GB
-each in MIG mode and one of two A100-40GB that HAMi-core shares (split 4). Pods that want an instance carry
-`nvidia.com/vgpu-mode: mig`, the others `hami-core`. Each test deletes its pods and waits until the extender has
-seen them go. What is not about MIG (pods, the workload, HAMi's usage arithmetic, the plugin's one pass per pod)
-comes from test_hami.py.
+The module shares one extender, one kube-scheduler (its own schedulerName) and four nodes, the mixed cluster:
+three of two A100-80GB each in MIG mode and one NVLink box, test_hami_topology.py's: eight A100-SXM4-80GB in two
+islands of four that HAMi-core shares (split 10), its registration and `hami.io/node-nvidia-score` written by that
+module's `box_annotations`. Pods that want an instance carry `nvidia.com/vgpu-mode: mig`, the others `hami-core`.
+Each test deletes its pods and waits until the extender has seen them go. What is not about MIG (pods, the
+workload, HAMi's usage arithmetic, the plugin's one pass per pod) comes from test_hami.py, what is about the
+NVLink box from test_hami_topology.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import random
 import re
@@ -60,10 +65,8 @@ from tests.e2e.deviceplugin import (
 from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees, serving_with_own_pod
 from tests.e2e.scheduler import Scheduler, running_scheduler
 from tests.e2e.test_hami import (
-    A100,
     DELAY,
     NOBODY,
-    SPLIT,
     USE_UUID,
     VGPU_TIME,
     Container,
@@ -85,6 +88,16 @@ from tests.e2e.test_hami import (
     overlay_rules,
     serves,
 )
+from tests.e2e.test_hami_topology import (
+    A100_80,
+    NVLINK_BOX,
+    SPLIT,
+    TOPOLOGY_AWARE,
+    Box,
+    best_linked_problems,
+    box_annotations,
+    topology_aware,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -102,8 +115,8 @@ SETTLE_TIMEOUT = 60.0
 VGPU_MODE = "nvidia.com/vgpu-mode"
 MIG, CORE = "mig", "hami-core"
 
-A100_80 = ("NVIDIA A100-SXM4-80GB", 81920)
-"""(type, devmem MiB): NVML's name and total memory; in MIG mode HAMi registers devcore 100, no scaling."""
+# A100_80 (test_hami_topology.py's): (type, devmem MiB), NVML's name and total memory; in MIG mode HAMi registers
+# devcore 100, no scaling.
 FULL_SMS = 98
 """SMs of the A100's largest profile (7g): a profile's `core` is ceil(its SMs x 100 / this) (HAMi's
 plugin/register.go:242-244; `plugin/` = pkg/device-plugin/nvidiadevice/nvinternal/plugin/, at v2.10.0)."""
@@ -137,17 +150,20 @@ PROFILES = {profile["name"]: profile for profile in MIG_PROFILES}
 INSTANCES = 7
 """The registered `count` of a MIG GPU: the most instances of any profile (7 of 1g.10gb)."""
 
-NODE_MODES: dict[str, str] = {"e2e-mig-0": MIG, "e2e-mig-1": MIG, "e2e-mig-2": MIG, "e2e-mig-core": CORE}
+NVLINK = "e2e-mig-nvlink"
+NODE_MODES: dict[str, str] = {"e2e-mig-0": MIG, "e2e-mig-1": MIG, "e2e-mig-2": MIG, NVLINK: CORE}
 NODES = tuple(NODE_MODES)
-GPUS_PER_NODE = 2
+MIG_GPUS_PER_NODE = 2
+BOXES: dict[str, Box] = {NVLINK: NVLINK_BOX}
+"""The HAMi-core nodes, each an NVLink box of test_hami_topology.py (two islands of four A100-SXM4-80GB)."""
 GPUS: dict[str, Gpu] = {
     gpu_uuid(node, index): (
         Gpu(node, index, gpu_uuid(node, index), *A100_80, slots=INSTANCES)
         if mode == MIG
-        else Gpu(node, index, gpu_uuid(node, index), *A100, slots=SPLIT)
+        else Gpu(node, index, gpu_uuid(node, index), *BOXES[node].model, slots=SPLIT)
     )
     for node, mode in NODE_MODES.items()
-    for index in range(GPUS_PER_NODE)
+    for index in range(MIG_GPUS_PER_NODE if mode == MIG else BOXES[node].gpus)
 }
 """Every GPU of the module's nodes, by UUID (test_hami.py's Gpu: its `slots` is the registered count)."""
 
@@ -182,8 +198,12 @@ def registration(node: str, rng: random.Random) -> str:
 
 
 def hami_node(name: str, rng: random.Random) -> dict[str, Any]:
-    """A Ready node HAMi's plugin serves: its registration and `nvidia.com/gpu` = the sum of its GPUs' counts."""
-    manifest = node_manifest(name, gpus=0, annotations={REGISTER: registration(name, rng)})
+    """A Ready node HAMi's plugin serves: its registration (and on an NVLink box its scores, as
+    test_hami_topology.py writes them) and `nvidia.com/gpu` = the sum of its GPUs' counts."""
+    annotations = (
+        {REGISTER: registration(name, rng)} if name not in BOXES else box_annotations(BOXES[name], gpus_of(name), rng)
+    )
+    manifest = node_manifest(name, gpus=0, annotations=annotations)
     for part in ("capacity", "allocatable"):
         manifest["status"][part][GPU] = str(sum(gpu.slots for gpu in gpus_of(name)))
     return manifest
@@ -290,8 +310,25 @@ def mig_pod(name: str, mem: int, **annotations: str) -> PodSpec:
     return one(name, 1, mem, None, None, **{VGPU_MODE: MIG}, **annotations)
 
 
-def core_pod(name: str, mem: int, cores: int) -> PodSpec:
-    return one(name, 1, mem, None, cores, **{VGPU_MODE: CORE})
+def core_pod(name: str, mem: int | None, cores: int, gpus: int = 1, **annotations: str) -> PodSpec:
+    return one(name, gpus, mem, None, cores, **{VGPU_MODE: CORE}, **annotations)
+
+
+def topology_pod(name: str, gpus: int, mem: int, cores: int) -> PodSpec:
+    """A topology-aware pod (`hami.io/gpu-scheduler-policy: topology-aware`) asking `gpus` HAMi-core GPUs."""
+    return core_pod(name, mem, cores, gpus, **TOPOLOGY_AWARE)
+
+
+def nvlink_holders() -> list[PodSpec]:
+    """HAMi-core pods pinned to GPUs of the NVLink box so that binpack's order (the fullest first, then the lower
+    index) crosses its islands, as test_hami_topology.py's `holders` do on its boxes: GPU 1 whole, GPUs 3 and 4
+    in part (for 2 GPUs binpack takes 3 and 4; for 4, 3, 4, 0 and 2)."""
+    box = gpus_of(NVLINK)
+    return [
+        core_pod("hold-whole-1", None, 100, **{USE_UUID: box[1].uuid}),
+        core_pod("hold-part-3", 30000, 30, **{USE_UUID: box[3].uuid}),
+        core_pod("hold-part-4", 20000, 20, **{USE_UUID: box[4].uuid}),
+    ]
 
 
 ASKS: dict[str, tuple[int, ...]] = {
@@ -303,9 +340,12 @@ ASKS: dict[str, tuple[int, ...]] = {
 """MiB a pod asks, by the profile that is the smallest to hold it (HAMi's choice when one is free)."""
 
 
-def burst_specs(prefix: str, seed: int, profiles: dict[str, int], core: int = 0) -> list[PodSpec]:
-    """`profiles[name]` MIG pods asking seeded sizes that profile holds, and `core` HAMi-core pods asking 4-8 GB
-    and 10-30 % compute; shuffled."""
+def burst_specs(
+    prefix: str, seed: int, profiles: dict[str, int], core: int = 0, four: int = 0, two: int = 0
+) -> list[PodSpec]:
+    """`profiles[name]` MIG pods asking seeded sizes that profile holds, `core` HAMi-core pods asking 4-8 GB and
+    10-30 % compute, and `four` and `two` topology-aware HAMi-core pods asking 4 and 2 GPUs (sizes as
+    test_hami_topology.py's burst asks them); shuffled."""
     rng = random.Random(seed)
     specs = [
         mig_pod(f"{prefix}-{name.replace('.', '-')}-{number}", rng.choice(ASKS[name]))
@@ -314,6 +354,10 @@ def burst_specs(prefix: str, seed: int, profiles: dict[str, int], core: int = 0)
     ]
     specs += [core_pod(f"{prefix}-core-{number}", rng.choice([4000, 6000, 8000]), rng.choice([10, 20, 30]))
               for number in range(core)]  # fmt: skip
+    specs += [topology_pod(f"{prefix}-topo4-{number}", 4, rng.choice([16000, 20000, 24000]), rng.choice([10, 20]))
+              for number in range(four)]  # fmt: skip
+    specs += [topology_pod(f"{prefix}-topo2-{number}", 2, rng.choice([12000, 20000, 30000]),
+                           rng.choice([10, 20, 30])) for number in range(two)]  # fmt: skip
     rng.shuffle(specs)
     return specs
 
@@ -515,6 +559,63 @@ def fits_now(pod: dict[str, Any], placed: Placed) -> bool:
     )
 
 
+def given(pod: dict[str, Any]) -> list[Gpu]:
+    """The GPUs of the pod's first GPU container, from its allocation."""
+    return [GPUS[device.uuid] for device in decode_entries(annotations_of(pod)[ALLOCATED])[0]]
+
+
+def without(placed: Placed, pod: dict[str, Any]) -> Placed:
+    """The cluster as placed, but for the pod's own allocation."""
+    entries, init, _, _ = allocation_of(pod)
+    used = {uuid: list(use) for uuid, use in placed.state.used.items()}
+    for uuid, use in collapse(entries, init).items():
+        used[uuid] = [total - own for total, own in zip(used[uuid], use, strict=True)]
+    instances = {
+        uuid: [held for held in listed if held.pod != key_of(pod)] for uuid, listed in placed.instances.items()
+    }
+    return Placed(dataclasses.replace(placed.state, used=used), instances)
+
+
+def topology_problems(placed: Placed, test: str) -> tuple[list[str], int, int]:
+    """test_hami_topology.py's best-linked check (`best_linked_problems`) on every bound topology-aware pod given
+    several GPUs, its candidates the GPUs of its node that take it (`takes`) at the end, its own allocation taken
+    away: (problems, pods checked, of which an island could still hold whole). Sound for the same reason as
+    there: while a burst is placed pods only arrive."""
+    problems: list[str] = []
+    checked = island_free = 0
+    for pod in placed.mine(test):
+        node = pod["spec"].get("nodeName")
+        if not node or failed(pod) or not topology_aware(pod) or len(gpus := given(pod)) < 2:
+            continue
+        checked += 1
+        if node not in BOXES:
+            problems.append(f"{key_of(pod)}: topology-aware, given {len(gpus)} GPUs of {node}, which has no scores")
+            continue
+        (container,) = containers_of(pod)[1]
+        rest = without(placed, pod)
+        candidates = [gpu for gpu in gpus_of(node) if takes(container, gpu, rest, annotations_of(pod))]
+        found, whole = best_linked_problems(pod, BOXES[node], gpus, candidates)
+        problems += found
+        island_free += whole
+    return problems, checked, island_free
+
+
+async def assert_placed_by_topology(
+    control_plane: ControlPlane, placed: Placed, test: str, extender: ExtenderProcess, scheduler: Scheduler,
+    plugin: DevicePluginDouble,
+) -> tuple[int, int]:  # fmt: skip
+    """`topology_problems` finds none; returns (topology-aware pods checked, of which an island could hold)."""
+    problems, checked, island_free = topology_problems(placed, test)
+    if problems:
+        pytest.fail(
+            "placed against the pods' topology:\n"
+            + "\n".join(problems)
+            + "\n\n"
+            + await diagnostics(control_plane, test, extender, scheduler, plugin)
+        )
+    return checked, island_free
+
+
 def describe(placed: Placed, test: str) -> str:
     lines = ["pods:"]
     for pod in sorted(placed.mine(test), key=key_of):
@@ -608,8 +709,8 @@ async def inspect_differences(extender: ExtenderProcess, placed: Placed) -> list
     shown = {node["name"]: node for node in report["nodes"]}
     for name in NODES:
         node = shown.get(name)
-        if node is None or not node["known"]:
-            problems.append(f"{name} not in the extender's cache")
+        if node is None or not node["known"] or node.get("problem"):
+            problems.append(f"{name} not read by the extender: {node}")
             continue
         lock = state.locks.get(name)
         holder = lock_holder(lock) if lock else None
@@ -666,14 +767,16 @@ async def test_a_burst_on_mig_and_hami_core_nodes_gives_every_pod_its_own_slices
     plugin: DevicePluginDouble,
     workload: Workload,
 ) -> None:
-    """A whole GPU and three halves first (kube-scheduler takes pods oldest first), then at once 12 pods asking
-    1g.10gb or 1g.20gb sizes and 6 HAMi-core pods: 37 of the 48 memory slices, 16 of 42 instances. Every pod is
-    bound, allocated by the plugin with no MIG check failing, and no slice is given twice."""
+    """The NVLink box's holders, a whole GPU and three halves first (kube-scheduler takes pods oldest first), then
+    at once 12 pods asking 1g.10gb or 1g.20gb sizes, 6 HAMi-core pods and 6 topology-aware ones asking 2 or 4 GPUs
+    of the NVLink box: 37 of the 48 memory slices, 16 of 42 instances. Every pod is bound, allocated by the plugin
+    with no MIG check failing, no slice is given twice, and every topology-aware pod is linked as well as its node
+    allowed (one island where an island could hold it)."""
     await start_clean(extender)
     started = time.monotonic()
-    for spec in burst_specs("big", seed=5, profiles={"7g.80gb": 1, "3g.40gb": 3}):
+    for spec in [*nvlink_holders(), *burst_specs("big", seed=5, profiles={"7g.80gb": 1, "3g.40gb": 3})]:
         await workload.create(spec, SCHEDULER_NAME)
-    await burst(workload, burst_specs("burst", seed=7, profiles={"1g.20gb": 5, "1g.10gb": 7}, core=6))
+    await burst(workload, burst_specs("burst", seed=7, profiles={"1g.20gb": 5, "1g.10gb": 7}, core=6, four=2, two=4))
     placed = await settle(control_plane, workload, extender, scheduler, plugin)
     elapsed = time.monotonic() - started
 
@@ -685,9 +788,14 @@ async def test_a_burst_on_mig_and_hami_core_nodes_gives_every_pod_its_own_slices
     assert profiles.count("7g.80gb") == 1 and profiles.count("3g.40gb") == 3 and len(profiles) == 16, profiles
     assert all(annotations_of(pod)[MIG_ALLOCATIONS] for pod in bound if annotations_of(pod)[VGPU_MODE] == MIG)
     assert not any(MIG_ALLOCATIONS in annotations_of(pod) for pod in bound if annotations_of(pod)[VGPU_MODE] == CORE)
+    checked, island_free = await assert_placed_by_topology(
+        control_plane, placed, workload.test, extender, scheduler, plugin
+    )
+    assert checked == 6 and island_free, describe(placed, workload.test)  # the check bit somewhere
     await assert_extender_agrees(control_plane, extender)
     print(
         f"\nMIG burst on {len(NODES)} nodes / {len(GPUS)} GPUs: {len(bound)} bound after {elapsed:.1f} s; "
+        f"{checked} topology-aware pods checked, {island_free} of them where an island could still hold them; "
         f"{plugin.latency_summary()}\n{gpu_lines(placed)}"
     )
 
@@ -705,14 +813,18 @@ async def test_a_mig_burst_survives_the_extender_killed_while_every_node_waits_f
     The restarted extender rebuilds the instances, the reserved ones included, from the API alone: no slice is
     given twice once the plugin goes on."""
     await start_clean(extender)
-    await burst(workload, burst_specs("first", seed=23, profiles={"3g.40gb": 1, "1g.20gb": 1, "1g.10gb": 2}, core=1))
+    first = burst_specs("first", seed=23, profiles={"3g.40gb": 1, "1g.20gb": 1, "1g.10gb": 2}, core=1, two=1)
+    await burst(workload, first)
 
     async def first_allocated() -> bool:
-        return len(plugin.accepted) >= 5
+        return len(plugin.accepted) >= len(first)
 
     await eventually(first_allocated, what="the first wave allocated")
     plugin.pause()
-    await burst(workload, burst_specs("second", seed=29, profiles={"3g.40gb": 1, "1g.20gb": 2, "1g.10gb": 3}, core=2))
+    await burst(
+        workload,
+        burst_specs("second", seed=29, profiles={"3g.40gb": 1, "1g.20gb": 2, "1g.10gb": 3}, core=2, four=1, two=1),
+    )
 
     async def every_node_waits() -> bool:
         placed = await api_state(control_plane)
@@ -748,7 +860,7 @@ async def _kill_and_restart(
         if pod["spec"].get("nodeName")
     }
     refused = scheduler.log().count("connection refused")
-    await burst(workload, burst_specs("third", seed=31, profiles={"1g.20gb": 2, "1g.10gb": 4}))
+    await burst(workload, burst_specs("third", seed=31, profiles={"1g.20gb": 2, "1g.10gb": 4}, four=1, two=1))
 
     async def scheduler_found_it_down() -> bool:
         return scheduler.log().count("connection refused") > refused
@@ -770,11 +882,16 @@ async def _kill_and_restart(
     assert any(pod["metadata"]["name"].startswith("third-") for pod in bound), describe(placed, workload.test)
     assert not plugin.refused
     assert_no_slice_given_twice(placed, plugin)
+    checked, island_free = await assert_placed_by_topology(
+        control_plane, placed, workload.test, extender, scheduler, plugin
+    )
+    assert checked == 5, describe(placed, workload.test)  # every topology-aware pod of the three waves
     await assert_extender_agrees(control_plane, extender)
     print(
         f"\nkilled with {len(kept_at_kill)} pods bound, every node locked; ready {ready_after:.1f} s after the "
         f"restart, all placed {settled_after:.1f} s after it: {len(bound)} bound, "
-        f"{len(placed.mine(workload.test)) - len(bound)} pending; {plugin.latency_summary()}"
+        f"{len(placed.mine(workload.test)) - len(bound)} pending; {checked} topology-aware pods checked, "
+        f"{island_free} where an island could still hold them; {plugin.latency_summary()}"
     )
 
 

@@ -92,7 +92,6 @@ from tests.e2e.test_hami import (
     overlay_rules,
     serves,
 )
-from tests.e2e.test_hami_mig import A100_80
 
 pytestmark = pytest.mark.e2e
 
@@ -120,7 +119,9 @@ TWO_NVLINKS = 200
 """`TwoNVLINKLinks` (nv/calculate_score.go:248-249)."""
 SPLIT = 10
 """The registered `count` of every GPU: pods one GPU takes at most."""
+A100_80 = ("NVIDIA A100-SXM4-80GB", 81920)
 A100_PCIE = ("NVIDIA A100 80GB PCIe", 81920)
+"""(type, devmem MiB): NVML's names and total memory (test_hami_mig.py's MIG GPUs are the same A100_80)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,15 @@ class Box:
         if not self.island:
             return SAME_CPU
         return SAME_CPU + TWO_NVLINKS if self.numa(a) == self.numa(b) else CROSS_CPU
+
+    def island_of(self, index: int) -> int | None:
+        """The NVLink island of its GPU `index` (None on a box without NVLink)."""
+        return self.numa(index) if self.island else None
+
+    def linked(self, gpus: Sequence[Gpu]) -> int:
+        """What HAMi's `computeBestCombination` sums for a set of its GPUs: the scores of its pairs
+        (nv/device.go:953-978)."""
+        return sum(self.score(a.index, b.index) for a, b in itertools.combinations(gpus, 2))
 
 
 NVLINK_BOX = Box(A100_80, 8, island=4)
@@ -162,25 +172,19 @@ def numa_of(gpu: Gpu) -> int:
     return BOXES[gpu.node].numa(gpu.index)
 
 
-def island_of(gpu: Gpu) -> int | None:
-    """The NVLink island of the GPU (None on a box without NVLink)."""
-    return numa_of(gpu) if BOXES[gpu.node].island else None
-
-
-def linked(gpus: Sequence[Gpu]) -> int:
-    """What HAMi's `computeBestCombination` sums for a set of GPUs: the scores of its pairs (nv/device.go:953-978)."""
-    return sum(BOXES[a.node].score(a.index, b.index) for a, b in itertools.combinations(gpus, 2))
-
-
 # ---- fixtures --------------------------------------------------------------------------------------------
 
 
 def registration_and_scores(node: str, rng: random.Random) -> dict[str, str]:
-    """`hami.io/node-nvidia-register` and `hami.io/node-nvidia-score` as HAMi v2.10's plugin writes them: the GPUs
-    in one (Go's random map) order for both (register.go:259-280); registration fields omitempty (`numa` 0
-    absent); each score entry with every other GPU, keyed by UUID in `json.Marshal`'s sorted order."""
-    box = BOXES[node]
-    gpus = gpus_of(node)
+    return box_annotations(BOXES[node], gpus_of(node), rng)
+
+
+def box_annotations(box: Box, gpus: Sequence[Gpu], rng: random.Random) -> dict[str, str]:
+    """`hami.io/node-nvidia-register` and `hami.io/node-nvidia-score` of a node wired as `box` (`gpus`: its GPUs)
+    as HAMi v2.10's plugin writes them: the GPUs in one (Go's random map) order for both (register.go:259-280);
+    registration fields omitempty (`numa` 0 absent); each score entry with every other GPU, keyed by UUID in
+    `json.Marshal`'s sorted order."""
+    gpus = list(gpus)
     rng.shuffle(gpus)
     listed, scores = [], []
     for gpu in gpus:
@@ -188,8 +192,8 @@ def registration_and_scores(node: str, rng: random.Random) -> dict[str, str]:
         if gpu.index:
             entry["index"] = gpu.index
         entry |= {"count": gpu.slots, "devmem": gpu.memory, "devcore": gpu.cores, "type": gpu.model}
-        if numa_of(gpu):
-            entry["numa"] = numa_of(gpu)
+        if box.numa(gpu.index):
+            entry["numa"] = box.numa(gpu.index)
         entry |= {"mode": "hami-core", "health": True}
         listed.append(entry)
         peers = sorted((other for other in gpus if other is not gpu), key=lambda other: other.uuid)
@@ -469,18 +473,28 @@ def link_problems(pod: dict[str, Any], state: State) -> tuple[list[str], bool]:
     docstring: a lower bound on what it had to choose from). Also whether an island could still hold it whole,
     the case where a set across islands fails this."""
     (container,) = containers_of(pod)[1]
-    gpus, node = given(pod), pod["spec"]["nodeName"]
+    node = pod["spec"]["nodeName"]
     candidates = serving(container, node, without(state, pod), annotations_of(pod))
-    best = max(itertools.combinations(candidates, container.gpus), key=linked, default=())
+    return best_linked_problems(pod, BOXES[node], given(pod), candidates)
+
+
+def best_linked_problems(
+    pod: dict[str, Any], box: Box, gpus: Sequence[Gpu], candidates: Sequence[Gpu]
+) -> tuple[list[str], bool]:
+    """`link_problems` for a pod of one GPU container given `gpus` of a node wired as `box`, `candidates` the GPUs
+    of that node that could hold it at the end, its own allocation taken away."""
+    (container,) = containers_of(pod)[1]
+    best = max(itertools.combinations(candidates, container.gpus), key=box.linked, default=())
     island_free = any(
-        sum(island_of(gpu) == island for gpu in candidates) >= container.gpus
-        for island in {island_of(gpu) for gpu in candidates} - {None}
+        sum(box.island_of(gpu.index) == island for gpu in candidates) >= container.gpus
+        for island in {box.island_of(gpu.index) for gpu in candidates} - {None}
     )
-    if linked(gpus) >= linked(best):
+    if box.linked(gpus) >= box.linked(best):
         return [], island_free
     return [
-        f"{key_of(pod)} on {node} given GPUs {[gpu.index for gpu in gpus]}, linked {linked(gpus)}; GPUs "
-        f"{[gpu.index for gpu in best]}, linked {linked(best)}, could hold it even at the end"
+        f"{key_of(pod)} on {pod['spec']['nodeName']} given GPUs {[gpu.index for gpu in gpus]}, linked "
+        f"{box.linked(gpus)}; GPUs {[gpu.index for gpu in best]}, linked {box.linked(best)}, could hold it even at "
+        "the end"
     ], island_free
 
 
