@@ -22,6 +22,7 @@ pods and waits until the extender has seen them go.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import re
@@ -184,31 +185,33 @@ def overlay_rules() -> list[dict[str, Any]]:
     raise LookupError("manifests/hami/kustomization.yaml adds no rule to the ClusterRole gpu-extender")
 
 
-@pytest.fixture(scope="module")
-def hami_rights(control_plane: ControlPlane) -> Iterator[None]:
-    """The extender user's rights for HAMi: what manifests/hami/ adds, and a Lease of its own for this module."""
+@contextlib.contextmanager
+def hami_extender(
+    control_plane: ControlPlane, tls: TLSFiles, name: str, lease: str, flags: tuple[str, ...], self_pod: str, node: str
+) -> Iterator[ExtenderProcess]:
+    """The extender `name` serving with HAMi's protocol, with its own pod on `node`: the extender user's rights as
+    manifests/hami/ adds them and a Lease (`lease`) of its own, all removed after (the HAMi e2e modules share it)."""
     lease_rules = [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [lease],
          "verbs": ["get", "update"]},
     ]  # fmt: skip
-    created = control_plane.grant("e2e-hami-extender", overlay_rules(), {EXTENDER_NAMESPACE: lease_rules})
-    yield
-    for path in (*created, f"/apis/coordination.k8s.io/v1/namespaces/{EXTENDER_NAMESPACE}/leases/{LEASE_NAME}"):
-        try:
-            control_plane.request("DELETE", path)
-        except ApiError as error:
-            if error.status != 404:
-                raise
+    created = control_plane.grant(f"{name}-extender", overlay_rules(), {EXTENDER_NAMESPACE: lease_rules})
+    try:
+        process = ExtenderProcess(name, control_plane.workdir, control_plane.kubeconfig("extender"), tls, flags)
+        with serving_with_own_pod(control_plane, process, self_pod, node) as serving:
+            yield serving
+    finally:
+        for path in (*created, f"/apis/coordination.k8s.io/v1/namespaces/{EXTENDER_NAMESPACE}/leases/{lease}"):
+            try:
+                control_plane.request("DELETE", path)
+            except ApiError as error:
+                if error.status != 404:
+                    raise
 
 
 @pytest.fixture(scope="module")
-def extender(
-    control_plane: ControlPlane, tls: TLSFiles, hami_nodes: tuple[str, ...], hami_rights: None
-) -> Iterator[ExtenderProcess]:
-    process = ExtenderProcess(
-        "e2e-hami", control_plane.workdir, control_plane.kubeconfig("extender"), tls, EXTENDER_FLAGS
-    )
-    with serving_with_own_pod(control_plane, process, SELF, hami_nodes[0]) as serving:
+def extender(control_plane: ControlPlane, tls: TLSFiles, hami_nodes: tuple[str, ...]) -> Iterator[ExtenderProcess]:
+    with hami_extender(control_plane, tls, "e2e-hami", LEASE_NAME, EXTENDER_FLAGS, SELF, hami_nodes[0]) as serving:
         yield serving
 
 

@@ -62,7 +62,7 @@ from tests.e2e.deviceplugin import (
     decode_reservations,
     lock_holder,
 )
-from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees, serving_with_own_pod
+from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees
 from tests.e2e.scheduler import Scheduler, running_scheduler
 from tests.e2e.test_hami import (
     DELAY,
@@ -82,10 +82,10 @@ from tests.e2e.test_hami import (
     containers_of,
     failed,
     gpu_uuid,
+    hami_extender,
     key_of,
     lock_node,
     one,
-    overlay_rules,
     serves,
 )
 from tests.e2e.test_hami_topology import (
@@ -220,30 +220,8 @@ def mig_nodes(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
 
 
 @pytest.fixture(scope="module")
-def mig_rights(control_plane: ControlPlane) -> Iterator[None]:
-    """What manifests/hami/ adds to the extender's rights, and a Lease of its own for this module."""
-    lease_rules = [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
-         "verbs": ["get", "update"]},
-    ]  # fmt: skip
-    created = control_plane.grant("e2e-hami-mig-extender", overlay_rules(), {EXTENDER_NAMESPACE: lease_rules})
-    yield
-    for path in (*created, f"/apis/coordination.k8s.io/v1/namespaces/{EXTENDER_NAMESPACE}/leases/{LEASE_NAME}"):
-        try:
-            control_plane.request("DELETE", path)
-        except ApiError as error:
-            if error.status != 404:
-                raise
-
-
-@pytest.fixture(scope="module")
-def extender(
-    control_plane: ControlPlane, tls: TLSFiles, mig_nodes: tuple[str, ...], mig_rights: None
-) -> Iterator[ExtenderProcess]:
-    process = ExtenderProcess(
-        "e2e-hami-mig", control_plane.workdir, control_plane.kubeconfig("extender"), tls, EXTENDER_FLAGS
-    )
-    with serving_with_own_pod(control_plane, process, SELF, mig_nodes[0]) as serving:
+def extender(control_plane: ControlPlane, tls: TLSFiles, mig_nodes: tuple[str, ...]) -> Iterator[ExtenderProcess]:
+    with hami_extender(control_plane, tls, "e2e-hami-mig", LEASE_NAME, EXTENDER_FLAGS, SELF, mig_nodes[0]) as serving:
         yield serving
 
 

@@ -68,7 +68,7 @@ from tests.e2e.deviceplugin import (
     decode_entries,
     lock_holder,
 )
-from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees, serving_with_own_pod
+from tests.e2e.extender_process import ExtenderProcess, TLSFiles, assert_agrees
 from tests.e2e.scheduler import Scheduler, running_scheduler
 from tests.e2e.test_hami import (
     DELAY,
@@ -87,9 +87,9 @@ from tests.e2e.test_hami import (
     containers_of,
     failed,
     gpu_uuid,
+    hami_extender,
     key_of,
     one,
-    overlay_rules,
     serves,
 )
 
@@ -220,30 +220,10 @@ def topology_nodes(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
 
 
 @pytest.fixture(scope="module")
-def topology_rights(control_plane: ControlPlane) -> Iterator[None]:
-    """What manifests/hami/ adds to the extender's rights, and a Lease of its own for this module."""
-    lease_rules = [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
-         "verbs": ["get", "update"]},
-    ]  # fmt: skip
-    created = control_plane.grant("e2e-hami-topology-extender", overlay_rules(), {EXTENDER_NAMESPACE: lease_rules})
-    yield
-    for path in (*created, f"/apis/coordination.k8s.io/v1/namespaces/{EXTENDER_NAMESPACE}/leases/{LEASE_NAME}"):
-        try:
-            control_plane.request("DELETE", path)
-        except ApiError as error:
-            if error.status != 404:
-                raise
-
-
-@pytest.fixture(scope="module")
-def extender(
-    control_plane: ControlPlane, tls: TLSFiles, topology_nodes: tuple[str, ...], topology_rights: None
-) -> Iterator[ExtenderProcess]:
-    process = ExtenderProcess(
-        "e2e-hami-topology", control_plane.workdir, control_plane.kubeconfig("extender"), tls, EXTENDER_FLAGS
-    )
-    with serving_with_own_pod(control_plane, process, SELF, topology_nodes[0]) as serving:
+def extender(control_plane: ControlPlane, tls: TLSFiles, topology_nodes: tuple[str, ...]) -> Iterator[ExtenderProcess]:
+    with hami_extender(
+        control_plane, tls, "e2e-hami-topology", LEASE_NAME, EXTENDER_FLAGS, SELF, topology_nodes[0]
+    ) as serving:
         yield serving
 
 
