@@ -751,7 +751,9 @@ async def test_a_burst_on_mig_and_hami_core_nodes_gives_every_pod_its_own_slices
     plugin: DevicePluginDouble,
     workload: Workload,
 ) -> None:
-    """The NVLink box's holders, a whole GPU and three halves first (kube-scheduler takes pods oldest first), then
+    """The NVLink box's holders, a whole GPU and three halves first, settled before the burst (a holder is pinned
+    to its GPU, and one filtered out while the box was locked for the holder before it would wait in
+    kube-scheduler's backoff while the burst filled its GPU: seen in CI, hold-part-4 left Pending), then
     at once 12 pods asking 1g.10gb or 1g.20gb sizes, 6 HAMi-core pods and 6 topology-aware ones asking 2 or 4 GPUs
     of the NVLink box: 37 of the 48 memory slices, 16 of 42 instances. Every pod is bound, allocated by the plugin
     with no MIG check failing, no slice is given twice, and every topology-aware pod is linked as well as its node
@@ -760,6 +762,7 @@ async def test_a_burst_on_mig_and_hami_core_nodes_gives_every_pod_its_own_slices
     started = time.monotonic()
     for spec in [*nvlink_holders(), *burst_specs("big", seed=5, profiles={"7g.80gb": 1, "3g.40gb": 3})]:
         await workload.create(spec, SCHEDULER_NAME)
+    await settle(control_plane, workload, extender, scheduler, plugin)
     await burst(workload, burst_specs("burst", seed=7, profiles={"1g.20gb": 5, "1g.10gb": 7}, core=6, four=2, two=4))
     placed = await settle(control_plane, workload, extender, scheduler, plugin)
     elapsed = time.monotonic() - started
