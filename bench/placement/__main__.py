@@ -14,6 +14,16 @@ Modes (comma-separated to run several):
 - `fast`: the extender's verbs in process behind a model of kube-scheduler's cycle (`fast.py`): seconds to a
   minute per run, for iterating.
 
+`--churn`: pods come and go (`churn.py`): each runs for its lifetime from the trace, the cluster is kept over-full
+(`--churn-offered` of its capacity) for `--churn-hours` of trace time compressed into `--churn-minutes`, and a pod
+that waits longer than `--churn-patience` trace minutes is withdrawn; in the fast mode (`churn_fast.py`) or
+through the real kube-scheduler (`churn_real.py`). Figures: GPU allocated over the full part of the run and over
+time, fragmentation over time, waits per kind of pod, pods withdrawn, the end check.
+
+`--policies` runs each mode and seed once per policy: `shipped` (the extender as it ships, with the flags given)
+and `fill` (the same with `--placement=fill`), one table and one picture for all. `--plot FILE.svg` draws the
+curves of every run (`plot.py`).
+
 `--mig`: the MIG workload instead (`mig.py`): the trace's MIG-capable nodes in HAMi's MIG mode, the extender
 (`--protocol hami`, in process as in the fast mode) against hami-scheduler's own choice; `--mode` is not read.
 
@@ -37,7 +47,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from bench.placement import fast, mig, report
+from bench.placement import churn, churn_fast, fast, mig, plot, report
+from bench.placement.churn import ChurnResult, PlanError
 from bench.placement.outcome import ReplayResult
 from bench.placement.trace import TraceError, Workload, arrivals, load, synthetic_workload
 from extender import settings
@@ -65,6 +76,9 @@ PAPER = {
     },
 }
 MODES = ("real", "burst", "fast")
+POLICIES = {"shipped": (), "fill": ("--placement=fill",)}
+"""Named policies for --policies: the extender flags each adds to the run's own."""
+Result = ReplayResult | ChurnResult
 
 
 def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -75,7 +89,12 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workload", default="default", help="the trace's pod list (openb_pod_list_<name>.csv)")
     parser.add_argument("--seeds", default="42", help="comma-separated seeds of the arrival sequence")
     parser.add_argument("--ratio", type=float, default=1.3, help="GPU demand arriving, over the capacity")
-    parser.add_argument("--nodes", type=int, default=0, help="a sample of this many of the trace's nodes (0: all)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help=f"a sample of this many of the trace's nodes (default: all; with --churn, {churn.NODES})",
+    )
     parser.add_argument("--mode", default="real", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument(
         "--scheduler-name",
@@ -89,6 +108,21 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--extender-flag", action="append", default=[], help="a flag for extender serve alone")
     parser.add_argument("--config-flag", action="append", default=[], help="a flag for extender scheduler-config alone")
     parser.add_argument("--mig", action="store_true", help="the MIG workload, ours against HAMi's (mig.py)")
+    parser.add_argument(
+        "--policies", default="shipped", help=f"comma-separated, of {', '.join(POLICIES)}: each run once per policy"
+    )
+    parser.add_argument("--churn", action="store_true", help="the churn mode: pods come and go (churn.py)")
+    parser.add_argument("--churn-hours", type=float, default=churn.HOURS, help="trace hours of arrivals")
+    parser.add_argument(
+        "--churn-offered", type=float, default=churn.OFFERED, help="GPU demand offered, over the capacity"
+    )
+    parser.add_argument(
+        "--churn-minutes", type=float, default=churn.MINUTES, help="minutes of the scheduler's time a run takes"
+    )
+    parser.add_argument(
+        "--churn-patience", type=float, default=churn.PATIENCE / 60, help="trace minutes before a pod is withdrawn"
+    )
+    parser.add_argument("--plot", default="", help="draw every run's curves into this SVG file")
     parser.add_argument("--workdir", default="", help="keep every run's logs here (default: a temporary directory)")
     parsed = parser.parse_args(argv)
     modes = [mode.strip() for mode in parsed.mode.split(",") if mode.strip()]
@@ -96,6 +130,13 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     if unknown or not modes:
         parser.error(f"--mode {parsed.mode!r}: each of {', '.join(MODES)}")
     parsed.modes = modes
+    if parsed.churn and "burst" in modes:
+        parser.error("--churn runs the fast and real modes (burst is the fill-up replay's)")
+    if parsed.churn and not parsed.nodes:
+        parsed.nodes = churn.NODES
+    parsed.policy_list = [policy.strip() for policy in parsed.policies.split(",") if policy.strip()]
+    if not parsed.policy_list or any(policy not in POLICIES for policy in parsed.policy_list):
+        parser.error(f"--policies {parsed.policies!r}: each of {', '.join(POLICIES)}")
     common = [f"--scheduler-name={parsed.scheduler_name}", *parsed.flag]
     parsed.extender_flag = [*common, *parsed.extender_flag]
     parsed.config_flag = [*common, *parsed.config_flag]
@@ -113,12 +154,13 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def workload(parsed: argparse.Namespace, seed: int) -> Workload:
+    ratio = churn.LONGEST if parsed.churn else parsed.ratio  # churn.plan cuts the sequence it needs
     if parsed.synthetic:
-        return synthetic_workload(seed, parsed.scale, parsed.ratio)
-    loaded = load(parsed.trace, parsed.workload, seed, parsed.ratio)
+        return synthetic_workload(seed, parsed.scale, ratio)
+    loaded = load(parsed.trace, parsed.workload, seed, ratio)
     if parsed.nodes and parsed.nodes < len(loaded.nodes):
         nodes = tuple(sorted(random.Random(seed).sample(loaded.nodes, parsed.nodes), key=lambda node: node.name))
-        loaded = replace(loaded, nodes=nodes, pods=arrivals(loaded.trace_pods, nodes, seed, parsed.ratio))
+        loaded = replace(loaded, nodes=nodes, pods=arrivals(loaded.trace_pods, nodes, seed, ratio))
     return loaded
 
 
@@ -136,14 +178,23 @@ def config_text(flags: Sequence[str]) -> str:
     return fast.rendered_config(rendered, Wiring(parsed.wiring))
 
 
-def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path) -> ReplayResult:
+def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path, policy: str = "shipped") -> Result:
     loaded = workload(parsed, seed)
+    extender_flags = [*parsed.extender_flag, *POLICIES[policy]]
+    plan = None
+    if parsed.churn:
+        plan, loaded = churn.plan(
+            loaded, parsed.churn_offered, parsed.churn_hours, parsed.churn_minutes, parsed.churn_patience * 60
+        )
     print(
-        f"-- {mode}, workload {loaded.name}, seed {seed}: {len(loaded.nodes):,} nodes, {len(loaded.pods):,} pods",
+        f"-- {policy}, {mode}, workload {loaded.name}, seed {seed}: {len(loaded.nodes):,} nodes, "
+        f"{len(loaded.pods):,} pods" + (f"; {plan.describe()}" if plan else ""),
         flush=True,
     )
     if mode == "fast":
-        served, _ = command_settings("serve", parsed.extender_flag)
+        served, _ = command_settings("serve", extender_flags)
+        if plan is not None:
+            return churn_fast.replay(loaded, plan, served, config_text(parsed.config_flag), seed)
         return fast.replay(loaded, served, config_text(parsed.config_flag), seed)
     from bench.placement.real import RealReplay
     from tests.e2e.controlplane import binaries_dir, missing_binaries
@@ -154,19 +205,15 @@ def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path) -> 
         raise SystemExit(
             f"bench-placement: {', '.join(missing)} missing in {binaries}: run `make e2e-build` (needs Go)"
         )
-    directory = workdir / f"{mode}-{loaded.name}-{seed}"
+    directory = workdir / f"{policy}-{mode}{'-churn' if plan else ''}-{loaded.name}-{seed}"
     directory.mkdir(parents=True, exist_ok=True)
-    replay = RealReplay(
-        binaries,
-        directory,
-        loaded,
-        parsed.extender_flag,
-        parsed.config_flag,
-        parsed.scheduler_name,
-        burst=mode == "burst",
-        progress=lambda line: print(f"   {time.strftime('%H:%M:%S')} {line}", flush=True),
-    )
-    return replay.run()
+    arguments = (binaries, directory, loaded, extender_flags, parsed.config_flag, parsed.scheduler_name)
+    progress = lambda line: print(f"   {time.strftime('%H:%M:%S')} {line}", flush=True)  # noqa: E731
+    if plan is not None:
+        from bench.placement.churn_real import ChurnReal
+
+        return ChurnReal(*arguments, plan=plan, progress=progress).run()
+    return RealReplay(*arguments, burst=mode == "burst", progress=progress).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,20 +225,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     keep = bool(parsed.workdir)
     workdir = Path(parsed.workdir) if keep else Path(tempfile.mkdtemp(prefix="bench-placement-"))
     failed = False
-    results: dict[str, list[tuple[int, ReplayResult]]] = {}
+    results: dict[str, list[tuple[int, Result]]] = {}
     try:
-        for mode in parsed.modes:
-            for seed in parsed.seed_list:
-                try:
-                    result = run_one(parsed, mode, seed, workdir)
-                except (TraceError, OSError, RuntimeError) as error:
-                    print(f"bench-placement: {mode} seed {seed}: {error}", file=sys.stderr)
-                    failed = True
-                    continue
-                results.setdefault(mode, []).append((seed, result))
-                print(report.render(result, f"{mode}, seed {seed}"), flush=True)
-                failed |= bool(result.problems)
+        for policy in parsed.policy_list:
+            for mode in parsed.modes:
+                for seed in parsed.seed_list:
+                    label = f"{policy}, {mode}" if len(parsed.policy_list) > 1 else mode
+                    try:
+                        result = run_one(parsed, mode, seed, workdir, policy)
+                    except (TraceError, PlanError, OSError, RuntimeError) as error:
+                        print(f"bench-placement: {label} seed {seed}: {error}", file=sys.stderr)
+                        failed = True
+                        continue
+                    results.setdefault(label, []).append((seed, result))
+                    if isinstance(result, ChurnResult):
+                        print(churn.render(result, f"{label}, seed {seed}"), flush=True)
+                        failed |= bool(result.all_problems)
+                    else:
+                        print(report.render(result, f"{label}, seed {seed}"), flush=True)
+                        failed |= bool(result.problems)
         print(summary(parsed, results))
+        if parsed.plot and results:
+            Path(parsed.plot).write_text(picture(parsed, results))
+            print(f"curves drawn in {parsed.plot}")
     finally:
         if not keep and not failed:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -200,10 +256,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def summary(parsed: argparse.Namespace, results: dict[str, list[tuple[int, ReplayResult]]]) -> str:
+def summary(parsed: argparse.Namespace, results: dict[str, list[tuple[int, Result]]]) -> str:
+    if parsed.churn:
+        return churn_summary(results)
     lines = ["", f"== summary: GPU allocated when {parsed.ratio:.0%} of the capacity has arrived"]
     for mode, runs in results.items():
-        figures = [(seed, 100 * run.allocated / run.workload.gpu_capacity) for seed, run in runs]
+        capacity = runs[0][1].workload.gpu_capacity if runs else 1
+        figures = [(seed, 100 * run.allocated / capacity) for seed, run in runs if isinstance(run, ReplayResult)]
         each = ", ".join(f"seed {seed}: {value:.1f} %" for seed, value in figures)
         mean = statistics.mean(value for _, value in figures) if figures else 0.0
         lines.append(f"{mode}: mean {mean:.1f} % ({each})")
@@ -212,6 +271,61 @@ def summary(parsed: argparse.Namespace, results: dict[str, list[tuple[int, Repla
         shown = ", ".join(f"{policy} {value:.1f}" for policy, value in paper.items())
         lines.append(f"the paper's simulator (mean of seeds 42-51): {shown}")
     return "\n".join(lines)
+
+
+def churn_summary(results: dict[str, list[tuple[int, Result]]]) -> str:
+    lines = [
+        "",
+        "== summary, churn: GPU allocated over the full part (mean of the seeds); p99 wait of pods asking several "
+        "GPUs; pods withdrawn",
+    ]
+    for label, runs in results.items():
+        shown = [(seed, churn.figures(run)) for seed, run in runs if isinstance(run, ChurnResult)]
+        if not shown:
+            continue
+        allocated = statistics.mean(figures.allocated for _, figures in shown)
+        each = ", ".join(
+            f"seed {seed}: {figures.allocated:.1f} %, multi p99 {churn.duration(figures.waits['multi'][2])}, "
+            f"withdrawn {figures.withdrawn:,}"
+            for seed, figures in shown
+        )
+        lines.append(f"{label}: mean {allocated:.1f} % ({each})")
+    return "\n".join(lines)
+
+
+def picture(parsed: argparse.Namespace, results: dict[str, list[tuple[int, Result]]]) -> str:
+    """Every run's curves, one line per label and seed (`plot.py`)."""
+    lines: dict[str, list[plot.Line]] = {}
+    for label, runs in results.items():
+        for seed, run in runs:
+            name = f"{label}, seed {seed}"
+            if isinstance(run, ChurnResult):
+                hours = [sample.time / 3600 for sample in run.samples]
+                for key, values in (
+                    ("allocated", [sample.allocated for sample in run.samples]),
+                    ("fragmented", [sample.fragmented for sample in run.samples]),
+                    ("waiting", [float(sample.waiting) for sample in run.samples]),
+                ):
+                    lines.setdefault(key, []).append(plot.Line(name, tuple(zip(hours, values, strict=True))))
+            else:
+                points = report.curve(run.workload, [bool(outcome.node) for outcome in run.outcomes])
+                lines.setdefault("curve", []).append(plot.Line(name, tuple((float(x), y) for x, y in points.items())))
+    workload = "synthetic" if parsed.synthetic else parsed.workload
+    if parsed.churn:
+        panels = [
+            plot.Panel("GPU allocated", "trace hours", "% of the GPU capacity", tuple(lines.get("allocated", ()))),
+            plot.Panel("Fragmented (the paper's measure)", "trace hours", "% of the GPU capacity",
+                       tuple(lines.get("fragmented", ()))),
+            plot.Panel("Pods waiting", "trace hours", "pods", tuple(lines.get("waiting", ()))),
+        ]  # fmt: skip
+        title = f"bench-placement --churn, workload {workload}"
+    else:
+        panels = [
+            plot.Panel("GPU allocated", "GPU demand arrived, % of capacity", "% of the GPU capacity",
+                       tuple(lines.get("curve", ()))),
+        ]  # fmt: skip
+        title = f"bench-placement, workload {workload}"
+    return plot.svg(panels, title)
 
 
 if __name__ == "__main__":

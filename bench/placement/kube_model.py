@@ -238,10 +238,11 @@ class SchedulerModel:
         for label, values in pod.affinity:
             if node.labels.get(label) not in values:
                 return "node(s) didn't match Pod's node affinity/selector"
-        if node.pods + 1 > node.allocatable.get("pods", 0):
+        allocatable, requested = node.allocatable, node.requested
+        if node.pods + 1 > allocatable.get("pods", 0):
             return "Too many pods"
-        for resource, amount in pod.requests.items():
-            if amount and amount > node.free(resource):
+        for resource, amount in pod.requests.items():  # node.free, inlined: the fast modes' hottest loop
+            if amount and amount > allocatable.get(resource, 0) - requested.get(resource, 0):
                 return f"Insufficient {resource}"
         return ""
 

@@ -71,15 +71,7 @@ class ReplayResult:
         verb_seconds: dict[str, float],
     ) -> ReplayResult:
         """The end state as the extender's cache holds it (its holds are what the annotations record)."""
-        nodes = {node.name: NodeUse(node, [0] * node.gpus) for node in workload.nodes}
-        for name, state in cache.nodes.items():
-            use = nodes.get(name)
-            if use is None:
-                continue
-            for position, device in enumerate(state.devices):
-                if device.index < len(use.gpu_used):
-                    use.gpu_used[device.index] = state.used[position]
-        result = cls(mode, workload, outcomes, nodes, seconds, verb_seconds)
+        result = cls(mode, workload, outcomes, gpu_uses(workload, cache), seconds, verb_seconds)
         result.count_requests()
         result.problems = result.check() + cache.overcommitted()
         return result
@@ -140,3 +132,16 @@ class ReplayResult:
     @property
     def allocated(self) -> int:
         return sum(sum(use.gpu_used) for use in self.nodes.values())
+
+
+def gpu_uses(workload: Workload, cache: Cache) -> dict[str, NodeUse]:
+    """Each node of the workload with what its GPUs hold in the extender's cache (cpu and memory not counted)."""
+    nodes = {node.name: NodeUse(node, [0] * node.gpus) for node in workload.nodes}
+    for name, state in cache.nodes.items():
+        use = nodes.get(name)
+        if use is None:
+            continue
+        for position, device in enumerate(state.devices):
+            if device.index < len(use.gpu_used):
+                use.gpu_used[device.index] = state.used[position]
+    return nodes

@@ -26,10 +26,10 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -45,6 +45,7 @@ BURST_QUIET = 30.0
 """Seconds without a bind, with pods still pending, after which a burst is over."""
 MEMORY_UNIT = "milli-GPU"
 """How the extender's messages name a unit of aliyun.com/gpu-mem here (1000 per GPU)."""
+T = TypeVar("T")
 _HISTOGRAM = re.compile(r"^0/\d+ nodes are available: (?P<body>.*?)\.?(?: preemption: .*)?$", re.S)
 
 
@@ -113,11 +114,15 @@ class RealReplay:
         """The scheduler configuration the run used."""
 
     def run(self) -> ReplayResult:
+        return self._run(self._replay)
+
+    def _run(self, replay: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """The control plane, the nodes and the extender started, `replay` run, everything stopped."""
         try:
             self.plane.start()
             asyncio.run(create_all(self.plane, "/api/v1/nodes", [node_object(node) for node in self.workload.nodes]))
             self._start_extender()
-            return asyncio.run(self._replay())
+            return asyncio.run(replay())
         finally:
             self.stop()
 

@@ -94,8 +94,15 @@ def _usable_gpus(use: NodeUse, shape: Shape) -> list[int] | None:
 
 def fragmentation(result: ReplayResult, shapes: Sequence[tuple[Shape, float]]) -> tuple[float, float, float]:
     """(free, fragmented, stranded) GPU at the end, each in % of the capacity (see the module docstring)."""
+    return fragmentation_of(result.nodes.values(), result.workload.gpu_capacity, shapes)
+
+
+def fragmentation_of(
+    nodes: Iterable[NodeUse], capacity: int, shapes: Sequence[tuple[Shape, float]]
+) -> tuple[float, float, float]:
+    """(free, fragmented, stranded) GPU of these nodes as they are, each in % of `capacity` (milli-GPU)."""
     free_total = fragmented = stranded = 0.0
-    for use in result.nodes.values():
+    for use in nodes:
         free = use.gpu_free
         node_free = sum(free)
         if not node_free:
@@ -110,7 +117,6 @@ def fragmentation(result: ReplayResult, shapes: Sequence[tuple[Shape, float]]) -
                 usable.update(gpus)
                 fragmented += share * sum(amount for amount in free if amount < shape.gpu_milli)
         stranded += sum(amount for index, amount in enumerate(free) if index not in usable)
-    capacity = result.workload.gpu_capacity
     return 100 * free_total / capacity, 100 * fragmented / capacity, 100 * stranded / capacity
 
 

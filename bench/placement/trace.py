@@ -5,8 +5,10 @@ The trace is Alibaba's `cluster-trace-gpu-v2023` (repository alibaba/clusterdata
 `cluster-trace-gpu-v2023/csv/`; its terms allow research and study use, so it is read from a directory the user
 names and never committed): `openb_node_list_gpu_node.csv` (`sn, cpu_milli, memory_mib, gpu, model`) and one
 `openb_pod_list_<workload>.csv` per workload (`name, cpu_milli, memory_mib, num_gpu, gpu_milli` and, in most
-files, `gpu_spec`: allowed GPU models separated by `|`). `synthetic` builds a small workload of the same shape
-for the test suite.
+files, `gpu_spec`: allowed GPU models separated by `|`, and `creation_time, deletion_time` in seconds, which give
+each pod its lifetime for the churn mode: deletion minus creation, or "runs to the end" for a pod deleted at the
+trace's last deletion time, which is when the trace was cut). `synthetic` builds a small workload of the same
+shape for the test suite.
 
 The arrival sequence (`arrivals`) follows the paper's simulator (hkust-adsl/kubernetes-scheduler-simulator,
 `pkg/simulator/simulator.go` `SortClusterPods` and `tuneUpPods`, run with `--shuffle-pod=true -tune 1.3`):
@@ -37,6 +39,8 @@ from typing import Any
 
 MILLI = 1000
 """Units of aliyun.com/gpu-mem per GPU: a milli-GPU share is one unit."""
+FOREVER = -1
+"""A pod's lifetime when it outlives the trace."""
 MODEL_LABEL = "nvidia.com/gpu.product"
 """The node label that names a node's GPU model (NVIDIA GPU feature discovery's), as `extender serve` reads it
 by default (`--model-label`)."""
@@ -74,6 +78,9 @@ class TracePod:
     """Share of each GPU, in milli-GPU (1000: whole GPUs)."""
     models: tuple[str, ...] = ()
     """GPU models it may run on (gpu_spec); empty: any."""
+    lifetime: int = FOREVER
+    """Seconds it runs once started (the churn mode; the fill-up replay never deletes a pod); `FOREVER`: until the
+    end of any run, as a pod still running when the trace was cut."""
 
     @property
     def gpu_demand(self) -> int:
@@ -169,7 +176,10 @@ def read_pods(directory: Path, workload: str) -> tuple[TracePod, ...]:
     if not path.exists():
         raise TraceError(f"{path}: no such file (the trace's workloads: {', '.join(WORKLOADS)})")
     pods = []
-    for line, row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")):
+    rows = list(_rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")))
+    timed = bool(rows) and all(row.get("deletion_time") not in (None, "", "nan") for _, row in rows)
+    cut = max((_int(path, line, row, "deletion_time") for line, row in rows), default=0) if timed else 0
+    for line, row in rows:
         gpus = _int(path, line, row, "num_gpu")
         milli = min(_int(path, line, row, "gpu_milli"), MILLI) if gpus else 0
         if gpus and not milli:
@@ -178,6 +188,13 @@ def read_pods(directory: Path, workload: str) -> tuple[TracePod, ...]:
             raise TraceError(f"{path}:{line}: {gpus} GPUs of {milli} milli each (multi-GPU pods take whole GPUs)")
         spec = (row.get("gpu_spec") or "").strip()
         models = tuple(sorted(model for model in spec.split("|") if model and model != "nan")) if gpus else ()
+        lifetime = FOREVER
+        if timed:
+            deleted = _int(path, line, row, "deletion_time")
+            created = _int(path, line, row, "creation_time")
+            if deleted < created:
+                raise TraceError(f"{path}:{line}: deletion_time {deleted} before creation_time {created}")
+            lifetime = FOREVER if deleted >= cut else deleted - created
         pods.append(
             TracePod(
                 row["name"].strip(),
@@ -186,6 +203,7 @@ def read_pods(directory: Path, workload: str) -> tuple[TracePod, ...]:
                 gpus,
                 milli,
                 models,
+                lifetime,
             )
         )
     if not pods:
@@ -277,7 +295,16 @@ def synthetic(seed: int = 7, scale: int = 1, pods: int = 0) -> tuple[tuple[Trace
         _, cpu, memory, gpus, milli, models = rng.choices(SYNTHETIC_PODS, weights=weights)[0]
         made.append(TracePod(f"pod-{len(made):05d}", cpu, memory, gpus, milli, models))
         demand += gpus * milli
+    lives = random.Random(seed * 7919 + 1)  # its own stream: the shapes stay those of the seed
+    made = [replace(pod, lifetime=synthetic_lifetime(lives)) for pod in made]
     return tuple(nodes), tuple(made)
+
+
+def synthetic_lifetime(rng: random.Random) -> int:
+    """A lifetime shaped like the trace's (median about 9 minutes, a tenth beyond 2 hours, 1 % outliving it)."""
+    if rng.random() < 0.01:
+        return FOREVER
+    return max(10, int(rng.lognormvariate(6.3, 1.8)))
 
 
 def synthetic_workload(seed: int = 7, scale: int = 1, ratio: float = 1.3) -> Workload:

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from bench.placement import __main__ as cli
-from bench.placement import fast
+from bench.placement import churn, churn_fast, fast
+from bench.placement.churn_real import ChurnReal
 from bench.placement.real import RealReplay
 from bench.placement.trace import Workload, arrivals, synthetic
 from tests.e2e.controlplane import ControlPlane
@@ -51,3 +52,27 @@ def test_the_fast_mode_places_every_pod_where_the_real_kube_scheduler_does(
     refused = [outcome for outcome in real.outcomes if not outcome.node]
     assert refused, "the workload reaches 130 % of the capacity: some pods must be refused"
     assert dataclasses.asdict(refused[0])["reasons"]  # kube-scheduler's message, read per node
+
+
+def test_the_churn_modes_fast_model_follows_the_real_kube_scheduler(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Pods coming and going on the small cluster, 2 trace hours in 2 minutes: the real kube-scheduler's queue
+    (its backoff, its requeueing on deletions) and the driver's clock against the fast mode's model of them. They
+    cannot agree pod by pod (a real cycle takes time, and pods arriving meanwhile wait for it), so the test holds
+    the figures: the same pods arrive, both keep the cluster within capacity, and the GPU allocated over the full
+    part of the run is within 4 points."""
+    nodes, pods = synthetic(seed=13)
+    gpu_pods = tuple(pod for pod in pods if pod.gpus)
+    long = Workload("synthetic-gpu", nodes, arrivals(gpu_pods, nodes, 13, churn.LONGEST), gpu_pods)
+    plan, workload = churn.plan(long, hours=2, minutes=2)
+    served, _ = cli.command_settings("serve", FLAGS)
+    modelled = churn_fast.replay(workload, plan, served, cli.config_text(FLAGS), seed=13)
+    real = ChurnReal(control_plane.binaries, tmp_path, workload, FLAGS, FLAGS, "gpu-scheduler", plan=plan).run()
+    fast_figures, real_figures = churn.figures(modelled), churn.figures(real)
+    print(f"\n{churn.render(modelled, 'fast')}\n{churn.render(real, 'real')}")
+    assert real_figures.problems == [] and fast_figures.problems == []
+    assert sum(real.arrived.values()) == sum(modelled.arrived.values()) == plan.pods
+    assert real_figures.binds > plan.pods / 2
+    assert abs(real_figures.allocated - fast_figures.allocated) < 4.0
+    assert real.extra["late"] < 2.0  # the driver kept its timetable: the figures are the plan's clock's
