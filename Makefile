@@ -96,7 +96,8 @@ bench-e2e: $(VENV)/.test e2e-build
 # `make bench-placement` settings: the trace's csv directory (Alibaba's cluster-trace-gpu-v2023/csv, never
 # committed: docs/benchmarks/placement.md says how to get it), its workload, the seeds of the arrival sequence,
 # the modes (real: the real kube-scheduler, the figure of record; burst; fast: in process), and any other flag of
-# python -m bench.placement (--nodes N for a sample of the cluster, --flag=--placement=fill, ...).
+# python -m bench.placement (--nodes N for a sample of the cluster, --flag=--placement=fill, --churn for pods that
+# come and go, --policies shipped,fill, --plot FILE.svg for the curves, ...).
 TRACE ?=
 WORKLOAD ?= default
 SEEDS ?= 42

@@ -37,6 +37,7 @@ memory over capacity, never for a figure.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import shutil
 import statistics
@@ -50,7 +51,7 @@ from pathlib import Path
 from bench.placement import churn, churn_fast, fast, mig, plot, report
 from bench.placement.churn import ChurnResult, PlanError
 from bench.placement.outcome import ReplayResult
-from bench.placement.trace import TraceError, Workload, arrivals, load, synthetic_workload
+from bench.placement.trace import TraceError, Workload, arrivals, load, read_nodes_of, synthetic_workload
 from extender import settings
 from extender.cli import parser as cli_parser
 from extender.tools.schedconfig import Wiring
@@ -88,7 +89,9 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale", type=int, default=1, help="with --synthetic: times the base cluster of 15 nodes")
     parser.add_argument("--workload", default="default", help="the trace's pod list (openb_pod_list_<name>.csv)")
     parser.add_argument("--seeds", default="42", help="comma-separated seeds of the arrival sequence")
-    parser.add_argument("--ratio", type=float, default=1.3, help="GPU demand arriving, over the capacity")
+    parser.add_argument(
+        "--ratio", type=float, default=1.3, help="GPU demand arriving, over the capacity (the fill-up replay)"
+    )
     parser.add_argument(
         "--nodes",
         type=int,
@@ -157,8 +160,9 @@ def workload(parsed: argparse.Namespace, seed: int) -> Workload:
     ratio = churn.LONGEST if parsed.churn else parsed.ratio  # churn.plan cuts the sequence it needs
     if parsed.synthetic:
         return synthetic_workload(seed, parsed.scale, ratio)
-    loaded = load(parsed.trace, parsed.workload, seed, ratio)
-    if parsed.nodes and parsed.nodes < len(loaded.nodes):
+    sampled = parsed.nodes and parsed.nodes < len(read_nodes_of(parsed.trace))
+    loaded = load(parsed.trace, parsed.workload, seed, 1.0 if sampled else ratio)  # a sample draws its own
+    if sampled:
         nodes = tuple(sorted(random.Random(seed).sample(loaded.nodes, parsed.nodes), key=lambda node: node.name))
         loaded = replace(loaded, nodes=nodes, pods=arrivals(loaded.trace_pods, nodes, seed, ratio))
     return loaded
@@ -306,10 +310,11 @@ def picture(parsed: argparse.Namespace, results: dict[str, list[tuple[int, Resul
                     ("fragmented", [sample.fragmented for sample in run.samples]),
                     ("waiting", [float(sample.waiting) for sample in run.samples]),
                 ):
-                    lines.setdefault(key, []).append(plot.Line(name, tuple(zip(hours, values, strict=True))))
+                    points = tuple((x, y) for x, y in zip(hours, values, strict=True) if not math.isnan(y))
+                    lines.setdefault(key, []).append(plot.Line(name, points))  # measured points joined
             else:
-                points = report.curve(run.workload, [bool(outcome.node) for outcome in run.outcomes])
-                lines.setdefault("curve", []).append(plot.Line(name, tuple((float(x), y) for x, y in points.items())))
+                curve = report.curve(run.workload, [bool(outcome.node) for outcome in run.outcomes])
+                lines.setdefault("curve", []).append(plot.Line(name, tuple((float(x), y) for x, y in curve.items())))
     workload = "synthetic" if parsed.synthetic else parsed.workload
     if parsed.churn:
         panels = [

@@ -57,7 +57,7 @@ which the real mode cannot create, bind and delete on a 2-core machine at the pa
 mode takes 20 minutes for; on 400, 16,000 pods."""
 HOURS = 2.0
 """Trace hours from the first arrival to the last."""
-LONGEST = 40.0
+LONGEST = 20.0
 """Capacities' worth of pods drawn at most (the arrival sequence `plan` takes its pods from)."""
 SAMPLES = 120
 """Points of the curves."""
@@ -218,6 +218,38 @@ class ChurnResult:
     @property
     def all_problems(self) -> list[str]:
         return [*self.problems, *self.end.problems]
+
+
+@dataclass(slots=True)
+class Tally:
+    """What a churn replay records as it goes, in either mode. Mutable."""
+
+    waits: dict[str, list[float]] = field(default_factory=dict)
+    withdrawn: Counter[str] = field(default_factory=Counter)
+    binds: list[tuple[int, str]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def bound(self, index: int, pod: TracePod, node: str, wait: float) -> None:
+        """The pod of that arrival index bound to `node` after waiting `wait` trace seconds."""
+        self.binds.append((index, node))
+        self.waits.setdefault(pod.kind, []).append(wait)
+
+    def result(
+        self,
+        mode: str,
+        workload: Workload,
+        plan: Plan,
+        end: ReplayResult,
+        waiting: Counter[str],
+        arrived: Counter[str],
+        seconds: float,
+        extra: dict[str, object],
+    ) -> ChurnResult:
+        return ChurnResult(
+            mode, workload, plan, self.samples, self.waits, self.withdrawn, waiting, arrived, self.binds, end,
+            seconds, dict(end.verb_seconds), self.problems, extra,
+        )  # fmt: skip
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

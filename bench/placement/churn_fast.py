@@ -40,7 +40,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from bench.placement.churn import SAMPLES, ChurnResult, Plan, Sample
+from bench.placement.churn import SAMPLES, ChurnResult, Plan, Sample, Tally
 from bench.placement.fast import MIB, InProcessExtender, model_node, model_pod, pod_uid
 from bench.placement.kube_model import ModelNode, ModelPod, SchedulerModel
 from bench.placement.outcome import NodeUse, Outcome, ReplayResult, gpu_uses
@@ -116,11 +116,7 @@ class ChurnFast:
         self.failed_shapes: dict[tuple[object, ...], int] = {}
         self.allocated = 0
         self.waiting_demand = 0
-        self.waits: dict[str, list[float]] = {}
-        self.withdrawn: Counter[str] = Counter()
-        self.binds: list[tuple[int, str]] = []
-        self.samples: list[Sample] = []
-        self.problems: list[str] = []
+        self.tally = Tally()
         self.shapes = typical_shapes(workload.trace_pods)
         self.cycles = self.skipped = 0
 
@@ -203,7 +199,7 @@ class ChurnFast:
         self.unschedulable.pop(queued.index, None)
         queued.where, queued.token = "withdrawn", queued.token + 1
         self.waiting_demand -= queued.trace.gpu_demand
-        self.withdrawn[queued.trace.kind] += 1
+        self.tally.withdrawn[queued.trace.kind] += 1
         self.extender.shown(queued.body, deleted=True)
 
     # -- the queue
@@ -255,8 +251,7 @@ class ChurnFast:
         queued.where, queued.node = "running", decision.node
         self.waiting_demand -= queued.trace.gpu_demand
         self.allocated += queued.trace.gpu_demand
-        self.waits.setdefault(queued.trace.kind, []).append((self.now - queued.arrived) * self.plan.speed)
-        self.binds.append((queued.index, decision.node))
+        self.tally.bound(queued.index, queued.trace, decision.node, (self.now - queued.arrived) * self.plan.speed)
         if queued.trace.lifetime != FOREVER:
             self.at(self.now + queued.trace.lifetime / self.plan.speed, DEPART, queued.index)
 
@@ -297,7 +292,7 @@ class ChurnFast:
         fragmented = stranded = math.nan
         if number % FRAGMENTATION_EVERY == 0 or number == SAMPLES:
             _, fragmented, stranded = fragmentation_of(self.uses().values(), capacity, self.shapes)
-        self.samples.append(
+        self.tally.samples.append(
             Sample(
                 self.now * self.plan.speed,
                 100 * self.allocated / capacity,
@@ -309,7 +304,7 @@ class ChurnFast:
         )
         over = self.extender.cache.overcommitted()
         if over:
-            self.problems.append(f"at trace second {self.now * self.plan.speed:.0f}: {'; '.join(over[:3])}")
+            self.tally.problems.append(f"at trace second {self.now * self.plan.speed:.0f}: {'; '.join(over[:3])}")
 
     def result(self, seconds: float) -> ChurnResult:
         running = [queued for queued in self.pods if queued.where == "running"]
@@ -320,22 +315,9 @@ class ChurnFast:
         waiting = Counter(
             queued.trace.kind for queued in self.pods if queued.where in ("active", "backoff", "unschedulable")
         )
-        return ChurnResult(
-            "fast",
-            self.workload,
-            self.plan,
-            self.samples,
-            self.waits,
-            self.withdrawn,
-            waiting,
-            Counter(queued.trace.kind for queued in self.pods),
-            self.binds,
-            end,
-            seconds,
-            dict(self.extender.seconds),
-            self.problems,
-            {"cycles": self.cycles, "skipped": self.skipped},
-        )
+        arrived = Counter(queued.trace.kind for queued in self.pods)
+        extra: dict[str, object] = {"cycles": self.cycles, "skipped": self.skipped}
+        return self.tally.result("fast", self.workload, self.plan, end, waiting, arrived, seconds, extra)
 
 
 def replay(workload: Workload, plan: Plan, settings: Settings, config_yaml: str, seed: int = 0) -> ChurnResult:

@@ -22,10 +22,11 @@ import heapq
 import math
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from typing import Any
 
 from bench.e2e_run import admin_session
-from bench.placement.churn import SAMPLES, ChurnResult, Plan, Sample
+from bench.placement.churn import SAMPLES, ChurnResult, Plan, Sample, Tally
 from bench.placement.churn_fast import FRAGMENTATION_EVERY
 from bench.placement.outcome import Outcome, ReplayResult
 from bench.placement.real import RealError, RealReplay
@@ -34,6 +35,9 @@ from bench.placement.trace import FOREVER, NAMESPACE, TracePod, pod_object
 
 LATE_LIMIT = 5.0
 """Seconds an action may come after its time before the run is called failed."""
+IN_FLIGHT = 16
+"""API calls the driver has under way at once: each is sent at its time without waiting for the one before, so
+an API server slowed by kube-scheduler's retries delays the calls, not the timetable."""
 CREATE, DELETE, WITHDRAW, SAMPLE = range(4)
 
 
@@ -50,16 +54,14 @@ class ChurnReal(RealReplay):
         """Pods bound and not deleted, with the object the watch showed last."""
         self.bound: set[int] = set()
         self.gone: set[int] = set()
-        self.waits: dict[str, list[float]] = {}
-        self.withdrawn: Counter[str] = Counter()
-        self.binds: list[tuple[int, str]] = []
-        self.samples: list[Sample] = []
-        self.problems: list[str] = []
+        self.tally = Tally()
         self.timetable: list[tuple[float, int, int, int]] = []
         self.sequence = 0
         self.latest = 0.0
         self.started = 0.0
         self.shapes = typical_shapes(self.workload.trace_pods)
+        self.calls: set[asyncio.Task[None]] = set()
+        self.slots = asyncio.Semaphore(IN_FLIGHT)
 
     def at(self, when: float, kind: int, index: int) -> None:
         self.sequence += 1
@@ -91,6 +93,9 @@ class ChurnReal(RealReplay):
                     if watcher.done():
                         watcher.result()
                         raise RealError("the pod watch ended")
+                    for call in [call for call in self.calls if call.done()]:
+                        self.calls.discard(call)
+                        call.result()  # an API error ends the run
                     self.latest = max(self.latest, time.monotonic() - self.started - when)
                     if self.latest > LATE_LIMIT:
                         raise RealError(
@@ -103,9 +108,12 @@ class ChurnReal(RealReplay):
                         if index % 10 == 0:
                             self.progress(
                                 f"{when:.0f} s: {len(self.created):,} created, {len(self.running):,} running, "
-                                f"{len(self.created) - len(self.bound) - sum(self.withdrawn.values()):,} waiting"
+                                f"{len(self.created) - len(self.bound) - sum(self.tally.withdrawn.values()):,} waiting"
                             )
+                await asyncio.gather(*self.calls)
         finally:
+            for call in self.calls:
+                call.cancel()
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watcher
@@ -116,19 +124,29 @@ class ChurnReal(RealReplay):
         if kind == CREATE:
             body = pod_object(self.workload.pods[index], self.scheduler_name)
             self.created[index] = time.monotonic()
-            await self._post(session, f"/api/v1/namespaces/{NAMESPACE}/pods", body)
+            self._call(self._post(session, f"/api/v1/namespaces/{NAMESPACE}/pods", body))
         elif kind == DELETE:
             if index in self.running and index not in self.gone:
                 self.gone.add(index)
                 self.running.pop(index)
-                await self._delete(session, self.names[index])
+                self._call(self._delete(session, self.names[index]))
         elif kind == WITHDRAW:
             if index in self.created and index not in self.bound and index not in self.gone:
                 self.gone.add(index)
-                self.withdrawn[self.workload.pods[index].kind] += 1
-                await self._delete(session, self.names[index])
+                self.tally.withdrawn[self.workload.pods[index].kind] += 1
+                self._call(self._delete(session, self.names[index]))
         else:
             self._sample(index)
+
+    def _call(self, request: Coroutine[Any, Any, None]) -> None:
+        """Send an API call now, at most `IN_FLIGHT` at once, without waiting for its answer."""
+
+        async def bounded() -> None:
+            async with self.slots:
+                await request
+
+        call = asyncio.create_task(bounded())
+        self.calls.add(call)
 
     def _bound(self, index: int, pod: dict[str, Any]) -> None:
         trace_pod: TracePod = self.workload.pods[index]
@@ -137,28 +155,21 @@ class ChurnReal(RealReplay):
             return
         self.bound.add(index)
         self.running[index] = pod
-        self.binds.append((index, pod["spec"]["nodeName"]))
         wait = (now - self.created.get(index, now)) * self.plan.speed
-        self.waits.setdefault(trace_pod.kind, []).append(wait)
+        self.tally.bound(index, trace_pod, pod["spec"]["nodeName"], wait)
         if trace_pod.lifetime != FOREVER:
             self.at(now - self.started + trace_pod.lifetime / self.plan.speed, DELETE, index)
 
     async def _watch_churn(self, resource_version: str) -> None:
-        path = f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={resource_version}"
-        async with self.plane.watch(path, timeout=None) as events:
-            async for event in events:
-                pod = event["object"]
-                if event["type"] == "ERROR":
-                    raise RealError(f"the pod watch failed: {pod}")
-                index = self.index.get(pod["metadata"]["name"])
-                if index is None or event["type"] == "DELETED":
-                    continue
-                if (pod.get("spec") or {}).get("nodeName"):
-                    if index not in self.bound:
-                        self._bound(index, pod)
-                    elif index in self.running:
-                        self.running[index] = pod  # its annotations as they are now
-        raise RealError("the API server closed the pod watch")
+        async for kind, pod in self._pod_events(resource_version):
+            index = self.index.get(pod["metadata"]["name"])
+            if index is None or kind == "DELETED":
+                continue
+            if (pod.get("spec") or {}).get("nodeName"):
+                if index not in self.bound:
+                    self._bound(index, pod)
+                elif index in self.running:
+                    self.running[index] = pod  # its annotations as they are now
 
     def _now_result(self, seconds: float) -> ReplayResult:
         outcomes = [Outcome(self.workload.pods[index], pod["spec"]["nodeName"]) for index, pod in self.running.items()]
@@ -175,8 +186,10 @@ class ChurnReal(RealReplay):
         if number % FRAGMENTATION_EVERY == 0 or number == SAMPLES:
             _, fragmented, stranded = fragmentation_of(state.nodes.values(), capacity, self.shapes)
             if state.problems:
-                self.problems.append(f"at trace second {now * self.plan.speed:.0f}: {'; '.join(state.problems[:3])}")
-        self.samples.append(
+                self.tally.problems.append(
+                    f"at trace second {now * self.plan.speed:.0f}: {'; '.join(state.problems[:3])}"
+                )
+        self.tally.samples.append(
             Sample(
                 number * self.plan.span / SAMPLES,
                 100 * allocated / capacity,
@@ -202,21 +215,6 @@ class ChurnReal(RealReplay):
             for index in self.created
             if index not in self.bound and index not in self.gone
         )
-        result = ChurnResult(
-            "real",
-            self.workload,
-            self.plan,
-            self.samples,
-            self.waits,
-            self.withdrawn,
-            waiting,
-            Counter(self.workload.pods[index].kind for index in self.created),
-            self.binds,
-            end,
-            seconds,
-            end.verb_seconds,
-            self.problems,
-        )
-        result.extra["late"] = self.latest
-        result.extra["config"] = self.config
-        return result
+        arrived = Counter(self.workload.pods[index].kind for index in self.created)
+        extra: dict[str, object] = {"late": self.latest, "config": self.config}
+        return self.tally.result("real", self.workload, self.plan, end, waiting, arrived, seconds, extra)

@@ -44,12 +44,10 @@ def _ticks(low: float, high: float, count: int = 5) -> list[float]:
         if raw <= step * factor:
             step *= factor
             break
-    first = math.floor(low / step) * step
-    ticks, value = [], first
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 10))
-        value += step
-    return ticks
+    ticks = [math.floor(low / step) * step]
+    while ticks[-1] < high - step * 1e-9:
+        ticks.append(ticks[-1] + step)
+    return [round(tick, 10) for tick in ticks]
 
 
 def tag(name: str, text: str | None = None, **attributes: object) -> str:

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,7 +49,7 @@ T = TypeVar("T")
 _HISTOGRAM = re.compile(r"^0/\d+ nodes are available: (?P<body>.*?)\.?(?: preemption: .*)?$", re.S)
 
 
-class RealError(Exception):
+class RealError(RuntimeError):
     """A run could not finish: a process stopped, the API refused something, or a decision never came."""
 
 
@@ -271,26 +271,31 @@ class RealReplay:
         if self.extender is not None and not self.extender.running():
             raise RealError(f"the extender exited; logs in {self.workdir}")
 
-    async def _watch(self, resource_version: str, seen: Seen) -> None:
+    async def _pod_events(self, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The pod watch of the workload's namespace from `resource_version`: (event type, pod), until it fails or
+        the API server closes it (both a RealError)."""
         path = f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={resource_version}"
         async with self.plane.watch(path, timeout=None) as events:
             async for event in events:
-                pod = event["object"]
                 if event["type"] == "ERROR":
-                    raise RealError(f"the pod watch failed: {pod}")
-                name = pod["metadata"]["name"]
-                if event["type"] == "DELETED":
-                    seen.deleted.add(name)
-                elif (pod.get("spec") or {}).get("nodeName"):
-                    if name not in seen.bound:
-                        seen.bound[name] = pod["spec"]["nodeName"]
-                        seen.bind_times.append(time.perf_counter())
-                else:
-                    message = refusal(pod)
-                    if message is not None:
-                        seen.refused[name] = message
-                seen.changed.set()
+                    raise RealError(f"the pod watch failed: {event['object']}")
+                yield event["type"], event["object"]
         raise RealError("the API server closed the pod watch")
+
+    async def _watch(self, resource_version: str, seen: Seen) -> None:
+        async for kind, pod in self._pod_events(resource_version):
+            name = pod["metadata"]["name"]
+            if kind == "DELETED":
+                seen.deleted.add(name)
+            elif (pod.get("spec") or {}).get("nodeName"):
+                if name not in seen.bound:
+                    seen.bound[name] = pod["spec"]["nodeName"]
+                    seen.bind_times.append(time.perf_counter())
+            else:
+                message = refusal(pod)
+                if message is not None:
+                    seen.refused[name] = message
+            seen.changed.set()
 
     async def _verb_seconds(self) -> dict[str, float]:
         """Seconds in the extender's handlers per verb, from its latency histograms."""

@@ -211,16 +211,26 @@ def read_pods(directory: Path, workload: str) -> tuple[TracePod, ...]:
     return tuple(pods)
 
 
-def load(directory: str | Path, workload: str = "default", seed: int = 42, ratio: float = 1.3) -> Workload:
-    """The trace's nodes and the arrival sequence of one of its workloads."""
+def trace_folder(directory: str | Path) -> Path:
+    """The trace's csv directory, given it or its parent (the repository's cluster-trace-gpu-v2023/)."""
     folder = Path(directory)
     if (folder / "csv" / NODES_FILE).exists():
-        folder = folder / "csv"  # the repository's cluster-trace-gpu-v2023/ itself
+        folder = folder / "csv"
     if not (folder / NODES_FILE).exists():
         raise TraceError(
             f"{folder}: no {NODES_FILE}: TRACE must be the trace's csv directory (cluster-trace-gpu-v2023/csv in the "
             "alibaba/clusterdata repository)"
         )
+    return folder
+
+
+def read_nodes_of(directory: str | Path) -> tuple[TraceNode, ...]:
+    return read_nodes(trace_folder(directory))
+
+
+def load(directory: str | Path, workload: str = "default", seed: int = 42, ratio: float = 1.3) -> Workload:
+    """The trace's nodes and the arrival sequence of one of its workloads."""
+    folder = trace_folder(directory)
     nodes = read_nodes(folder)
     pods = read_pods(folder, workload)
     return Workload(workload, nodes, arrivals(pods, nodes, seed, ratio), pods)
