@@ -301,7 +301,7 @@ def picture(parsed: argparse.Namespace, results: dict[str, list[tuple[int, Resul
     """Every run's curves, one line per label and seed (`plot.py`)."""
     lines: dict[str, list[plot.Line]] = {}
     for label, runs in results.items():
-        for seed, run in runs:
+        for number, (seed, run) in enumerate(runs):
             name = f"{label}, seed {seed}"
             if isinstance(run, ChurnResult):
                 hours = [sample.time / 3600 for sample in run.samples]
@@ -311,19 +311,23 @@ def picture(parsed: argparse.Namespace, results: dict[str, list[tuple[int, Resul
                     ("waiting", [float(sample.waiting) for sample in run.samples]),
                 ):
                     points = tuple((x, y) for x, y in zip(hours, values, strict=True) if not math.isnan(y))
-                    lines.setdefault(key, []).append(plot.Line(name, points))  # measured points joined
+                    line = plot.Line(name, points, group=label, dash=number)  # measured points joined
+                    lines.setdefault(key, []).append(line)
             else:
                 curve = report.curve(run.workload, [bool(outcome.node) for outcome in run.outcomes])
-                lines.setdefault("curve", []).append(plot.Line(name, tuple((float(x), y) for x, y in curve.items())))
+                points = tuple((float(x), y) for x, y in curve.items())
+                lines.setdefault("curve", []).append(plot.Line(name, points, group=label, dash=number))
     workload = "synthetic" if parsed.synthetic else parsed.workload
     if parsed.churn:
+        allocated = tuple(lines.get("allocated", ()))
         panels = [
-            plot.Panel("GPU allocated", "trace hours", "% of the GPU capacity", tuple(lines.get("allocated", ()))),
+            plot.Panel("GPU allocated", "trace hours", "% of the GPU capacity", allocated),
+            plot.Panel("GPU allocated, zoomed", "trace hours", "% of the GPU capacity", allocated, y_low=85.0),
             plot.Panel("Fragmented (the paper's measure)", "trace hours", "% of the GPU capacity",
                        tuple(lines.get("fragmented", ()))),
             plot.Panel("Pods waiting", "trace hours", "pods", tuple(lines.get("waiting", ()))),
         ]  # fmt: skip
-        title = f"bench-placement --churn, workload {workload}"
+        title = f"bench-placement --churn, workload {workload} (a line per seed: solid, dashed, dotted)"
     else:
         panels = [
             plot.Panel("GPU allocated", "GPU demand arrived, % of capacity", "% of the GPU capacity",

@@ -16,6 +16,7 @@ from xml.sax.saxutils import escape
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 WIDTH, HEIGHT = 420, 300
+DASHES = ("", "6 3", "2 2", "8 3 2 3")
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 56, 16, 34, 46
 
 
@@ -24,6 +25,14 @@ class Line:
     label: str
     points: tuple[tuple[float, float], ...]
     """(x, y); a NaN y is a gap in the line."""
+    group: str = ""
+    """Lines of one group share a colour and a legend entry (default: the label); `dash` tells them apart."""
+    dash: int = 0
+    """0: solid; 1, 2, ...: dashed patterns, for the second, third, ... line of a group."""
+
+    @property
+    def key(self) -> str:
+        return self.group or self.label
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +41,8 @@ class Panel:
     x_label: str
     y_label: str
     lines: tuple[Line, ...]
+    y_low: float | None = None
+    """Where the y axis starts (default: 0 or the lowest point): a zoom, lines below it clipped."""
 
 
 def _ticks(low: float, high: float, count: int = 5) -> list[float]:
@@ -68,7 +79,8 @@ def _panel(panel: Panel, left: float, colours: dict[str, str]) -> list[str]:
     ys = [y for line in panel.lines for x, y in line.points if not math.isnan(y)]
     if not xs:
         xs, ys = [0.0, 1.0], [0.0, 1.0]
-    x_ticks, y_ticks = _ticks(min(xs), max(xs)), _ticks(min(0.0, min(ys)), max(ys))
+    low = panel.y_low if panel.y_low is not None else min(0.0, min(ys))
+    x_ticks, y_ticks = _ticks(min(xs), max(xs)), _ticks(low, max(ys))
     x0, x1, y0, y1 = x_ticks[0], x_ticks[-1], y_ticks[0], y_ticks[-1]
     plot_w, plot_h = WIDTH - MARGIN_LEFT - MARGIN_RIGHT, HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
 
@@ -90,6 +102,9 @@ def _panel(panel: Panel, left: float, colours: dict[str, str]) -> list[str]:
     out.append(tag("text", panel.x_label, x=left + MARGIN_LEFT + plot_w / 2, y=HEIGHT - 12, text_anchor="middle"))
     middle = MARGIN_TOP + plot_h / 2
     rotate = f"rotate(-90 {left + 14} {middle:.1f})"
+    clip = f"clip{int(left)}"
+    area = tag("rect", x=left + MARGIN_LEFT, y=MARGIN_TOP, width=plot_w, height=plot_h)
+    out.append(f'<clipPath id="{clip}">{area}</clipPath>')
     out.append(tag("text", panel.y_label, x=left + 14, y=middle, text_anchor="middle", transform=rotate))
     for line in panel.lines:
         runs: list[list[str]] = [[]]
@@ -98,10 +113,12 @@ def _panel(panel: Panel, left: float, colours: dict[str, str]) -> list[str]:
                 runs.append([])
             else:
                 runs[-1].append(f"{sx(x):.1f},{sy(y):.1f}")
-        colour = colours[line.label]
+        colour, dash = colours[line.key], DASHES[line.dash % len(DASHES)]
         for run in runs:
             if len(run) > 1:
-                out.append(tag("polyline", fill="none", stroke=colour, stroke_width=1.6, points=" ".join(run)))
+                drawn = tag("polyline", fill="none", stroke=colour, stroke_width=1.6, points=" ".join(run))
+                styled = f' stroke-dasharray="{dash}"' if dash else ""
+                out.append(drawn.replace("<polyline ", f'<polyline clip-path="url(#{clip})"{styled} ', 1))
             elif run:
                 cx, cy = run[0].split(",")
                 out.append(tag("circle", cx=cx, cy=cy, r=2, fill=colour))
@@ -109,12 +126,12 @@ def _panel(panel: Panel, left: float, colours: dict[str, str]) -> list[str]:
 
 
 def svg(panels: Sequence[Panel], title: str = "") -> str:
-    """The panels side by side, with one legend for the lines' labels (in their first order)."""
+    """The panels side by side, with one legend for the lines' groups (in their first order)."""
     labels: list[str] = []
     for panel in panels:
         for line in panel.lines:
-            if line.label not in labels:
-                labels.append(line.label)
+            if line.key not in labels:
+                labels.append(line.key)
     colours = {label: COLOURS[number % len(COLOURS)] for number, label in enumerate(labels)}
     legend_h = 18 * len(labels) + 10
     width, height = WIDTH * max(len(panels), 1), HEIGHT + legend_h + (22 if title else 0)
