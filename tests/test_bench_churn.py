@@ -123,9 +123,8 @@ def test_a_churn_run_is_repeatable_and_checks_the_cluster_at_the_end() -> None:
     assert all(0 <= sample.allocated <= 100 for sample in first.samples)
     assert 80 < shown.allocated <= 100 and shown.offered > 100  # the cluster ran full and pods queued
     assert shown.binds > plan.pods * 0.7
-    decided = sum(count for *_, count in shown.waits.values())
-    assert decided == shown.binds + shown.withdrawn
-    assert decided + shown.waiting_at_end == plan.pods
+    counted = sum(count for *_, count in shown.waits.values())  # every pod that arrived has a wait
+    assert counted == shown.binds + shown.withdrawn + shown.waiting_at_end == plan.pods
     assert first.extra["skipped"] and first.extra["cycles"]
 
 
@@ -133,7 +132,7 @@ def test_the_work_the_model_skips_changes_no_decision(monkeypatch: pytest.Monkey
     """Every retry run as a full cycle (nothing skipped) binds the same pods to the same nodes in the same order."""
     plan, workload = small_churn(seed=5, hours=1.5)
     skipping = run_fast(workload, plan)
-    monkeypatch.setattr(churn_fast.ChurnFast, "certain_to_fail", lambda self, queued, freed=None: False)
+    monkeypatch.setattr(churn_fast.ChurnFast, "certain_to_fail", lambda self, queued: False)
     every = run_fast(workload, plan)
     assert every.extra["skipped"] == 0 and skipping.extra["skipped"]
     assert every.binds == skipping.binds
@@ -199,3 +198,29 @@ def test_the_command_refuses_what_it_cannot_run(
     with pytest.raises(SystemExit):
         cli.arguments(["--synthetic", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_a_bind_counts_as_one_more_failure_of_every_pod_waiting() -> None:
+    """kube-scheduler v1.34 moves every pod the extender refused to the backoff queue when any pod is bound
+    (`addPodToCache`, queueing hints GA), and the idle scheduler tries it again at once: its failures go one up
+    and its timestamp to the bind's, which lengthens its backoff against the pods that come after it."""
+    node = TraceNode("n-0", 32000, 131072, 2, "G2")
+    pods = (
+        TracePod("a", 1000, 1024, 1, 1000, lifetime=FOREVER),
+        TracePod("big", 1000, 1024, 2, 1000, lifetime=FOREVER),  # waits: one GPU of two is taken
+        TracePod("c", 1000, 1024, 1, 500, lifetime=FOREVER),
+        TracePod("d", 1000, 1024, 1, 500, lifetime=FOREVER),
+    )
+    served, _ = cli.command_settings("serve", FLAGS)
+    model = churn_fast.ChurnFast(
+        Workload("tiny", (node,), pods, pods),
+        Plan(gap=100.0, speed=10.0, patience=1000.0, offered=1.0, pods=4),
+        served,
+        cli.config_text(FLAGS),
+    )
+    result = model.run()
+    assert [index for index, _ in result.binds] == [0, 2, 3]
+    waiting = model.pods[1]
+    model.caught_up(waiting)
+    assert waiting.failures == 3  # refused on arrival, and once after each of the two binds that followed
+    assert waiting.timestamp == pytest.approx(30.0)  # d's bind, at 300 trace s

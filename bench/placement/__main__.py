@@ -137,6 +137,11 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--churn runs the fast and real modes (burst is the fill-up replay's)")
     if parsed.churn and not parsed.nodes:
         parsed.nodes = churn.NODES
+    if parsed.churn and "real" in modes and parsed.churn_minutes > churn.REAL_MINUTES:
+        parser.error(
+            f"--churn-minutes {parsed.churn_minutes:g} with --mode real: at most {churn.REAL_MINUTES:g} (the API "
+            "server ends a watch after 30 to 60 minutes, and the driver does not resume one)"
+        )
     parsed.policy_list = [policy.strip() for policy in parsed.policies.split(",") if policy.strip()]
     if not parsed.policy_list or any(policy not in POLICIES for policy in parsed.policy_list):
         parser.error(f"--policies {parsed.policies!r}: each of {', '.join(POLICIES)}")
@@ -252,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if parsed.plot and results:
             Path(parsed.plot).write_text(picture(parsed, results))
             print(f"curves drawn in {parsed.plot}")
+    except BaseException:
+        failed = True  # an unexpected error keeps the logs too
+        raise
     finally:
         if not keep and not failed:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -301,8 +309,8 @@ def picture(parsed: argparse.Namespace, results: dict[str, list[tuple[int, Resul
     """Every run's curves, one line per label and seed (`plot.py`)."""
     lines: dict[str, list[plot.Line]] = {}
     for label, runs in results.items():
-        for number, (seed, run) in enumerate(runs):
-            name = f"{label}, seed {seed}"
+        for seed, run in runs:
+            name, number = f"{label}, seed {seed}", parsed.seed_list.index(seed)
             if isinstance(run, ChurnResult):
                 hours = [sample.time / 3600 for sample in run.samples]
                 for key, values in (

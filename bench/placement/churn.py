@@ -59,6 +59,8 @@ HOURS = 2.0
 """Trace hours from the first arrival to the last."""
 LONGEST = 20.0
 """Capacities' worth of pods drawn at most (the arrival sequence `plan` takes its pods from)."""
+REAL_MINUTES = 25.0
+"""The longest real-mode run: kube-apiserver ends a watch after 30 to 60 minutes (`--min-request-timeout`)."""
 SAMPLES = 120
 """Points of the curves."""
 KINDS = ("share", "whole", "multi", "cpu")
@@ -205,6 +207,8 @@ class ChurnResult:
     withdrawn: Counter[str]
     waiting_at_end: Counter[str]
     arrived: Counter[str]
+    waited_at_end: dict[str, list[float]]
+    """Trace seconds each pod still waiting at the end had waited, by kind."""
     binds: list[tuple[int, str]]
     """(arrival index, node) of every bind, in order: the digest of where pods went."""
     end: ReplayResult
@@ -241,14 +245,16 @@ class Tally:
         workload: Workload,
         plan: Plan,
         end: ReplayResult,
-        waiting: Counter[str],
+        waited: dict[str, list[float]],
         arrived: Counter[str],
         seconds: float,
         extra: dict[str, object],
     ) -> ChurnResult:
+        """`waited`: the trace seconds each pod still waiting at the end has waited, by kind."""
+        waiting = Counter({kind: len(values) for kind, values in waited.items()})
         return ChurnResult(
-            mode, workload, plan, self.samples, self.waits, self.withdrawn, waiting, arrived, self.binds, end,
-            seconds, dict(end.verb_seconds), self.problems, extra,
+            mode, workload, plan, self.samples, self.waits, self.withdrawn, waiting, arrived, waited, self.binds,
+            end, seconds, dict(end.verb_seconds), self.problems, extra,
         )  # fmt: skip
 
 
@@ -260,10 +266,21 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
 
 
+def full_from(plan: Plan, workload: Workload) -> float:
+    """Trace second from which the plan offers the capacity (the demand of the pods arrived that would still run
+    had each started on arrival): where the run's *full part* begins, the same for every policy (NaN: never)."""
+    level = 0
+    for time, change in offered_steps(workload.pods, plan.gap, plan.span):
+        level += change
+        if level >= workload.gpu_capacity:
+            return time
+    return math.nan
+
+
 def full_part(result: ChurnResult) -> list[Sample]:
-    """The samples from the first at which the offered demand reached the capacity (the run's full part)."""
-    first = next((index for index, sample in enumerate(result.samples) if sample.offered >= 100.0), None)
-    return [] if first is None else result.samples[first:]
+    """The samples of the run's full part (`full_from`)."""
+    start = full_from(result.plan, result.workload)
+    return [] if math.isnan(start) else [sample for sample in result.samples if sample.time >= start]
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +293,8 @@ class Figures:
     fragmented: float
     stranded: float
     waits: dict[str, tuple[float, float, float, int]]
-    """Per kind: p50, p90, p99 of the wait (trace seconds) over the pods bound or withdrawn, and their number."""
+    """Per kind: p50, p90, p99 of the wait (trace seconds) over every pod that arrived (one withdrawn at its
+    patience, one still waiting at the end at its wait so far), and their number."""
     withdrawn: int
     waiting_at_end: int
     binds: int
@@ -290,13 +308,17 @@ def figures(result: ChurnResult) -> Figures:
     measured = [sample for sample in full if not math.isnan(sample.fragmented)]
     waits: dict[str, tuple[float, float, float, int]] = {}
     for kind in KINDS:
-        values = [*result.waits.get(kind, []), *[result.plan.patience] * result.withdrawn[kind]]
+        values = [
+            *result.waits.get(kind, []),
+            *[result.plan.patience] * result.withdrawn[kind],
+            *result.waited_at_end.get(kind, []),
+        ]
         waits[kind] = (percentile(values, 0.5), percentile(values, 0.9), percentile(values, 0.99), len(values))
     text = "".join(f"{index} {node}\n" for index, node in result.binds)
     return Figures(
         allocated=statistics.mean(sample.allocated for sample in full) if full else math.nan,
         offered=statistics.mean(sample.offered for sample in full) if full else math.nan,
-        full_from=full[0].time if full else math.nan,
+        full_from=full_from(result.plan, result.workload),
         fragmented=statistics.mean(sample.fragmented for sample in measured) if measured else math.nan,
         stranded=statistics.mean(sample.stranded for sample in measured) if measured else math.nan,
         waits=waits,
@@ -322,13 +344,18 @@ def render(result: ChurnResult, label: str = "") -> str:
     shown = figures(result)
     workload = result.workload
     step = max(1, len(result.samples) // 12)
+    full = (
+        f"GPU allocated over the full part: {shown.allocated:.1f} % (from trace hour {shown.full_from / 3600:.1f}, "
+        f"when the plan offers the capacity; with the pods waiting, {shown.offered:.0f} % asked); fragmented "
+        f"{shown.fragmented:.1f} %, stranded {shown.stranded:.1f} % (means over the full part)"
+        if not math.isnan(shown.full_from)
+        else "the plan never offers the capacity: no full part (more --churn-offered or --churn-hours)"
+    )
     lines = [
         f"== {label or result.mode}, churn: workload {workload.name}, {len(workload.nodes):,} nodes, "
         f"{workload.gpu_capacity // 1000:,} GPUs, {len(workload.pods):,} pods arriving",
         result.plan.describe(),
-        f"GPU allocated over the full part: {shown.allocated:.1f} % (offered {shown.offered:.0f} %, full from "
-        f"trace hour {shown.full_from / 3600:.1f}); fragmented {shown.fragmented:.1f} %, stranded "
-        f"{shown.stranded:.1f} % (means over the full part)",
+        full,
         "allocated % over trace hours: "
         + " ".join(f"{sample.time / 3600:.1f}h:{sample.allocated:.0f}" for sample in result.samples[::step]),
     ]
@@ -337,7 +364,10 @@ def render(result: ChurnResult, label: str = "") -> str:
         p50, p90, p99, count = shown.waits[kind]
         if count:
             parts.append(f"{KIND_NAMES[kind]} {duration(p50)}/{duration(p90)}/{duration(p99)} ({count:,})")
-    lines.append("wait p50/p90/p99 in trace time, by kind (pods): " + ", ".join(parts))
+    lines.append(
+        "wait p50/p90/p99 in trace time, by kind (pods; withdrawn at the patience, still waiting at their wait so "
+        "far): " + ", ".join(parts)
+    )
     withdrawn = result.withdrawn
     kinds = ", ".join(f"{KIND_NAMES[kind]} {withdrawn[kind]:,}" for kind in KINDS if withdrawn[kind])
     lines.append(
@@ -353,6 +383,12 @@ def render(result: ChurnResult, label: str = "") -> str:
     late = result.extra.get("late")
     if isinstance(late, float):
         timing += f"; the driver came at most {late:.2f} s after its timetable"
+    sampled = result.extra.get("sampled")
+    if sampled:
+        timing += (
+            f"; {sampled:,} refusals came from a sample of the nodes (percentageOfNodesToScore), and retries after "
+            "them were skipped as if every node had refused (churn_fast.py)"
+        )
     lines.append(timing)
     problems = shown.problems
     lines.append("end check: ok" if not problems else f"end check FAILED: {'; '.join(problems[:10])}")

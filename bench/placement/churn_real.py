@@ -35,6 +35,8 @@ from bench.placement.trace import FOREVER, NAMESPACE, TracePod, pod_object
 
 LATE_LIMIT = 5.0
 """Seconds an action may come after its time before the run is called failed."""
+TICK = 0.05
+"""Seconds the driver sleeps at most before looking at its timetable again."""
 IN_FLIGHT = 16
 """API calls the driver has under way at once: each is sent at its time without waiting for the one before, so
 an API server slowed by kube-scheduler's retries delays the calls, not the timetable."""
@@ -86,10 +88,11 @@ class ChurnReal(RealReplay):
         try:
             async with admin_session(self.plane) as session:
                 while self.timetable and self.timetable[0][0] <= end:
+                    wait = self.started + self.timetable[0][0] - time.monotonic()
+                    await asyncio.sleep(min(max(wait, 0.0), TICK))  # the watcher may add an earlier deletion
+                    if wait > TICK:
+                        continue
                     when, kind, _, index = heapq.heappop(self.timetable)
-                    wait = self.started + when - time.monotonic()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
                     if watcher.done():
                         watcher.result()
                         raise RealError("the pod watch ended")
@@ -139,10 +142,13 @@ class ChurnReal(RealReplay):
             self._sample(index)
 
     def _call(self, request: Coroutine[Any, Any, None]) -> None:
-        """Send an API call now, at most `IN_FLIGHT` at once, without waiting for its answer."""
+        """Send an API call now, at most `IN_FLIGHT` at once, without waiting for its answer; how long it waited
+        for its turn counts as lateness."""
+        due = time.monotonic()
 
         async def bounded() -> None:
             async with self.slots:
+                self.latest = max(self.latest, time.monotonic() - due)
                 await request
 
         call = asyncio.create_task(bounded())
@@ -201,7 +207,9 @@ class ChurnReal(RealReplay):
         )
 
     async def _result(self, seconds: float) -> ChurnResult:
+        """The end from the API's pods (kube-scheduler may have bound some the watch had not shown yet)."""
         listed = (await self.plane.list_pods(NAMESPACE))["items"]
+        finish = time.monotonic()
         running = [pod for pod in listed if (pod.get("spec") or {}).get("nodeName")]
         outcomes = [
             Outcome(self.workload.pods[self.index[pod["metadata"]["name"]]], pod["spec"]["nodeName"])
@@ -210,11 +218,12 @@ class ChurnReal(RealReplay):
         ]
         end = ReplayResult.from_api("real", self.workload, outcomes, running, seconds)
         end.verb_seconds = await self._verb_seconds()
-        waiting = Counter(
-            self.workload.pods[index].kind
-            for index in self.created
-            if index not in self.bound and index not in self.gone
-        )
+        waited: dict[str, list[float]] = {}
+        for pod in listed:
+            index = self.index.get(pod["metadata"]["name"])
+            if index is not None and not (pod.get("spec") or {}).get("nodeName") and index not in self.gone:
+                wait = (finish - self.created.get(index, finish)) * self.plan.speed
+                waited.setdefault(self.workload.pods[index].kind, []).append(wait)
         arrived = Counter(self.workload.pods[index].kind for index in self.created)
         extra: dict[str, object] = {"late": self.latest, "config": self.config}
-        return self.tally.result("real", self.workload, self.plan, end, waiting, arrived, seconds, extra)
+        return self.tally.result("real", self.workload, self.plan, end, waited, arrived, seconds, extra)

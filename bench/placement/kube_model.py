@@ -92,6 +92,9 @@ class Decision:
     """Nodes the scheduler's own filters kept (before the extender)."""
     scored: int = 0
     """Nodes that reached the score (after the extender)."""
+    complete: bool = True
+    """Every node was visited (False: the cycle stopped at `numFeasibleNodesToFind`, so a node it never looked at
+    might have taken the pod)."""
 
 
 @dataclass(slots=True)
@@ -210,7 +213,7 @@ class SchedulerModel:
             for reason in answer.failed.values():
                 reasons[reason] = reasons.get(reason, 0) + 1
         if not feasible:
-            return Decision("", reasons, found, 0)
+            return Decision("", reasons, found, 0, visited == count)
         if len(feasible) == 1:
             return Decision(feasible[0].name, {}, found, 1)
         totals = [self.score(pod, node) for node in feasible]

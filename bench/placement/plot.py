@@ -47,7 +47,7 @@ class Panel:
 
 def _ticks(low: float, high: float, count: int = 5) -> list[float]:
     """Round tick values covering [low, high]."""
-    if high <= low:
+    if not high - low > abs(low) * 1e-9:  # equal (or nearly): one unit around them
         high = low + 1
     raw = (high - low) / count
     step = 10 ** math.floor(math.log10(raw))
@@ -62,12 +62,13 @@ def _ticks(low: float, high: float, count: int = 5) -> list[float]:
 
 
 def tag(name: str, text: str | None = None, **attributes: object) -> str:
-    """One SVG element: attribute names with `_` for `-`, floats to a tenth, the text escaped."""
-    shown = " ".join(
-        f'{key.replace("_", "-")}="{f"{value:.1f}" if isinstance(value, float) else escape(str(value))}"'
-        for key, value in attributes.items()
-    )
+    """One SVG element: attribute names with `_` for `-`, floats to a tenth, the text and values escaped."""
+    shown = " ".join(f'{key.replace("_", "-")}="{_value(value)}"' for key, value in attributes.items())
     return f"<{name} {shown}/>" if text is None else f"<{name} {shown}>{escape(text)}</{name}>"
+
+
+def _value(value: object) -> str:
+    return f"{value:.1f}" if isinstance(value, float) else escape(str(value), {'"': "&quot;"})
 
 
 def _number(value: float) -> str:
@@ -75,8 +76,8 @@ def _number(value: float) -> str:
 
 
 def _panel(panel: Panel, left: float, colours: dict[str, str]) -> list[str]:
-    xs = [x for line in panel.lines for x, y in line.points if not math.isnan(y)]
-    ys = [y for line in panel.lines for x, y in line.points if not math.isnan(y)]
+    shown = [(x, y) for line in panel.lines for x, y in line.points if math.isfinite(x) and math.isfinite(y)]
+    xs, ys = [x for x, _ in shown], [y for _, y in shown]
     if not xs:
         xs, ys = [0.0, 1.0], [0.0, 1.0]
     low = panel.y_low if panel.y_low is not None else min(0.0, min(ys))
@@ -109,7 +110,7 @@ def _panel(panel: Panel, left: float, colours: dict[str, str]) -> list[str]:
     for line in panel.lines:
         runs: list[list[str]] = [[]]
         for x, y in line.points:
-            if math.isnan(y):
+            if not (math.isfinite(x) and math.isfinite(y)):
                 runs.append([])
             else:
                 runs[-1].append(f"{sx(x):.1f},{sy(y):.1f}")
@@ -121,7 +122,8 @@ def _panel(panel: Panel, left: float, colours: dict[str, str]) -> list[str]:
                 out.append(drawn.replace("<polyline ", f'<polyline clip-path="url(#{clip})"{styled} ', 1))
             elif run:
                 cx, cy = run[0].split(",")
-                out.append(tag("circle", cx=cx, cy=cy, r=2, fill=colour))
+                dot = tag("circle", cx=cx, cy=cy, r=2, fill=colour)
+                out.append(dot.replace("<circle ", f'<circle clip-path="url(#{clip})" ', 1))
     return out
 
 

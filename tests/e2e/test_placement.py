@@ -57,7 +57,7 @@ def test_the_fast_mode_places_every_pod_where_the_real_kube_scheduler_does(
 def test_the_churn_modes_fast_model_follows_the_real_kube_scheduler(
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    """Pods coming and going on the small cluster, 2 trace hours in 2 minutes: the real kube-scheduler's queue
+    """Pods coming and going on the small cluster, 2 trace hours in a minute: the real kube-scheduler's queue
     (its backoff, its requeueing on deletions) and the driver's clock against the fast mode's model of them. They
     cannot agree pod by pod (a real cycle takes time, and pods arriving meanwhile wait for it), so the test holds
     the figures: the same pods arrive, both keep the cluster within capacity, and the GPU allocated over the full
@@ -65,7 +65,7 @@ def test_the_churn_modes_fast_model_follows_the_real_kube_scheduler(
     nodes, pods = synthetic(seed=13)
     gpu_pods = tuple(pod for pod in pods if pod.gpus)
     long = Workload("synthetic-gpu", nodes, arrivals(gpu_pods, nodes, 13, churn.LONGEST), gpu_pods)
-    plan, workload = churn.plan(long, hours=2, minutes=2)
+    plan, workload = churn.plan(long, hours=2, minutes=1)
     served, _ = cli.command_settings("serve", FLAGS)
     modelled = churn_fast.replay(workload, plan, served, cli.config_text(FLAGS), seed=13)
     real = ChurnReal(control_plane.binaries, tmp_path, workload, FLAGS, FLAGS, "gpu-scheduler", plan=plan).run()
