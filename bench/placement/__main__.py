@@ -51,7 +51,7 @@ from pathlib import Path
 from bench.placement import churn, churn_fast, fast, mig, plot, report
 from bench.placement.churn import ChurnResult, PlanError
 from bench.placement.outcome import ReplayResult
-from bench.placement.trace import TraceError, Workload, arrivals, load, read_nodes_of, synthetic_workload
+from bench.placement.trace import TraceError, Workload, arrivals, load, synthetic_workload
 from extender import settings
 from extender.cli import parser as cli_parser
 from extender.tools.schedconfig import Wiring
@@ -165,9 +165,10 @@ def workload(parsed: argparse.Namespace, seed: int) -> Workload:
     ratio = churn.LONGEST if parsed.churn else parsed.ratio  # churn.plan cuts the sequence it needs
     if parsed.synthetic:
         return synthetic_workload(seed, parsed.scale, ratio)
-    sampled = parsed.nodes and parsed.nodes < len(read_nodes_of(parsed.trace))
-    loaded = load(parsed.trace, parsed.workload, seed, 1.0 if sampled else ratio)  # a sample draws its own
-    if sampled:
+    loaded = load(parsed.trace, parsed.workload, seed, 1.0 if parsed.nodes else ratio)  # a sample draws its own
+    if parsed.nodes and parsed.nodes >= len(loaded.nodes):
+        return replace(loaded, pods=arrivals(loaded.trace_pods, loaded.nodes, seed, ratio))  # no sample after all
+    if parsed.nodes:
         nodes = tuple(sorted(random.Random(seed).sample(loaded.nodes, parsed.nodes), key=lambda node: node.name))
         loaded = replace(loaded, nodes=nodes, pods=arrivals(loaded.trace_pods, nodes, seed, ratio))
     return loaded

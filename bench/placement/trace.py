@@ -224,10 +224,6 @@ def trace_folder(directory: str | Path) -> Path:
     return folder
 
 
-def read_nodes_of(directory: str | Path) -> tuple[TraceNode, ...]:
-    return read_nodes(trace_folder(directory))
-
-
 def load(directory: str | Path, workload: str = "default", seed: int = 42, ratio: float = 1.3) -> Workload:
     """The trace's nodes and the arrival sequence of one of its workloads."""
     folder = trace_folder(directory)

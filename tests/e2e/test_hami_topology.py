@@ -47,7 +47,7 @@ import random
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -585,22 +585,22 @@ async def assert_placed_by_topology(
     control_plane: ControlPlane, state: State, test: str, extender: ExtenderProcess, scheduler: Scheduler,
     plugin: DevicePluginDouble, tolerated: int = 0,
 ) -> tuple[int, int]:  # fmt: skip
-    """`placement_problems` finds none, but for at most `tolerated` sets less linked than the best the GPUs could
-    still hold at the end; returns (topology-aware pods checked, of which an island could hold). In a burst the
-    GPUs that could hold a pod at the end are not always those it could have had: another pod's assumption (its
-    filter's hold, `core/assume.py`) may sit on a GPU when this pod is placed, then move when that pod's bind
-    decides again (the typical shapes rebuilt meanwhile), freeing the GPU; seen once in about eight runs. The
-    sequential test of test_hami_topology.py checks every set exactly."""
+    """`placement_problems` finds none, but for at most `tolerated` sets less linked than the best
+    (`fail_on_topology`); returns (topology-aware pods checked, of which an island could hold)."""
     problems, checked, island_free = placement_problems(state, test)
+    await fail_on_topology(problems, tolerated, lambda: diagnostics(control_plane, test, extender, scheduler, plugin))
+    return checked, island_free
+
+
+async def fail_on_topology(problems: list[str], tolerated: int, diagnosing: Callable[[], Awaitable[str]]) -> None:
+    """Fail with `problems` and the diagnostics, unless they are at most `tolerated` sets less linked than the best
+    the GPUs could still hold at the end. In a burst the GPUs that could hold a pod at the end are not always those
+    it could have had: another pod's assumption (its filter's hold, `core/assume.py`) may sit on a GPU when this
+    pod is placed, then move when that pod's bind decides again (the typical shapes rebuilt meanwhile), freeing
+    the GPU; seen once in about eight runs. The sequential test here checks every set exactly."""
     linked = [problem for problem in problems if ", linked " in problem]
     if len(problems) - len(linked) + max(len(linked) - tolerated, 0) > 0:
-        pytest.fail(
-            "placed against the pods' topology:\n"
-            + "\n".join(problems)
-            + "\n\n"
-            + await diagnostics(control_plane, test, extender, scheduler, plugin)
-        )
-    return checked, island_free
+        pytest.fail("placed against the pods' topology:\n" + "\n".join(problems) + "\n\n" + await diagnosing())
 
 
 async def inspect_differences(extender: ExtenderProcess, state: State) -> list[str]:
