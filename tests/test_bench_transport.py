@@ -19,3 +19,12 @@ def test_the_hardened_transport_row_serves_the_bench_s_requests() -> None:
         rate, cpu_us = transport.measure(server, request, 1, 1, 0.2)
     assert rate > 0
     assert cpu_us > 0
+
+
+def test_the_floor_that_decodes_and_looks_up_serves_the_bench_s_requests() -> None:
+    body = transport.request_body(10)
+    request = transport.post(body)
+    with transport.running(transport.PARSING, "aiohttp-parse") as server:
+        rate, cpu_us = transport.measure(server, request, 1, 1, 0.2)
+    assert rate > 0
+    assert cpu_us > 0
