@@ -24,6 +24,9 @@ time, fragmentation over time, waits per kind of pod, pods withdrawn, the end ch
 and `fill` (the same with `--placement=fill`), one table and one picture for all. `--plot FILE.svg` draws the
 curves of every run (`plot.py`).
 
+`--peer NAME=DIR` (repeatable) runs a scheduler users run today in place of ours, in the real modes, as one more
+policy of the table: built from its source in DIR (`peers.py`: gpushare-scheduler-extender; where to get it).
+
 `--mig`: the MIG workload instead (`mig.py`): the trace's MIG-capable nodes in HAMi's MIG mode, the extender
 (`--protocol hami`, in process as in the fast mode) against hami-scheduler's own choice; `--mode` is not read.
 
@@ -48,7 +51,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from bench.placement import churn, churn_fast, fast, mig, plot, report
+from bench.placement import churn, churn_fast, fast, mig, peers, plot, report
 from bench.placement.churn import ChurnResult, PlanError
 from bench.placement.outcome import ReplayResult
 from bench.placement.trace import TraceError, Workload, arrivals, load, synthetic_workload
@@ -114,6 +117,13 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--policies", default="shipped", help=f"comma-separated, of {', '.join(POLICIES)}: each run once per policy"
     )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        help=f"NAME=DIR: also run a scheduler users run today, built from its source in DIR (real modes; one of "
+        f"{', '.join(peers.PEERS)}: peers.py says where to get it)",
+    )
     parser.add_argument("--churn", action="store_true", help="the churn mode: pods come and go (churn.py)")
     parser.add_argument("--churn-hours", type=float, default=churn.HOURS, help="trace hours of arrivals")
     parser.add_argument(
@@ -145,6 +155,13 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parsed.policy_list = [policy.strip() for policy in parsed.policies.split(",") if policy.strip()]
     if not parsed.policy_list or any(policy not in POLICIES for policy in parsed.policy_list):
         parser.error(f"--policies {parsed.policies!r}: each of {', '.join(POLICIES)}")
+    try:
+        parsed.peers = peers.parse(parsed.peer)
+    except ValueError as error:
+        parser.error(str(error))
+    if parsed.peers and "fast" in modes:
+        parser.error("--peer runs in the real modes (real, burst): a peer is a process of its own, not modelled")
+    parsed.policy_list += list(parsed.peers)
     common = [f"--scheduler-name={parsed.scheduler_name}", *parsed.flag]
     parsed.extender_flag = [*common, *parsed.extender_flag]
     parsed.config_flag = [*common, *parsed.config_flag]
@@ -190,7 +207,8 @@ def config_text(flags: Sequence[str]) -> str:
 
 def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path, policy: str = "shipped") -> Result:
     loaded = workload(parsed, seed)
-    extender_flags = [*parsed.extender_flag, *POLICIES[policy]]
+    extender_flags = [*parsed.extender_flag, *POLICIES.get(policy, ())]
+    peer = peers.build(peers.PEERS[policy], parsed.peers[policy]) if policy in parsed.peers else None
     plan = None
     if parsed.churn:
         plan, loaded = churn.plan(
@@ -222,8 +240,8 @@ def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path, pol
     if plan is not None:
         from bench.placement.churn_real import ChurnReal
 
-        return ChurnReal(*arguments, plan=plan, progress=progress).run()
-    return RealReplay(*arguments, burst=mode == "burst", progress=progress).run()
+        return ChurnReal(*arguments, plan=plan, progress=progress, peer=peer).run()
+    return RealReplay(*arguments, burst=mode == "burst", progress=progress, peer=peer).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,6 +35,7 @@ import orjson
 
 from bench.e2e_run import EXTENDER_SELF, admin_session, create_all, make_certificates, run_command, with_client_rate
 from bench.placement.outcome import Outcome, ReplayResult
+from bench.placement.peers import GpushareProcess
 from bench.placement.trace import NAMESPACE, Workload, node_object, pod_object
 from tests.e2e.controlplane import EXTENDER_NAMESPACE, ApiError, ControlPlane, free_port
 from tests.e2e.extender_process import ExtenderProcess
@@ -100,6 +101,7 @@ class RealReplay:
         scheduler_name: str = "gpu-scheduler",
         burst: bool = False,
         progress: Callable[[str], None] | None = None,
+        peer: Path | None = None,
     ) -> None:
         self.workload = workload
         self.workdir = workdir
@@ -110,6 +112,9 @@ class RealReplay:
         self.progress = progress or (lambda _: None)
         self.plane = ControlPlane(binaries, workdir)
         self.extender: ExtenderProcess | None = None
+        self.peer_binary = peer
+        """A peer's binary (`peers.py`), run in place of `extender serve` (which then is not started)."""
+        self.peer: GpushareProcess | None = None
         self.config = ""
         """The scheduler configuration the run used."""
 
@@ -129,9 +134,15 @@ class RealReplay:
     def stop(self) -> None:
         if self.extender is not None:
             self.extender.stop()
+        if self.peer is not None:
+            self.peer.stop()
         self.plane.stop()
 
     def _start_extender(self) -> None:
+        if self.peer_binary is not None:
+            self.peer = GpushareProcess(self.peer_binary, self.workdir, self.plane.kubeconfig("admin"))
+            self.peer.start()
+            return
         tls = make_certificates(self.workdir / "certs")
         own = {
             "metadata": {"name": EXTENDER_SELF, "namespace": EXTENDER_NAMESPACE},
@@ -148,6 +159,8 @@ class RealReplay:
         self.extender.wait_until(200, timeout=300)
 
     def _render_config(self) -> str:
+        if self.peer is not None:
+            return with_client_rate(self.peer.config(self.scheduler_name))
         assert self.extender is not None
         tls = self.extender.tls
         rendered = run_command(
@@ -270,6 +283,8 @@ class RealReplay:
                 raise RealError(f"kube-scheduler exited with code {process.popen.returncode}; logs in {self.workdir}")
         if self.extender is not None and not self.extender.running():
             raise RealError(f"the extender exited; logs in {self.workdir}")
+        if self.peer is not None and not self.peer.running():
+            raise RealError(f"the peer exited; logs in {self.workdir}")
 
     async def _pod_events(self, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """The pod watch of the workload's namespace from `resource_version`: (event type, pod), until it fails or

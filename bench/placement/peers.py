@@ -1,0 +1,196 @@
+"""The schedulers users run today, through the same real replay as ours: `--peer NAME=DIR` (`make bench-placement`).
+
+A peer is built from its public source, in a directory the user gives (nothing is fetched or built by
+`make test`), with Go and the module proxy: `go build` of its command into the e2e tier's cache
+(`~/.cache/gpu-extender/peers/`, one binary per source tree, by a digest of its Go files), once. It then runs
+in place of `extender serve` in the real modes (`real.py`, `churn_real.py`): started against the run's control
+plane, and wired into the run's kube-scheduler as its own docs say. The pods, the nodes, the timetable and the
+figures are the run's, unchanged.
+
+- **gpushare** (`gpushare-scheduler-extender`, AliyunContainerService, Go): measured at commit c0b6141 (its
+  last on `master` when this was written, "update install.md (#206)", k8s 1.25 libraries). Obtain it with
+  `git clone https://github.com/AliyunContainerService/gpushare-scheduler-extender && git -C
+  gpushare-scheduler-extender checkout c0b6141`. Wired as `config/scheduler-policy-config.yaml` there says: one
+  extender entry, `filter` and `bind` at `/gpushare-scheduler`, plain HTTP, `nodeCacheCapable: true`,
+  `aliyun.com/gpu-mem` managed and not ignored by kube-scheduler, not ignorable; kube-scheduler's own scores
+  choose among the nodes it passes. It reads the same node resources as ours (`aliyun.com/gpu-mem`, here 1000 a
+  GPU, and `aliyun.com/gpu-count`) and writes the annotations gpushare's device plugin reads, which the run's end
+  check reads too. It runs with the admin's kubeconfig (its own RBAC grants nodes, pods, bindings, configmaps,
+  events) and `LOG_LEVEL=error`, its quietest.
+
+hami-scheduler is not here yet: its nodes need HAMi's registration and handshake annotations (the e2e tier's
+HAMi double writes them) and the trace's shares written as HAMi's resources.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tests.e2e.controlplane import free_port
+
+CACHE = Path(os.environ.get("GPU_EXTENDER_CACHE", Path.home() / ".cache" / "gpu-extender")) / "peers"
+BUILD_TIMEOUT = 1200.0
+"""Seconds for `go build` (the first build downloads the peer's modules)."""
+START_TIMEOUT = 120.0
+
+
+class PeerError(RuntimeError):
+    """A peer could not be built or started (one line: what, and where its output is)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerKind:
+    """How to build one peer, find its source and wire it."""
+
+    name: str
+    module: str
+    """The module line its go.mod must have: a directory of something else is refused."""
+    command: str
+    """The package `go build` makes the binary of."""
+    obtain: str
+    """How to get the source measured here."""
+
+
+GPUSHARE = PeerKind(
+    "gpushare",
+    "github.com/AliyunContainerService/gpushare-scheduler-extender",
+    "./cmd",
+    "git clone https://github.com/AliyunContainerService/gpushare-scheduler-extender && "
+    "git -C gpushare-scheduler-extender checkout c0b6141",
+)
+PEERS = {kind.name: kind for kind in (GPUSHARE,)}
+
+
+def parse(values: list[str]) -> dict[str, Path]:
+    """`--peer NAME=DIR` values as {name: source directory}; a ValueError names what is wrong."""
+    peers: dict[str, Path] = {}
+    for value in values:
+        name, _, directory = value.partition("=")
+        if name not in PEERS or not directory:
+            raise ValueError(f"--peer {value!r}: NAME=DIR, NAME one of {', '.join(PEERS)}")
+        peers[name] = Path(directory).expanduser()
+    return peers
+
+
+def source_digest(source: Path) -> str:
+    """A digest of the source tree's go.mod, go.sum and Go files (vendor/ and tests left out): a changed tree
+    builds again."""
+    digest = hashlib.sha256()
+    files = [source / "go.mod", source / "go.sum"]
+    files += sorted(
+        path
+        for path in source.rglob("*.go")
+        if "vendor" not in path.relative_to(source).parts and not path.name.endswith("_test.go")
+    )
+    for path in files:
+        if path.is_file():
+            digest.update(str(path.relative_to(source)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def build(kind: PeerKind, source: Path, cache: Path = CACHE) -> Path:
+    """The peer's binary, built from `source` unless already in the cache."""
+    go_mod = source / "go.mod"
+    if not go_mod.is_file():
+        raise PeerError(f"{kind.name}: no go.mod in {source}; get the source with: {kind.obtain}")
+    first = go_mod.read_text(errors="replace").splitlines()[:1]
+    if first != [f"module {kind.module}"]:
+        raise PeerError(f"{kind.name}: {go_mod} is not {kind.module}'s; get the source with: {kind.obtain}")
+    binary = cache / f"{kind.name}-{source_digest(source)}"
+    if binary.is_file():
+        return binary
+    go = shutil.which("go")
+    if go is None:
+        raise PeerError(f"{kind.name}: building it needs Go (https://go.dev/dl/) and the module proxy")
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = binary.with_suffix(".partial")
+    try:
+        done = subprocess.run(
+            [go, "build", "-o", str(partial), kind.command],
+            cwd=source,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT,
+            env=os.environ | {"CGO_ENABLED": "0", "GOFLAGS": "-mod=mod -buildvcs=false"},
+        )
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"{kind.name}: go build took over {BUILD_TIMEOUT:.0f} s") from None
+    if done.returncode != 0:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise PeerError(f"{kind.name}: go build failed in {source}: {tail}")
+    partial.replace(binary)
+    return binary
+
+
+class GpushareProcess:
+    """gpushare-scheduler-extender on a loopback port, against the run's API server. Mutable: owns a process."""
+
+    def __init__(self, binary: Path, workdir: Path, kubeconfig: Path) -> None:
+        self.binary = binary
+        self.log = workdir / "gpushare-extender.log"
+        self.kubeconfig = kubeconfig
+        self.port = free_port()
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/gpushare-scheduler"
+
+    def start(self) -> None:
+        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig), "PORT": str(self.port), "LOG_LEVEL": "error"}
+        with self.log.open("ab") as output:
+            self.popen = subprocess.Popen(
+                [str(self.binary)], stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if self.popen.poll() is not None:
+                raise PeerError(f"gpushare exited with code {self.popen.returncode} at start; its log: {self.log}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return
+            if time.monotonic() > deadline:
+                raise PeerError(f"gpushare did not listen within {START_TIMEOUT:.0f} s; its log: {self.log}")
+            time.sleep(0.2)
+
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.terminate()
+        try:
+            self.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+    def config(self, scheduler_name: str) -> str:
+        """kube-scheduler's configuration with this extender wired as gpushare's own docs wire it
+        (`config/scheduler-policy-config.yaml` at c0b6141, in the v1 API kube-scheduler 1.34 reads)."""
+        extender = {
+            "urlPrefix": self.url,
+            "filterVerb": "filter",
+            "bindVerb": "bind",
+            "enableHTTPS": False,
+            "nodeCacheCapable": True,
+            "managedResources": [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}],
+            "ignorable": False,
+        }
+        config = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "profiles": [{"schedulerName": scheduler_name}],
+            "extenders": [extender],
+        }
+        return yaml.safe_dump(config, sort_keys=False)

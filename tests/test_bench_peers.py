@@ -1,0 +1,123 @@
+"""`bench/placement/peers.py`: the schedulers users run today, built from a source directory the user gives and
+run through the real replay in place of ours. Nothing here builds Go: `build` is checked up to the point where it
+would run `go build`, and with a binary already in its cache; the wiring is checked as text against gpushare's
+own `config/scheduler-policy-config.yaml`. A real run (`make bench-placement ... PLACEMENT_ARGS='--peer
+gpushare=DIR'`) is what exercises the rest."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.placement import __main__ as cli
+from bench.placement import peers
+from bench.placement.peers import GPUSHARE, GpushareProcess, PeerError
+
+
+def gpushare_tree(root: Path, module: str = GPUSHARE.module) -> Path:
+    """A directory laid out as gpushare's source is (go.mod, go.sum, cmd/main.go, a vendored and a test file)."""
+    (root / "cmd").mkdir(parents=True)
+    (root / "vendor" / "x").mkdir(parents=True)
+    (root / "go.mod").write_text(f"module {module}\n\ngo 1.19\n")
+    (root / "go.sum").write_text("")
+    (root / "cmd" / "main.go").write_text("package main\n\nfunc main() {}\n")
+    (root / "cmd" / "main_test.go").write_text("package main\n")
+    (root / "vendor" / "x" / "x.go").write_text("package x\n")
+    return root
+
+
+def test_peer_flags_name_a_known_peer_and_a_directory() -> None:
+    assert peers.parse(["gpushare=~/src/gpushare"]) == {"gpushare": Path.home() / "src" / "gpushare"}
+    for bad in ("gpushare", "gpushare=", "hami=/src", "=/src"):
+        with pytest.raises(ValueError, match="NAME=DIR"):
+            peers.parse([bad])
+
+
+def test_a_peer_runs_in_the_real_modes_as_one_more_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    parsed = cli.arguments(["--synthetic", "--mode", "real", "--policies", "shipped", "--peer", "gpushare=/src"])
+    assert parsed.policy_list == ["shipped", "gpushare"]
+    assert parsed.peers == {"gpushare": Path("/src")}
+    with pytest.raises(SystemExit):
+        cli.arguments(["--synthetic", "--mode", "fast", "--peer", "gpushare=/src"])
+    assert "real modes" in capsys.readouterr().err
+
+
+def test_a_directory_that_is_not_the_peers_source_is_refused_saying_how_to_get_it(tmp_path: Path) -> None:
+    with pytest.raises(PeerError, match=r"no go.mod.*git clone https://github.com/AliyunContainerService"):
+        peers.build(GPUSHARE, tmp_path, tmp_path / "cache")
+    other = gpushare_tree(tmp_path / "other", module="example.com/something-else")
+    with pytest.raises(PeerError, match=r"is not github.com/AliyunContainerService/gpushare-scheduler-extender's"):
+        peers.build(GPUSHARE, other, tmp_path / "cache")
+
+
+def test_a_binary_built_from_the_same_tree_is_taken_from_the_cache(tmp_path: Path) -> None:
+    source = gpushare_tree(tmp_path / "src")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    built = cache / f"gpushare-{peers.source_digest(source)}"
+    built.write_text("#!/bin/sh\n")
+    assert peers.build(GPUSHARE, source, cache) == built
+
+
+def test_without_go_the_build_says_what_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = gpushare_tree(tmp_path / "src")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(PeerError, match="needs Go"):
+        peers.build(GPUSHARE, source, tmp_path / "cache")
+
+
+def test_a_failed_build_reports_the_end_of_go_s_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in `go` on PATH that fails as a compile error would (the real one is never run here)."""
+    source = gpushare_tree(tmp_path / "src")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "go"
+    fake.write_text("#!/bin/sh\necho 'cmd/main.go:3:1: syntax error: unexpected }' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(PeerError, match=r"go build failed in .*syntax error"):
+        peers.build(GPUSHARE, source, tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob("gpushare-*")), "nothing cached for a failed build"
+
+
+def test_the_digest_follows_the_go_files_and_not_vendor_or_tests(tmp_path: Path) -> None:
+    source = gpushare_tree(tmp_path / "src")
+    before = peers.source_digest(source)
+    (source / "vendor" / "x" / "x.go").write_text("package x // changed\n")
+    (source / "cmd" / "main_test.go").write_text("package main // changed\n")
+    assert peers.source_digest(source) == before
+    (source / "cmd" / "main.go").write_text("package main\n\nfunc main() { println() }\n")
+    assert peers.source_digest(source) != before
+
+
+def test_gpushare_is_wired_as_its_own_docs_wire_it(tmp_path: Path) -> None:
+    """gpushare's config/scheduler-policy-config.yaml at c0b6141 (v1beta2 there; the same fields in v1)."""
+    process = GpushareProcess(tmp_path / "binary", tmp_path, tmp_path / "kubeconfig")
+    config = yaml.safe_load(process.config("gpu-scheduler"))
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["profiles"] == [{"schedulerName": "gpu-scheduler"}]
+    (extender,) = config["extenders"]
+    assert extender == {
+        "urlPrefix": f"http://127.0.0.1:{process.port}/gpushare-scheduler",
+        "filterVerb": "filter",
+        "bindVerb": "bind",
+        "enableHTTPS": False,
+        "nodeCacheCapable": True,
+        "managedResources": [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}],
+        "ignorable": False,
+    }
+
+
+def test_a_peer_that_exits_at_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    binary = tmp_path / "gpushare"
+    binary.write_text("#!/bin/sh\necho 'Error building kubeconfig' >&2\nexit 3\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    process = GpushareProcess(binary, tmp_path, tmp_path / "kubeconfig")
+    with pytest.raises(PeerError, match="exited with code 3 at start"):
+        process.start()
+    assert "Error building kubeconfig" in process.log.read_text()
+    assert not process.running()
