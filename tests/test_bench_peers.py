@@ -41,6 +41,10 @@ def test_a_peer_runs_in_the_real_modes_as_one_more_policy(capsys: pytest.Capture
     parsed = cli.arguments(["--synthetic", "--mode", "real", "--policies", "shipped", "--peer", "gpushare=/src"])
     assert parsed.policy_list == ["shipped", "gpushare"]
     assert parsed.peers == {"gpushare": Path("/src")}
+    alone = cli.arguments(["--synthetic", "--mode", "real", "--policies=", "--peer", "gpushare=/src"])
+    assert alone.policy_list == ["gpushare"]
+    with pytest.raises(SystemExit):
+        cli.arguments(["--synthetic", "--mode", "real", "--policies="])
     with pytest.raises(SystemExit):
         cli.arguments(["--synthetic", "--mode", "fast", "--peer", "gpushare=/src"])
     assert "real modes" in capsys.readouterr().err

@@ -115,7 +115,9 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--config-flag", action="append", default=[], help="a flag for extender scheduler-config alone")
     parser.add_argument("--mig", action="store_true", help="the MIG workload, ours against HAMi's (mig.py)")
     parser.add_argument(
-        "--policies", default="shipped", help=f"comma-separated, of {', '.join(POLICIES)}: each run once per policy"
+        "--policies",
+        default="shipped",
+        help=f"comma-separated, of {', '.join(POLICIES)}: each run once per policy (empty with --peer: the peer alone)",
     )
     parser.add_argument(
         "--peer",
@@ -153,12 +155,12 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
             "server ends a watch after 30 to 60 minutes, and the driver does not resume one)"
         )
     parsed.policy_list = [policy.strip() for policy in parsed.policies.split(",") if policy.strip()]
-    if not parsed.policy_list or any(policy not in POLICIES for policy in parsed.policy_list):
-        parser.error(f"--policies {parsed.policies!r}: each of {', '.join(POLICIES)}")
     try:
         parsed.peers = peers.parse(parsed.peer)
     except ValueError as error:
         parser.error(str(error))
+    if (not parsed.policy_list and not parsed.peers) or any(policy not in POLICIES for policy in parsed.policy_list):
+        parser.error(f"--policies {parsed.policies!r}: each of {', '.join(POLICIES)} (empty only with --peer)")
     if parsed.peers and "fast" in modes:
         parser.error("--peer runs in the real modes (real, burst): a peer is a process of its own, not modelled")
     parsed.policy_list += list(parsed.peers)
