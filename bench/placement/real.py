@@ -15,6 +15,9 @@ scheduler_perf does, so its client never waits), and then the pods:
   is bound or no bind has come for `BURST_QUIET` seconds, and the pods still pending then are the refused ones.
   What a saturated cluster places depends on how fast kube-scheduler goes through the pods it cannot place.
 
+With a peer's binary (`peers.py`, `--peer`), the peer runs in place of `extender serve`, wired as its own docs
+say; the rest of the run is the same.
+
 Outcomes come from the pod watch; the cluster at the end from the API's pods (their allocation annotations),
 so the end check reads what a device plugin would. Nothing is left running: every process stops in `finally`,
 and the work directory keeps every log.
