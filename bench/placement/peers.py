@@ -24,12 +24,14 @@ HAMi double writes them) and the trace's shares written as HAMi's resources.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,8 @@ CACHE = Path(os.environ.get("GPU_EXTENDER_CACHE", Path.home() / ".cache" / "gpu-
 BUILD_TIMEOUT = 1200.0
 """Seconds for `go build` (the first build downloads the peer's modules)."""
 START_TIMEOUT = 120.0
+LOG_LINES = 2000
+"""The last lines of a peer's output kept in its log file."""
 
 
 class PeerError(RuntimeError):
@@ -141,6 +145,9 @@ class GpushareProcess:
         self.kubeconfig = kubeconfig
         self.port = free_port()
         self.popen: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._tail: collections.deque[bytes] = collections.deque(maxlen=LOG_LINES)
+        self._lines = 0
 
     @property
     def url(self) -> str:
@@ -148,13 +155,19 @@ class GpushareProcess:
 
     def start(self) -> None:
         environment = os.environ | {"KUBECONFIG": str(self.kubeconfig), "PORT": str(self.port), "LOG_LEVEL": "error"}
-        with self.log.open("ab") as output:
-            self.popen = subprocess.Popen(
-                [str(self.binary)], stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment
-            )
+        self.popen = subprocess.Popen(
+            [str(self.binary)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=environment,
+        )
+        self._reader = threading.Thread(target=self._read, args=(self.popen,), daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if self.popen.poll() is not None:
+                self._write_log()
                 raise PeerError(f"gpushare exited with code {self.popen.returncode} at start; its log: {self.log}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 return
@@ -166,14 +179,28 @@ class GpushareProcess:
         return self.popen is not None and self.popen.poll() is None
 
     def stop(self) -> None:
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.terminate()
-        try:
-            self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._write_log()
+
+    def _read(self, popen: subprocess.Popen[bytes]) -> None:
+        """Keep the last `LOG_LINES` lines of its output (it writes lines for every pod and node even at its
+        quietest level: hundreds of megabytes a minute on the trace)."""
+        assert popen.stdout is not None
+        for line in popen.stdout:
+            self._tail.append(line)
+            self._lines += 1
+
+    def _write_log(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        dropped = f"[{self._lines - len(self._tail):,} earlier lines not kept]\n".encode()
+        self.log.write_bytes(dropped + b"".join(self._tail))
 
     def config(self, scheduler_name: str) -> str:
         """kube-scheduler's configuration with this extender wired as gpushare's own docs wire it
