@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 HOST = "127.0.0.1"
 
@@ -43,6 +44,18 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((HOST, 0))
         return int(probe.getsockname()[1])
+
+
+def stop_process(popen: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """SIGTERM a process still running, and SIGKILL it if it has not exited within `grace` seconds."""
+    if popen.poll() is not None:
+        return
+    popen.terminate()
+    try:
+        popen.wait(grace)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
 
 
 def die_with_parent() -> None:
@@ -135,13 +148,7 @@ class ServedExtender:
         return self.log_file.read_text(errors="replace")[-characters:]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 @contextlib.contextmanager

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import yaml
 
+from devtools.harness import stop_process
 from tests.e2e.controlplane import free_port
 
 CACHE = Path(os.environ.get("GPU_EXTENDER_CACHE", Path.home() / ".cache" / "gpu-extender")) / "peers"
@@ -179,13 +180,8 @@ class GpushareProcess:
         return self.popen is not None and self.popen.poll() is None
 
     def stop(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        if self.popen is not None:
+            stop_process(self.popen)
         self._write_log()
 
     def _read(self, popen: subprocess.Popen[bytes]) -> None:

@@ -49,6 +49,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from devtools.harness import stop_process
+
 MODULE = Path(__file__).parent / "k8s"
 """The Go module that pins the Kubernetes release (go.mod) and names the two commands built (tools.go)."""
 BUILD_SCRIPT = Path(__file__).parent / "build.sh"
@@ -222,13 +224,7 @@ class Process:
         return ControlPlaneError(f"{self.name} {what}; last lines of {self.log}:\n{self.tail()}")
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        stop_process(self.popen)
 
 
 def _spawn(name: str, argv: list[str], log: Path) -> Process:

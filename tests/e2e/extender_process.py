@@ -27,6 +27,7 @@ import aiohttp
 import orjson
 import pytest
 
+from devtools.harness import stop_process
 from tests.e2e.controlplane import (
     EXTENDER_NAMESPACE,
     LOG_TAIL_LINES,
@@ -118,14 +119,8 @@ class ExtenderProcess:
 
     def stop(self) -> None:
         """SIGTERM (a clean stop: the lease is given up), SIGKILL if it lingers."""
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.terminate()
-        try:
-            self.popen.wait(15)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+        if self.popen is not None:
+            stop_process(self.popen, grace=15)
 
     def wait_until(self, status: int, timeout: float = STARTUP_TIMEOUT, path: str = "/readyz") -> float:
         """Poll `path` until it answers `status`; returns the seconds it took. Fails with the log's tail when
