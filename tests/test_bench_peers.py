@@ -128,13 +128,15 @@ def test_a_peer_that_exits_at_start_is_reported_with_its_log(tmp_path: Path) -> 
 
 
 def test_only_the_end_of_a_peers_output_is_kept(tmp_path: Path) -> None:
-    """gpushare logs lines per pod and node even at its quietest level: the log keeps the last `LOG_LINES`."""
+    """gpushare logs lines per pod and node even at its quietest level: the log keeps the last chunks of it."""
     binary = tmp_path / "gpushare"
-    binary.write_text("#!/bin/sh\nseq 1 5000\nexit 1\n")
+    binary.write_text("#!/bin/sh\nseq 1 2000000\nexit 1\n")  # 14.9 MB
     binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
     process = GpushareProcess(binary, tmp_path, tmp_path / "kubeconfig")
     with pytest.raises(PeerError):
         process.start()
-    lines = process.log.read_text().splitlines()
-    assert lines[0] == f"[{5000 - peers.LOG_LINES:,} earlier lines not kept]"
-    assert lines[1:] == [str(number) for number in range(5001 - peers.LOG_LINES, 5001)]
+    header, _, kept = process.log.read_bytes().partition(b"\n")
+    written = sum(len(f"{number}\n") for number in range(1, 2000001))
+    assert len(kept) <= peers.LOG_CHUNKS * peers.CHUNK
+    assert header.decode() == f"[{written - len(kept):,} earlier bytes not kept]"
+    assert kept.endswith(b"1999999\n2000000\n")

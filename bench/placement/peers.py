@@ -45,8 +45,9 @@ CACHE = Path(os.environ.get("GPU_EXTENDER_CACHE", Path.home() / ".cache" / "gpu-
 BUILD_TIMEOUT = 1200.0
 """Seconds for `go build` (the first build downloads the peer's modules)."""
 START_TIMEOUT = 120.0
-LOG_LINES = 2000
-"""The last lines of a peer's output kept in its log file."""
+CHUNK = 1 << 16
+LOG_CHUNKS = 32
+"""A peer's output is kept in its log file up to this many chunks of `CHUNK` bytes, the last (2 MiB)."""
 
 
 class PeerError(RuntimeError):
@@ -147,8 +148,8 @@ class GpushareProcess:
         self.port = free_port()
         self.popen: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
-        self._tail: collections.deque[bytes] = collections.deque(maxlen=LOG_LINES)
-        self._lines = 0
+        self._tail: collections.deque[bytes] = collections.deque(maxlen=LOG_CHUNKS)
+        self._bytes = 0
 
     @property
     def url(self) -> str:
@@ -185,18 +186,19 @@ class GpushareProcess:
         self._write_log()
 
     def _read(self, popen: subprocess.Popen[bytes]) -> None:
-        """Keep the last `LOG_LINES` lines of its output (it writes lines for every pod and node even at its
-        quietest level: hundreds of megabytes a minute on the trace)."""
+        """Keep the last `LOG_CHUNKS` chunks of its output (it writes lines for every pod and node even at its
+        quietest level: hundreds of megabytes a minute on the trace), read a chunk at a time."""
         assert popen.stdout is not None
-        for line in popen.stdout:
-            self._tail.append(line)
-            self._lines += 1
+        while chunk := popen.stdout.read1(CHUNK):
+            self._tail.append(chunk)
+            self._bytes += len(chunk)
 
     def _write_log(self) -> None:
         if self._reader is not None:
             self._reader.join(timeout=5)
-        dropped = f"[{self._lines - len(self._tail):,} earlier lines not kept]\n".encode()
-        self.log.write_bytes(dropped + b"".join(self._tail))
+        kept = b"".join(self._tail)
+        dropped = f"[{self._bytes - len(kept):,} earlier bytes not kept]\n".encode()
+        self.log.write_bytes(dropped + kept)
 
     def config(self, scheduler_name: str) -> str:
         """kube-scheduler's configuration with this extender wired as gpushare's own docs wire it
