@@ -224,3 +224,35 @@ def test_a_bind_counts_as_one_more_failure_of_every_pod_waiting() -> None:
     model.caught_up(waiting)
     assert waiting.failures == 3  # refused on arrival, and once after each of the two binds that followed
     assert waiting.timestamp == pytest.approx(30.0)  # d's bind, at 300 trace s
+
+
+def test_an_api_call_cancelled_before_its_turn_leaves_no_coroutine_unawaited() -> None:
+    """A real run that fails cancels the calls still queued for a slot: each closes the request it never sent
+    (Python would warn "coroutine ... was never awaited" for each, one per pod still to create)."""
+    import asyncio
+    import gc
+    import warnings
+
+    from bench.placement.churn_real import ChurnReal
+
+    sent: list[str] = []
+
+    async def request(name: str) -> None:
+        sent.append(name)
+        await asyncio.Event().wait()  # an API server that does not answer
+
+    async def run() -> None:
+        driver = ChurnReal.__new__(ChurnReal)
+        driver.slots, driver.calls, driver.latest = asyncio.Semaphore(1), set(), 0.0
+        driver._call(request("first"))
+        driver._call(request("second"))
+        await asyncio.sleep(0)
+        for call in driver.calls:
+            call.cancel()
+        await asyncio.gather(*driver.calls, return_exceptions=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        asyncio.run(run())
+        gc.collect()
+    assert sent == ["first"]

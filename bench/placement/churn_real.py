@@ -147,9 +147,12 @@ class ChurnReal(RealReplay):
         due = time.monotonic()
 
         async def bounded() -> None:
-            async with self.slots:
-                self.latest = max(self.latest, time.monotonic() - due)
-                await request
+            try:
+                async with self.slots:
+                    self.latest = max(self.latest, time.monotonic() - due)
+                    await request
+            finally:
+                request.close()  # cancelled before its turn (a run that failed): never started, closed quietly
 
         call = asyncio.create_task(bounded())
         self.calls.add(call)
