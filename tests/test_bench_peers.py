@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,32 @@ def test_only_the_end_of_a_peers_output_is_kept(tmp_path: Path) -> None:
     assert len(kept) <= peers.LOG_CHUNKS * peers.CHUNK
     assert header.decode() == f"[{written - len(kept):,} earlier bytes not kept]"
     assert kept.endswith(b"1999999\n2000000\n")
+
+
+def test_a_peer_that_crashes_mid_run_is_started_again_after_kubelets_back_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpushare c0b6141 exits with "fatal error: concurrent map read and map write" when pods are deleted while
+    its workers sync (`removePodCache`, written by the informer's delete handler and read by the workers with no
+    lock): in a cluster kubelet starts it again, so the run goes on and counts the crash."""
+    binary = tmp_path / "gpushare"
+    binary.write_text("#!/bin/sh\necho serving\necho 'fatal error: concurrent map read and map write'\nexit 2\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    process = GpushareProcess(binary, tmp_path, tmp_path / "kubeconfig")
+    process._spawn()
+    assert process.popen is not None
+    process.popen.wait(10)
+    monkeypatch.setattr(peers, "BACKOFF", 0.2)
+    process.revive()
+    assert process.crashes == ["fatal error: concurrent map read and map write"]
+    first = process.popen
+    process.revive()
+    assert process.popen is first, "not before its back-off"
+    time.sleep(0.25)
+    process.revive()
+    assert process.popen is not first, "started again"
+    process.popen.wait(10)
+    process.revive()
+    assert len(process.crashes) == 2
+    assert process._restart_at is not None and process._restart_at - time.monotonic() > 0.3, "the back-off doubles"
+    process.stop()

@@ -383,6 +383,9 @@ def render(result: ChurnResult, label: str = "") -> str:
     late = result.extra.get("late")
     if isinstance(late, float):
         timing += f"; the driver came at most {late:.2f} s after its timetable"
+    crashes = result.extra.get("peer_crashes")
+    if isinstance(crashes, list) and crashes:
+        timing += f"; the peer exited {len(crashes)} times and was started again (as kubelet would): {crashes[0]}"
     sampled = result.extra.get("sampled")
     if sampled:
         timing += (

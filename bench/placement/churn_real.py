@@ -229,4 +229,6 @@ class ChurnReal(RealReplay):
                 waited.setdefault(self.workload.pods[index].kind, []).append(wait)
         arrived = Counter(self.workload.pods[index].kind for index in self.created)
         extra: dict[str, object] = {"late": self.latest, "config": self.config}
+        if self.peer is not None:
+            extra["peer_crashes"] = list(self.peer.crashes)
         return self.tally.result("real", self.workload, self.plan, end, waited, arrived, seconds, extra)

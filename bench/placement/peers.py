@@ -45,6 +45,9 @@ CACHE = Path(os.environ.get("GPU_EXTENDER_CACHE", Path.home() / ".cache" / "gpu-
 BUILD_TIMEOUT = 1200.0
 """Seconds for `go build` (the first build downloads the peer's modules)."""
 START_TIMEOUT = 120.0
+BACKOFF = 10.0
+BACKOFF_MAX = 300.0
+"""kubelet's restart back-off for a container that exits: 10 s, doubled per exit, at most 5 minutes."""
 CHUNK = 1 << 16
 LOG_CHUNKS = 32
 """A peer's output is kept in its log file up to this many chunks of `CHUNK` bytes, the last (2 MiB)."""
@@ -150,22 +153,17 @@ class GpushareProcess:
         self._reader: threading.Thread | None = None
         self._tail: collections.deque[bytes] = collections.deque(maxlen=LOG_CHUNKS)
         self._bytes = 0
+        self.crashes: list[str] = []
+        """Why it exited, each time it did during the run (`revive`)."""
+        self._restart_at: float | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/gpushare-scheduler"
 
     def start(self) -> None:
-        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig), "PORT": str(self.port), "LOG_LEVEL": "error"}
-        self.popen = subprocess.Popen(
-            [str(self.binary)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=environment,
-        )
-        self._reader = threading.Thread(target=self._read, args=(self.popen,), daemon=True)
-        self._reader.start()
+        self._spawn()
+        assert self.popen is not None
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if self.popen.poll() is not None:
@@ -177,8 +175,42 @@ class GpushareProcess:
                 raise PeerError(f"gpushare did not listen within {START_TIMEOUT:.0f} s; its log: {self.log}")
             time.sleep(0.2)
 
+    def _spawn(self) -> None:
+        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig), "PORT": str(self.port), "LOG_LEVEL": "error"}
+        self.popen = subprocess.Popen(
+            [str(self.binary)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=environment,
+        )
+        self._reader = threading.Thread(target=self._read, args=(self.popen,), daemon=True)
+        self._reader.start()
+
     def running(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
+
+    def revive(self) -> None:
+        """What kubelet does for the peer's container when it exits during a run: note the crash (the last line
+        of its output that says why), and start it again after a back-off of 10 s doubled per crash, at most
+        5 minutes (CrashLoopBackOff), without waiting for it to listen. Meanwhile kube-scheduler's calls to it
+        fail, as they would in a cluster. Call it often; it does nothing while the peer runs."""
+        if self.running():
+            return
+        now = time.monotonic()
+        if self._restart_at is None:
+            if self._reader is not None:
+                self._reader.join(timeout=5)
+            self.crashes.append(self._why())
+            self._restart_at = now + min(BACKOFF * 2 ** (len(self.crashes) - 1), BACKOFF_MAX)
+        elif now >= self._restart_at:
+            self._restart_at = None
+            self._spawn()
+
+    def _why(self) -> str:
+        lines = b"".join(self._tail).decode(errors="replace").splitlines()
+        found = [line for line in lines if line.startswith(("fatal error:", "panic:"))]
+        return (found or lines or [f"exit code {self.popen.returncode if self.popen else '?'}"])[-1][:200]
 
     def stop(self) -> None:
         if self.popen is not None:

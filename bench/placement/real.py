@@ -202,6 +202,8 @@ class RealReplay:
         elif seconds > 0:
             result.extra["pods_per_second"] = decided / seconds
         result.extra["config"] = self.config
+        if self.peer is not None:
+            result.extra["peer_crashes"] = list(self.peer.crashes)
         return result
 
     async def _one_at_a_time(self, seen: Seen, watcher: asyncio.Task[None]) -> list[Outcome]:
@@ -286,8 +288,8 @@ class RealReplay:
                 raise RealError(f"kube-scheduler exited with code {process.popen.returncode}; logs in {self.workdir}")
         if self.extender is not None and not self.extender.running():
             raise RealError(f"the extender exited; logs in {self.workdir}")
-        if self.peer is not None and not self.peer.running():
-            raise RealError(f"the peer exited; logs in {self.workdir}")
+        if self.peer is not None:
+            self.peer.revive()  # as kubelet restarts its container
 
     async def _pod_events(self, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """The pod watch of the workload's namespace from `resource_version`: (event type, pod), until it fails or
