@@ -4,8 +4,11 @@ fast one is held by tests/e2e/test_placement.py."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -407,3 +410,51 @@ def test_the_mig_end_check_finds_overlapping_instances_and_a_gpu_over_its_seven(
     result = mig.MigResult("toy", workload, [Outcome(pod, "n") for pod in pods], placed, 0.0)
     problems = mig.check(result)
     assert "n GPU 0: instances overlap at slice 6" in problems and "n GPU 0: 8 instances, more than 7" in problems
+
+
+class EndingWatches:
+    """A control plane whose pod watches each end after their scripted events, as kube-apiserver ends a watch
+    after its request timeout (30 to 60 minutes: a slow peer's replay outlasts one). Records the paths opened."""
+
+    def __init__(self, *scripts: list[dict[str, Any]]) -> None:
+        self.scripts = list(scripts)
+        self.paths: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def watch(self, path: str, timeout: float | None = None) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        self.paths.append(path)
+        script = self.scripts.pop(0) if self.scripts else []
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            for event in script:
+                yield event
+
+        yield events()
+
+
+def pod_event(kind: str, name: str, version: str) -> dict[str, Any]:
+    return {"type": kind, "object": {"metadata": {"name": name, "resourceVersion": version}}}
+
+
+def test_the_pod_watch_is_opened_again_from_the_last_version_when_the_api_server_ends_it() -> None:
+    from bench.placement.real import RealError, RealReplay
+
+    replay = RealReplay.__new__(RealReplay)
+    replay.plane = EndingWatches(  # type: ignore[assignment]
+        [pod_event("ADDED", "a", "11"), pod_event("BOOKMARK", "", "15")],
+        [pod_event("MODIFIED", "a", "17")],
+    )
+
+    async def read(count: int) -> list[tuple[str, str]]:
+        seen: list[tuple[str, str]] = []
+        async for kind, pod in replay._pod_events("10"):
+            seen.append((kind, pod["metadata"]["name"]))
+            if len(seen) == count:
+                break
+        return seen
+
+    assert asyncio.run(read(2)) == [("ADDED", "a"), ("MODIFIED", "a")], "a bookmark is not an event"
+    assert [path.rsplit("resourceVersion=", 1)[1] for path in replay.plane.paths] == ["10", "15"]  # type: ignore[attr-defined]
+    replay.plane = EndingWatches()  # type: ignore[assignment]
+    with pytest.raises(RealError, match="closed the pod watch three times at once"):
+        asyncio.run(read(1))

@@ -149,11 +149,6 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--churn runs the fast and real modes (burst is the fill-up replay's)")
     if parsed.churn and not parsed.nodes:
         parsed.nodes = churn.NODES
-    if parsed.churn and "real" in modes and parsed.churn_minutes > churn.REAL_MINUTES:
-        parser.error(
-            f"--churn-minutes {parsed.churn_minutes:g} with --mode real: at most {churn.REAL_MINUTES:g} (the API "
-            "server ends a watch after 30 to 60 minutes, and the driver does not resume one)"
-        )
     parsed.policy_list = [policy.strip() for policy in parsed.policies.split(",") if policy.strip()]
     try:
         parsed.peers = peers.parse(parsed.peer)

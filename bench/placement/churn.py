@@ -59,8 +59,6 @@ HOURS = 2.0
 """Trace hours from the first arrival to the last."""
 LONGEST = 20.0
 """Capacities' worth of pods drawn at most (the arrival sequence `plan` takes its pods from)."""
-REAL_MINUTES = 25.0
-"""The longest real-mode run: kube-apiserver ends a watch after 30 to 60 minutes (`--min-request-timeout`)."""
 SAMPLES = 120
 """Points of the curves."""
 KINDS = ("share", "whole", "multi", "cpu")

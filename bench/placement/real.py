@@ -292,15 +292,27 @@ class RealReplay:
             self.peer.revive()  # as kubelet restarts its container
 
     async def _pod_events(self, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """The pod watch of the workload's namespace from `resource_version`: (event type, pod), until it fails or
-        the API server closes it (both a RealError)."""
-        path = f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={resource_version}"
-        async with self.plane.watch(path, timeout=None) as events:
-            async for event in events:
-                if event["type"] == "ERROR":
-                    raise RealError(f"the pod watch failed: {event['object']}")
-                yield event["type"], event["object"]
-        raise RealError("the API server closed the pod watch")
+        """The pod watch of the workload's namespace from `resource_version`: (event type, pod), until it fails
+        (a RealError). The API server ends a watch after its request timeout (30 to 60 minutes: a slow peer's
+        run lasts longer): it is opened again from the last version seen, as an informer does, with bookmarks so
+        that version stays recent when nothing changes; a watch that ends at once, three times running, fails."""
+        quick = 0
+        while True:
+            path = (
+                f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&allowWatchBookmarks=true"
+                f"&resourceVersion={resource_version}"
+            )
+            opened = time.monotonic()
+            async with self.plane.watch(path, timeout=None) as events:
+                async for event in events:
+                    if event["type"] == "ERROR":
+                        raise RealError(f"the pod watch failed: {event['object']}")
+                    resource_version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        yield event["type"], event["object"]
+            quick = quick + 1 if time.monotonic() - opened < 1.0 else 0
+            if quick >= 3:
+                raise RealError("the API server closed the pod watch three times at once")
 
     async def _watch(self, resource_version: str, seen: Seen) -> None:
         async for kind, pod in self._pod_events(resource_version):
