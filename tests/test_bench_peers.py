@@ -170,3 +170,11 @@ def test_a_peer_that_crashes_mid_run_is_started_again_after_kubelets_back_off(
     assert len(process.crashes) == 2
     assert process._restart_at is not None and process._restart_at - time.monotonic() > 0.3, "the back-off doubles"
     process.stop()
+
+
+def test_a_run_of_another_policy_alone_names_it_in_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs of one policy were labelled by their mode alone: a peer (or fill) run alone read as ours."""
+    assert cli.main(["--synthetic", "--mode", "fast", "--policies", "fill"]) == 0
+    out = capsys.readouterr().out
+    assert "== fill, fast, seed 42:" in out
+    assert "\nfill, fast: mean " in out

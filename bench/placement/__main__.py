@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for policy in parsed.policy_list:
             for mode in parsed.modes:
                 for seed in parsed.seed_list:
-                    label = f"{policy}, {mode}" if len(parsed.policy_list) > 1 else mode
+                    label = f"{policy}, {mode}" if len(parsed.policy_list) > 1 or policy != "shipped" else mode
                     try:
                         result = run_one(parsed, mode, seed, workdir, policy)
                     except (TraceError, PlanError, OSError, RuntimeError) as error:
