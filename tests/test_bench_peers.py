@@ -178,3 +178,12 @@ def test_a_run_of_another_policy_alone_names_it_in_the_report(capsys: pytest.Cap
     out = capsys.readouterr().out
     assert "== fill, fast, seed 42:" in out
     assert "\nfill, fast: mean " in out
+
+
+def test_the_report_says_how_often_the_peer_was_started_again() -> None:
+    from bench.placement.outcome import peer_restarts
+
+    assert peer_restarts({}) == ""
+    assert peer_restarts({"peer_crashes": []}) == ""
+    said = peer_restarts({"peer_crashes": ["fatal error: concurrent map read and map write", "exit code 2"]})
+    assert "exited 2 times" in said and said.endswith("fatal error: concurrent map read and map write")

@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from bench.placement.outcome import ReplayResult
+from bench.placement.outcome import ReplayResult, peer_restarts
 from bench.placement.trace import FOREVER, TracePod, Workload
 
 OFFERED = 1.2
@@ -381,9 +381,7 @@ def render(result: ChurnResult, label: str = "") -> str:
     late = result.extra.get("late")
     if isinstance(late, float):
         timing += f"; the driver came at most {late:.2f} s after its timetable"
-    crashes = result.extra.get("peer_crashes")
-    if isinstance(crashes, list) and crashes:
-        timing += f"; the peer exited {len(crashes)} times and was started again (as kubelet would): {crashes[0]}"
+    timing += peer_restarts(result.extra)
     sampled = result.extra.get("sampled")
     if sampled:
         timing += (

@@ -145,3 +145,11 @@ def gpu_uses(workload: Workload, cache: Cache) -> dict[str, NodeUse]:
             if device.index < len(use.gpu_used):
                 use.gpu_used[device.index] = state.used[position]
     return nodes
+
+
+def peer_restarts(extra: dict[str, Any]) -> str:
+    """The report's words for a peer that exited during the run (`peers.GpushareProcess.revive`), or ""."""
+    crashes = extra.get("peer_crashes")
+    if not isinstance(crashes, list) or not crashes:
+        return ""
+    return f"; the peer exited {len(crashes)} times and was started again (as kubelet would): {crashes[0]}"

@@ -38,8 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from devtools.harness import stop_process
-from tests.e2e.controlplane import free_port
+from devtools.harness import free_port, stop_process
 
 CACHE = Path(os.environ.get("GPU_EXTENDER_CACHE", Path.home() / ".cache" / "gpu-extender")) / "peers"
 BUILD_TIMEOUT = 1200.0

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bench.placement.outcome import NodeUse, ReplayResult
+from bench.placement.outcome import NodeUse, ReplayResult, peer_restarts
 from bench.placement.trace import MILLI, TracePod, Workload
 
 POINTS = tuple(range(10, 131, 10))
@@ -216,9 +216,7 @@ def render(result: ReplayResult, label: str = "") -> str:
     if result.verb_seconds:
         per_call = ", ".join(f"{verb} {seconds:.1f} s" for verb, seconds in result.verb_seconds.items())
         timing += f"; in the extender's handlers: {per_call}"
-    crashes = result.extra.get("peer_crashes")
-    if isinstance(crashes, list) and crashes:
-        timing += f"; the peer exited {len(crashes)} times and was started again (as kubelet would): {crashes[0]}"
+    timing += peer_restarts(result.extra)
     lines.append(timing)
     problems = figures["problems"]
     lines.append("end check: ok" if not problems else f"end check FAILED: {'; '.join(problems[:10])}")  # type: ignore[index]
