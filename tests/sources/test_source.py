@@ -28,7 +28,7 @@ from extender.settings import LeaseTimings, Settings
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.informer import Informer, WatchOptions
 from extender.sources.kube.source import KubeOptions, KubeSource
-from extender.sources.kube.writes import LEADER_LABEL, Requeuer
+from extender.sources.kube.writes import LEADER_LABEL, LeaderLabel, Requeuer
 from tests.apidouble import ApiDouble
 from tests.builders import (
     PROFILE,
@@ -432,6 +432,32 @@ async def test_the_leader_labels_its_pod_and_the_standby_takes_the_label_over(
         for _, source in sources:
             await source.stop()
     assert labelled() == []
+
+
+async def test_a_label_patch_cut_off_by_stop_is_taken_as_applied_and_removed() -> None:
+    """A stop cancels the label loop while its patch is out; the API server may have applied it anyway (the
+    answer is what never came back). The removal that follows must be written, not skipped as a no-change
+    (seen in CI: the standby, just promoted, stopped with its label still on)."""
+    applied: list[Any] = []
+    answered = asyncio.Event()
+
+    class ApiThatAppliesThenHangs:
+        """The server side of a patch done, its response still on the way."""
+
+        async def merge_patch(self, path: str, body: Any) -> Any:
+            applied.append(body["metadata"]["labels"][LEADER_LABEL])
+            if len(applied) == 1:
+                await answered.wait()
+            return {}
+
+    label = LeaderLabel(ApiThatAppliesThenHangs(), "gpu-extender", "pod-a", lambda: True, period=0.1)  # type: ignore[arg-type]
+    label.labelled = False
+    running = asyncio.create_task(label.run())
+    await eventually(lambda: applied == ["true"], what="the patch sent")
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    await label.reconcile(False)
+    assert applied == ["true", None] and label.labelled is False
 
 
 async def test_a_preemptor_s_filter_reads_from_the_api_the_victims_the_watch_has_not_shown_gone(

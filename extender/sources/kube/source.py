@@ -41,7 +41,7 @@ from extender.sources.kube.client import KubeClient, KubeError, NotFound, pod_pa
 from extender.sources.kube.informer import NODES, Informer, Kind, WatchOptions, pods_kind
 from extender.sources.kube.leader_thread import LeaderThread
 from extender.sources.kube.nodelock import NodeLocker
-from extender.sources.kube.writes import LABEL_PERIOD, LeaderLabel, Requeuer
+from extender.sources.kube.writes import LABEL_PERIOD, LABEL_REMOVAL_FLOOR, LeaderLabel, Requeuer
 
 log = logging.getLogger(__name__)
 
@@ -363,6 +363,6 @@ class KubeSource:
         self._tasks.clear()
         if self.label is not None:  # no longer leading: the Service must stop sending kube-scheduler here
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.options.timings.retry_period * 2):
+                async with asyncio.timeout(max(self.options.timings.retry_period * 2, LABEL_REMOVAL_FLOOR)):
                     await self.label.reconcile(False)
         await self.events.close()

@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 LABEL_PERIOD = 0.5
 """Seconds between checks of the leader label (a check that finds nothing to change costs no API call)."""
 
+LABEL_REMOVAL_FLOOR = 1.0
+"""Seconds a stopping replica gives, at least, to removing its label (else twice the lease's retry period): short
+enough for a rolling update, long enough for one patch on a busy API server."""
+
 LEADER_LABEL = "gpu-extender.io/leader"
 """On the leader's own pod (value "true"): what the Service selects, so kube-scheduler reaches the leader."""
 
@@ -58,6 +62,7 @@ class LeaderLabel:
         if wanted == self.labelled:
             return
         patch = {"metadata": {"labels": {LEADER_LABEL: "true" if wanted else None}}}
+        self.labelled = None  # unknown while the patch is out: cancelled (stop), it may still have been applied
         try:
             await self.client.merge_patch(self.path, patch)
         except KubeError as error:
