@@ -97,8 +97,8 @@ bench-e2e: $(VENV)/.test e2e-build
 # committed: docs/benchmarks/placement.md says how to get it), its workload, the seeds of the arrival sequence,
 # the modes (real: the real kube-scheduler, the figure of record; burst; fast: in process), and any other flag of
 # python -m bench.placement (--nodes N for a sample of the cluster, --flag=--placement=fill, --churn for pods that
-# come and go, --policies shipped,fill, --peer gpushare=DIR for a peer built from its source, --plot FILE.svg for
-# the curves, ...).
+# come and go, --policies shipped,fill, --peer gpushare=DIR for a peer built from its source, --protocol hami for
+# HAMi's nodes and pods, --plot FILE.svg for the curves, ...).
 TRACE ?=
 WORKLOAD ?= default
 SEEDS ?= 42

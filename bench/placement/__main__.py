@@ -53,8 +53,9 @@ from pathlib import Path
 
 from bench.placement import churn, churn_fast, fast, mig, peers, plot, report
 from bench.placement.churn import ChurnResult, PlanError
+from bench.placement.hami import HAMI
 from bench.placement.outcome import ReplayResult
-from bench.placement.trace import TraceError, Workload, arrivals, load, synthetic_workload
+from bench.placement.trace import GPUSHARE, TraceError, Workload, arrivals, load, synthetic_workload
 from extender import settings
 from extender.cli import parser as cli_parser
 from extender.tools.schedconfig import Wiring
@@ -126,6 +127,13 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"NAME=DIR: also run a scheduler users run today, built from its source in DIR (real modes; one of "
         f"{', '.join(peers.PEERS)}: peers.py says where to get it)",
     )
+    parser.add_argument(
+        "--protocol",
+        choices=("gpushare", "hami"),
+        default="",
+        help="the device protocol the nodes and pods speak (default: the peers', else gpushare; hami: hami.py, "
+        "real fill-up and burst modes)",
+    )
     parser.add_argument("--churn", action="store_true", help="the churn mode: pods come and go (churn.py)")
     parser.add_argument("--churn-hours", type=float, default=churn.HOURS, help="trace hours of arrivals")
     parser.add_argument(
@@ -158,6 +166,12 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--policies {parsed.policies!r}: each of {', '.join(POLICIES)} (empty only with --peer)")
     if parsed.peers and "fast" in modes:
         parser.error("--peer runs in the real modes (real, burst): a peer is a process of its own, not modelled")
+    protocols = {peers.PEERS[name].protocol for name in parsed.peers} | ({parsed.protocol} - {""})
+    if len(protocols) > 1:
+        parser.error(f"--peer and --protocol: {', '.join(sorted(protocols))} each need runs of their own")
+    parsed.protocol = protocols.pop() if protocols else "gpushare"
+    if parsed.protocol == "hami" and ("fast" in modes or parsed.churn):
+        parser.error("--protocol hami runs the real fill-up and burst modes (not fast, not --churn)")
     parsed.policy_list += list(parsed.peers)
     common = [f"--scheduler-name={parsed.scheduler_name}", *parsed.flag]
     parsed.extender_flag = [*common, *parsed.extender_flag]
@@ -232,13 +246,14 @@ def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path, pol
         )
     directory = workdir / f"{policy}-{mode}{'-churn' if plan else ''}-{loaded.name}-{seed}"
     directory.mkdir(parents=True, exist_ok=True)
+    wire = HAMI if parsed.protocol == "hami" else GPUSHARE
     arguments = (binaries, directory, loaded, extender_flags, parsed.config_flag, parsed.scheduler_name)
     progress = lambda line: print(f"   {time.strftime('%H:%M:%S')} {line}", flush=True)  # noqa: E731
     if plan is not None:
         from bench.placement.churn_real import ChurnReal
 
         return ChurnReal(*arguments, plan=plan, progress=progress, peer=peer).run()
-    return RealReplay(*arguments, burst=mode == "burst", progress=progress, peer=peer).run()
+    return RealReplay(*arguments, burst=mode == "burst", progress=progress, peer=peer, wire=wire).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

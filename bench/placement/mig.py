@@ -42,6 +42,7 @@ import orjson
 import yaml
 
 from bench.placement.fast import MIB, InProcessExtender, pod_uid
+from bench.placement.hami import uuid_of
 from bench.placement.kube_model import ExtenderAnswer, ModelNode, ModelPod, SchedulerModel
 from bench.placement.outcome import Outcome
 from bench.placement.report import reason_kind, typical_shapes
@@ -177,10 +178,6 @@ def gpu_types(pod: TracePod, models: dict[str, str]) -> str:
 
 
 # ---- the objects ---------------------------------------------------------------------------------------
-
-
-def uuid_of(node: str, index: int) -> str:
-    return f"GPU-{node}-{index}"
 
 
 def node_object(node: TraceNode) -> dict[str, Any]:

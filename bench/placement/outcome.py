@@ -12,12 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.placement.trace import GPU_MEM, MILLI, TraceNode, TracePod, Workload
+from bench.placement.trace import GPUSHARE, MILLI, TraceNode, TracePod, Wire, Workload
 from extender.core.cache import Cache
-from extender.core.protocols.gpushare import Profile
-from extender.core.resources import parse_count
-
-PROFILE = Profile()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,28 +74,33 @@ class ReplayResult:
 
     @classmethod
     def from_api(
-        cls, mode: str, workload: Workload, outcomes: list[Outcome], pods: Sequence[Mapping[str, Any]], seconds: float
+        cls,
+        mode: str,
+        workload: Workload,
+        outcomes: list[Outcome],
+        pods: Sequence[Mapping[str, Any]],
+        seconds: float,
+        wire: Wire = GPUSHARE,
     ) -> ReplayResult:
-        """The end state as the API server's pods record it: each bound GPU pod's allocation annotations."""
+        """The end state as the API server's pods record it: each bound GPU pod's allocation annotations, read
+        as the device plugin of `wire`'s protocol reads them."""
         nodes = {node.name: NodeUse(node, [0] * node.gpus) for node in workload.nodes}
+        asking = {pod.name.lower(): pod for pod in workload.pods if pod.gpu_demand}
         result = cls(mode, workload, outcomes, nodes, seconds)
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
-            if not node or node not in nodes:
+            name = (pod.get("metadata") or {}).get("name", "")
+            if not node or node not in nodes or name not in asking:
                 continue
-            annotations = (pod.get("metadata") or {}).get("annotations") or {}
-            limits = pod["spec"]["containers"][0]["resources"].get("limits") or {}
-            demand = parse_count(limits.get(GPU_MEM, 0))  # the API server writes 1000 as 1k
-            if not demand:
+            held = wire.held(pod)
+            if held is None:
+                result.problems.append(f"pod {name} is bound to {node} without its GPU allocation")
                 continue
-            listed = annotations.get(PROFILE.indexes_annotation) or annotations.get(PROFILE.index_annotation)
-            if not listed:
-                result.problems.append(f"pod {pod['metadata']['name']} is bound to {node} without its GPU allocation")
-                continue
-            indexes = [int(part) for part in str(listed).split(",")]
-            share = int(annotations.get(PROFILE.pod_memory_annotation, demand)) // len(indexes)
-            for index in indexes:
-                nodes[node].gpu_used[index] += share
+            for index, milli in held.items():
+                if not 0 <= index < len(nodes[node].gpu_used):
+                    result.problems.append(f"pod {name} holds GPU {index} of {node}, which has no such GPU")
+                    continue
+                nodes[node].gpu_used[index] += milli
         result.count_requests()
         result.problems += result.check()
         return result

@@ -67,6 +67,8 @@ class PeerKind:
     """The package `go build` makes the binary of."""
     obtain: str
     """How to get the source measured here."""
+    protocol: str
+    """The device protocol its nodes and pods speak (`trace.GPUSHARE` or `hami.HAMI`, by name)."""
 
 
 GPUSHARE = PeerKind(
@@ -75,6 +77,7 @@ GPUSHARE = PeerKind(
     "./cmd",
     "git clone https://github.com/AliyunContainerService/gpushare-scheduler-extender && "
     "git -C gpushare-scheduler-extender checkout c0b6141",
+    "gpushare",
 )
 PEERS = {kind.name: kind for kind in (GPUSHARE,)}
 

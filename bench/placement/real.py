@@ -39,12 +39,16 @@ import orjson
 from bench.e2e_run import EXTENDER_SELF, admin_session, create_all, make_certificates, run_command, with_client_rate
 from bench.placement.outcome import Outcome, ReplayResult
 from bench.placement.peers import GpushareProcess
-from bench.placement.trace import NAMESPACE, Workload, node_object, pod_object
-from tests.e2e.controlplane import EXTENDER_NAMESPACE, ApiError, ControlPlane, free_port
+from bench.placement.trace import GPUSHARE, NAMESPACE, Wire, Workload
+from tests.e2e.controlplane import EXTENDER_NAMESPACE, ApiError, ControlPlane, free_port, hami_overlay_rules
+from tests.e2e.deviceplugin import DevicePluginDouble
 from tests.e2e.extender_process import ExtenderProcess
 
 DECISION_TIMEOUT = 120.0
 """Seconds for kube-scheduler to bind or refuse one pod (one at a time) before the run is called failed."""
+PLUGIN_DELAY = 0.01
+"""Seconds from a binding to kubelet's first Allocate call, in a HAMi run (the e2e tests' 0.25 is a slow kubelet;
+here the plugin only has to keep up, so that the node lock each bind takes is not what limits the pace)."""
 BURST_QUIET = 30.0
 """Seconds without a bind, with pods still pending, after which a burst is over."""
 MEMORY_UNIT = "milli-GPU"
@@ -105,8 +109,12 @@ class RealReplay:
         burst: bool = False,
         progress: Callable[[str], None] | None = None,
         peer: Path | None = None,
+        wire: Wire = GPUSHARE,
     ) -> None:
         self.workload = workload
+        self.wire = wire
+        """The device protocol the nodes and pods speak (`trace.GPUSHARE`, or `hami.HAMI`: then the extender
+        runs with `--protocol hami`, and a double of HAMi's device plugin allocates on every node)."""
         self.workdir = workdir
         self.extender_flags = list(extender_flags)
         self.config_flags = list(config_flags)
@@ -128,7 +136,8 @@ class RealReplay:
         """The control plane, the nodes and the extender started, `replay` run, everything stopped."""
         try:
             self.plane.start()
-            asyncio.run(create_all(self.plane, "/api/v1/nodes", [node_object(node) for node in self.workload.nodes]))
+            nodes = [self.wire.node_object(node) for node in self.workload.nodes]
+            asyncio.run(create_all(self.plane, "/api/v1/nodes", nodes))
             self._start_extender()
             return asyncio.run(replay())
         finally:
@@ -152,9 +161,11 @@ class RealReplay:
             "spec": {"nodeName": self.workload.nodes[0].name, "containers": [{"name": "extender", "image": "none"}]},
         }
         self.plane.request("POST", f"/api/v1/namespaces/{EXTENDER_NAMESPACE}/pods", own)
+        if self.wire is not GPUSHARE:  # what manifests/hami/ adds: the node lock is a patch of the Node
+            self.plane.grant("hami-extender", hami_overlay_rules(), {})
         flags = (
             "--lease-namespace", EXTENDER_NAMESPACE, "--pod-name", EXTENDER_SELF,
-            "--health-port", str(free_port()), "--log-format", "json", "--memory-unit", MEMORY_UNIT,
+            "--health-port", str(free_port()), "--log-format", "json", *self._protocol_flags(serve=True),
             *self.extender_flags,
         )  # fmt: skip
         self.extender = ExtenderProcess("placement", self.workdir, self.plane.kubeconfig("extender"), tls, flags)
@@ -170,9 +181,32 @@ class RealReplay:
             "scheduler-config", "--k8s-version", self.plane.version, "--url", self.extender.url,
             "--scheduler-ca-file", str(tls.ca),
             "--scheduler-cert-file", str(tls.client_cert), "--scheduler-key-file", str(tls.client_key),
-            *self.config_flags,
+            *self._protocol_flags(serve=False), *self.config_flags,
         )  # fmt: skip
         return with_client_rate(rendered)
+
+    def _protocol_flags(self, serve: bool) -> tuple[str, ...]:
+        if self.wire is GPUSHARE:
+            return ("--memory-unit", MEMORY_UNIT) if serve else ()
+        return ("--protocol", self.wire.name)
+
+    @contextlib.asynccontextmanager
+    async def _device_plugin(self) -> AsyncIterator[DevicePluginDouble | None]:
+        """HAMi's device plugin on every GPU node (tests/e2e/deviceplugin.py: it allocates a bound pod and
+        releases the node lock its bind took, as the real plugin's Allocate does), for a HAMi run; else none."""
+        if self.wire is GPUSHARE:
+            yield None
+            return
+        gpu_nodes = [node.name for node in self.workload.nodes if node.gpus]
+        async with DevicePluginDouble(self.plane, gpu_nodes, delay=PLUGIN_DELAY).running() as plugin:
+            yield plugin
+
+    @staticmethod
+    def _plugin_problems(plugin: DevicePluginDouble | None) -> list[str]:
+        if plugin is None:
+            return []
+        refused = [f"HAMi's device plugin refused {refusal.pod}: {refusal.reason}" for refusal in plugin.refused]
+        return [*plugin.violations, *refused]
 
     async def _replay(self) -> ReplayResult:
         self.config = self._render_config()
@@ -181,19 +215,23 @@ class RealReplay:
         watcher = asyncio.create_task(self._watch(listed["metadata"]["resourceVersion"], seen))
         started = time.perf_counter()
         try:
-            if self.burst:
-                outcomes, started = await self._burst(seen, watcher)
-            else:
-                await asyncio.to_thread(self.plane.start_scheduler, self.config)
-                started = time.perf_counter()
-                outcomes = await self._one_at_a_time(seen, watcher)
-            seconds = time.perf_counter() - started
+            async with self._device_plugin() as plugin:
+                if self.burst:
+                    outcomes, started = await self._burst(seen, watcher)
+                else:
+                    await asyncio.to_thread(self.plane.start_scheduler, self.config)
+                    started = time.perf_counter()
+                    outcomes = await self._one_at_a_time(seen, watcher)
+                seconds = time.perf_counter() - started
+                await self._allocated(plugin, seen)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watcher
         pods = (await self.plane.list_pods(NAMESPACE))["items"]
-        result = ReplayResult.from_api("burst" if self.burst else "real", self.workload, outcomes, pods, seconds)
+        mode = "burst" if self.burst else "real"
+        result = ReplayResult.from_api(mode, self.workload, outcomes, pods, seconds, self.wire)
+        result.problems += self._plugin_problems(plugin)
         result.verb_seconds = await self._verb_seconds()
         decided = len(outcomes)
         if seen.bind_times and self.burst:
@@ -210,7 +248,7 @@ class RealReplay:
         outcomes: list[Outcome] = []
         async with admin_session(self.plane) as session:
             for index, pod in enumerate(self.workload.pods):
-                body = pod_object(pod, self.scheduler_name)
+                body = self.wire.pod_object(pod, self.scheduler_name)
                 name = body["metadata"]["name"]
                 await self._post(session, f"/api/v1/namespaces/{NAMESPACE}/pods", body)
                 await self._until(seen, watcher, lambda n=name: n in seen.bound or n in seen.refused, name)  # type: ignore[misc]
@@ -226,7 +264,7 @@ class RealReplay:
         return outcomes
 
     async def _burst(self, seen: Seen, watcher: asyncio.Task[None]) -> tuple[list[Outcome], float]:
-        bodies = [pod_object(pod, self.scheduler_name) for pod in self.workload.pods]
+        bodies = [self.wire.pod_object(pod, self.scheduler_name) for pod in self.workload.pods]
         await create_all(self.plane, f"/api/v1/namespaces/{NAMESPACE}/pods", bodies)
         await asyncio.to_thread(self.plane.start_scheduler, self.config)
         started = time.perf_counter()
@@ -250,6 +288,17 @@ class RealReplay:
             message = refusal(pods.get(name, {})) or "pending: not yet tried again when the burst ended"
             outcomes.append(Outcome(trace_pod, node, {} if node else unschedulable_reasons(message)))
         return outcomes, started
+
+    async def _allocated(self, plugin: DevicePluginDouble | None, seen: Seen) -> None:
+        """Wait for the plugin to have allocated every pod bound (its allocation is what the end check reads)."""
+        if plugin is None:
+            return
+        asking = {pod.name.lower() for pod in self.workload.pods if pod.gpus}
+        deadline = time.monotonic() + DECISION_TIMEOUT
+        while len(plugin.allocations) < sum(1 for name in seen.bound if name in asking):
+            if time.monotonic() > deadline:
+                raise RealError(f"HAMi's device plugin double did not allocate every pod bound; logs in {self.workdir}")
+            await asyncio.sleep(0.2)
 
     async def _post(self, session: Any, path: str, body: dict[str, Any]) -> None:
         async with session.post(

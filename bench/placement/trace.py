@@ -23,7 +23,8 @@ The objects (`node_object`, `pod_object`) speak the gpushare protocol with one G
 `aliyun.com/gpu-mem: G*1000`; a pod asks `aliyun.com/gpu-mem: num_gpu*gpu_milli` and, beyond one GPU,
 `aliyun.com/gpu-count: num_gpu`. A GPU model is the node label `MODEL_LABEL`, and a pod's allowed models a
 required node affinity on it. cpu and memory are requests (and limits); nodes allow 1001 pods, as the paper's
-node objects do, so only cpu, memory and GPUs limit a node.
+node objects do, so only cpu, memory and GPUs limit a node. `GPUSHARE` bundles them with the reading of an
+allocation back from a bound pod; `hami.HAMI` is the same trace in HAMi's protocol.
 
 Pure: it reads CSV files and builds values and dicts, never talks to a process.
 """
@@ -32,10 +33,13 @@ from __future__ import annotations
 
 import csv
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from extender.core.protocols.gpushare import Profile
+from extender.core.resources import parse_count
 
 MILLI = 1000
 """Units of aliyun.com/gpu-mem per GPU: a milli-GPU share is one unit."""
@@ -322,6 +326,8 @@ def synthetic_workload(seed: int = 7, scale: int = 1, ratio: float = 1.3) -> Wor
 
 GPU_MEM = "aliyun.com/gpu-mem"
 GPU_COUNT = "aliyun.com/gpu-count"
+PROFILE = Profile()
+"""gpushare's resource and annotation names, as the extender ships them."""
 
 
 def node_object(node: TraceNode) -> dict[str, Any]:
@@ -382,3 +388,33 @@ def pod_object(pod: TracePod, scheduler_name: str = "default-scheduler") -> dict
         "metadata": {"name": pod.name.lower(), "namespace": NAMESPACE},
         "spec": spec,
     }
+
+
+def gpushare_held(pod: Mapping[str, Any]) -> dict[int, int] | None:
+    """Milli-GPU per GPU index that a bound pod's gpushare annotations give it (its memory split evenly over the
+    indexes listed), or None when it has none."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    listed = annotations.get(PROFILE.indexes_annotation) or annotations.get(PROFILE.index_annotation)
+    if not listed:
+        return None
+    indexes = [int(part) for part in str(listed).split(",")]
+    limits = pod["spec"]["containers"][0]["resources"].get("limits") or {}
+    demand = int(annotations.get(PROFILE.pod_memory_annotation) or parse_count(limits.get(GPU_MEM, 0)))
+    held: dict[int, int] = {}
+    for index in indexes:
+        held[index] = held.get(index, 0) + demand // len(indexes)
+    return held
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """The trace in one device protocol: its nodes and pods as API objects, and what a bound pod's annotations
+    say it holds (milli-GPU by GPU index; None: bound without an allocation)."""
+
+    name: str
+    node_object: Callable[[TraceNode], dict[str, Any]]
+    pod_object: Callable[[TracePod, str], dict[str, Any]]
+    held: Callable[[Mapping[str, Any]], dict[int, int] | None]
+
+
+GPUSHARE = Wire("gpushare", node_object, pod_object, gpushare_held)

@@ -72,6 +72,18 @@ def manifest_rules(kind: str, name: str) -> list[dict[str, Any]]:
     raise LookupError(f"no {kind} {name} in {MANIFESTS / 'rbac.yaml'}")
 
 
+def hami_overlay_rules() -> list[dict[str, Any]]:
+    """The rules `manifests/hami/` adds to the extender's ClusterRole (node patch, for the lock): the tier grants
+    exactly what the overlay grants, read from the one place it is written."""
+    kustomization = yaml.safe_load((MANIFESTS / "hami" / "kustomization.yaml").read_text())
+    for patch in kustomization["patches"]:
+        if patch.get("target") == {"kind": "ClusterRole", "name": "gpu-extender"}:
+            return [
+                op["value"] for op in yaml.safe_load(patch["patch"]) if op["op"] == "add" and op["path"] == "/rules/-"
+            ]
+    raise LookupError("manifests/hami/kustomization.yaml adds no rule to the ClusterRole gpu-extender")
+
+
 EXTENDER_RULES: list[dict[str, Any]] = manifest_rules("ClusterRole", "gpu-extender")
 """Cluster-wide rights of the extender user; its namespaced rights are `LEASE_RULES`."""
 UNHEALTHY_RULES: list[dict[str, Any]] = manifest_rules("Role", "gpu-extender-unhealthy-gpus")

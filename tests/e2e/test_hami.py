@@ -37,15 +37,14 @@ from typing import Any
 
 import orjson
 import pytest
-import yaml
 
 from tests.e2e.conftest import Remember
 from tests.e2e.controlplane import (
     EXTENDER_NAMESPACE,
-    MANIFESTS,
     ApiError,
     ControlPlane,
     eventually,
+    hami_overlay_rules,
     node_manifest,
 )
 from tests.e2e.deviceplugin import (
@@ -173,18 +172,6 @@ def hami_nodes(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
         control_plane.request("DELETE", f"/api/v1/nodes/{name}")
 
 
-def overlay_rules() -> list[dict[str, Any]]:
-    """The rules `manifests/hami/` adds to the extender's ClusterRole (node patch, for the lock): the tier grants
-    exactly what the overlay grants, read from the one place it is written."""
-    kustomization = yaml.safe_load((MANIFESTS / "hami" / "kustomization.yaml").read_text())
-    for patch in kustomization["patches"]:
-        if patch.get("target") == {"kind": "ClusterRole", "name": "gpu-extender"}:
-            return [
-                op["value"] for op in yaml.safe_load(patch["patch"]) if op["op"] == "add" and op["path"] == "/rules/-"
-            ]
-    raise LookupError("manifests/hami/kustomization.yaml adds no rule to the ClusterRole gpu-extender")
-
-
 @contextlib.contextmanager
 def hami_extender(
     control_plane: ControlPlane, tls: TLSFiles, name: str, lease: str, flags: tuple[str, ...], self_pod: str, node: str
@@ -195,7 +182,7 @@ def hami_extender(
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [lease],
          "verbs": ["get", "update"]},
     ]  # fmt: skip
-    created = control_plane.grant(f"{name}-extender", overlay_rules(), {EXTENDER_NAMESPACE: lease_rules})
+    created = control_plane.grant(f"{name}-extender", hami_overlay_rules(), {EXTENDER_NAMESPACE: lease_rules})
     try:
         process = ExtenderProcess(name, control_plane.workdir, control_plane.kubeconfig("extender"), tls, flags)
         with serving_with_own_pod(control_plane, process, self_pod, node) as serving:

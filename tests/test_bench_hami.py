@@ -1,0 +1,70 @@
+"""The trace in HAMi's protocol (bench/placement/hami.py): read back by the extender's own HAMi code, the share
+exact, and the end check reading what a HAMi allocation records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.placement.hami import DEVMEM, HAMI, SPLIT, held, uuid_of
+from bench.placement.outcome import Outcome, ReplayResult
+from bench.placement.trace import MODEL_LABEL, TraceNode, TracePod, Workload
+from extender.core.holds import Grant
+from extender.core.protocols import hami
+
+NODE = TraceNode("n-1", 96000, 393216, 2, "G2")
+PROTOCOL = hami.Hami()
+
+
+def test_a_node_is_registered_by_hamis_plugin_with_its_model_and_no_gpushare_resource() -> None:
+    body = HAMI.node_object(NODE)
+    devices = PROTOCOL.node_devices(body)
+    assert not devices.unreadable and len(devices.devices) == 2
+    assert all(device.capacity == DEVMEM for device in devices.devices)
+    allocatable = body["status"]["allocatable"]
+    assert allocatable[hami.GPU] == str(2 * SPLIT) and not any(name.startswith("aliyun.com/") for name in allocatable)
+    assert body["metadata"]["labels"][MODEL_LABEL] == "G2"
+    cpu_only = HAMI.node_object(TraceNode("c", 1000, 1024, 0, ""))
+    assert hami.GPU not in cpu_only["status"]["allocatable"] and not cpu_only["metadata"].get("annotations")
+
+
+@pytest.mark.parametrize(("gpus", "milli", "percent"), [(1, 470, 47), (1, 50, 5), (1, 1000, 100), (4, 1000, 100)])
+def test_a_pod_asks_its_share_as_hamis_percentages_of_memory_and_compute(gpus: int, milli: int, percent: int) -> None:
+    body = HAMI.pod_object(TracePod("P-1", 4000, 8192, gpus, milli, ("G2",)), "gpu-scheduler")
+    limits = body["spec"]["containers"][0]["resources"]["limits"]
+    assert not any(name.startswith("aliyun.com/") for name in limits)
+    demand = PROTOCOL.pod_demand(body)
+    assert demand.devices == gpus and demand.percent == percent and demand.cores == percent
+    gpu = PROTOCOL.node_devices(HAMI.node_object(NODE)).devices[0]
+    per_gpu = hami.Request(gpus, percent=demand.percent).memory_on(gpu)
+    assert per_gpu * 1000 // DEVMEM == milli, "a milli-GPU share is exact in MiB"
+    assert body["spec"]["affinity"]["nodeAffinity"], "the models are the same node affinity as gpushare's"
+
+
+def bound(name: str, node: str, grants: list[tuple[int, int]], **annotations: str) -> dict[str, Any]:
+    text = hami.encode([[Grant(index, memory, 50, uuid_of(node, index)) for index, memory in grants]], {})
+    return {
+        "metadata": {"name": name, "annotations": {hami.ALLOCATED: text, **annotations}},
+        "spec": {"nodeName": node, "containers": [{"resources": {}}]},
+    }
+
+
+def test_what_a_pod_holds_is_read_from_its_allocation_in_milli_gpu() -> None:
+    assert held(bound("p", "n-1", [(0, 7520), (1, 7520)])) == {0: 470, 1: 470}
+    assert held(bound("p", "n-1", [(1, DEVMEM)])) == {1: 1000}
+    assert held(bound("p", "n-1", [(0, 800)], **{hami.BIND_PHASE: "failed"})) is None, "the plugin refused it"
+    assert held(bound("p", "other", [(0, 800)]) | {"spec": {"nodeName": "n-1"}}) is None, "a GPU of another node"
+    assert held({"metadata": {"name": "p"}, "spec": {"nodeName": "n-1"}}) is None
+
+
+def test_the_end_check_reads_hamis_allocations_and_finds_one_missing_or_over_a_gpu() -> None:
+    pods = (TracePod("a", 100, 100, 2, 470), TracePod("b", 100, 100, 1, 1000), TracePod("c", 100, 100, 1, 530))
+    workload = Workload("toy", (NODE,), pods, pods)
+    outcomes = [Outcome(pod, NODE.name) for pod in pods]
+    api = [bound("a", NODE.name, [(0, 7520), (1, 7520)]), bound("b", NODE.name, [(1, DEVMEM)])]
+    result = ReplayResult.from_api("real", workload, outcomes[:2], api, 1.0, HAMI)
+    assert result.nodes[NODE.name].gpu_used == [470, 1470]
+    assert any("GPU 1: 1470 of 1000" in problem for problem in result.problems)
+    missing = ReplayResult.from_api("real", workload, outcomes, [*api, bound("c", NODE.name, [])], 1.0, HAMI)
+    assert any("pod c is bound to n-1 without its GPU allocation" in problem for problem in missing.problems)
