@@ -33,7 +33,8 @@ def gpushare_tree(root: Path, module: str = GPUSHARE.module) -> Path:
 
 def test_peer_flags_name_a_known_peer_and_a_directory() -> None:
     assert peers.parse(["gpushare=~/src/gpushare"]) == {"gpushare": Path.home() / "src" / "gpushare"}
-    for bad in ("gpushare", "gpushare=", "hami=/src", "=/src"):
+    assert peers.parse(["hami=/src/HAMi"]) == {"hami": Path("/src/HAMi")}
+    for bad in ("gpushare", "gpushare=", "volcano=/src", "=/src"):
         with pytest.raises(ValueError, match="NAME=DIR"):
             peers.parse([bad])
 
@@ -51,6 +52,42 @@ def test_a_peer_runs_in_the_real_modes_as_one_more_policy(capsys: pytest.Capture
     assert "real modes" in capsys.readouterr().err
 
 
+def test_a_hami_peer_makes_the_run_speak_hamis_protocol_and_does_not_mix_with_gpushares(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    real = ["--synthetic", "--mode", "real"]
+    assert cli.arguments(real).protocol == "gpushare"
+    assert cli.arguments([*real, "--peer", "hami=/src"]).protocol == "hami", "ours beside it on the same nodes"
+    assert cli.arguments([*real, "--protocol", "hami"]).protocol == "hami"
+    for bad in (
+        ["--peer", "hami=/src", "--peer", "gpushare=/src2"],
+        ["--peer", "hami=/src", "--protocol", "gpushare"],
+        ["--protocol", "hami", "--churn"],
+    ):
+        with pytest.raises(SystemExit):
+            cli.arguments([*real, *bad])
+    assert "runs of their own" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.arguments(["--synthetic", "--mode", "fast", "--protocol", "hami"])
+
+
+def test_hami_scheduler_is_wired_and_started_as_its_chart_does_with_the_webhook_off(tmp_path: Path) -> None:
+    """charts/hami/templates/scheduler/configmap.yaml, deployment.yaml and device-configmap.yaml at v2.10.0."""
+    process = peers.Built(peers.HAMI, tmp_path / "hami-scheduler").process(tmp_path, tmp_path / "kubeconfig")
+    assert isinstance(process, peers.HamiProcess)
+    (extender,) = yaml.safe_load(process.config("gpu-scheduler"))["extenders"]
+    assert extender["urlPrefix"] == f"http://127.0.0.1:{process.port}" and not extender["enableHTTPS"]
+    assert (extender["filterVerb"], extender["bindVerb"], extender["nodeCacheCapable"]) == ("filter", "bind", True)
+    assert "prioritizeVerb" not in extender and extender["weight"] == 1
+    managed = {resource["name"]: resource["ignoredByScheduler"] for resource in extender["managedResources"]}
+    assert managed["nvidia.com/gpu"] is True and managed["nvidia.com/gpumem-percentage"] is True
+    command = process.command()
+    assert f"--http_bind=127.0.0.1:{process.port}" in command and "--node-scheduler-policy=binpack" in command
+    device_config = yaml.safe_load((tmp_path / "hami-device-config.yaml").read_text())
+    assert device_config["nvidia"]["deviceSplitCount"] == 10 and device_config["nvidia"]["defaultMemory"] == 0
+    assert process.environment() == {"KUBECONFIG": str(tmp_path / "kubeconfig")}
+
+
 def test_a_directory_that_is_not_the_peers_source_is_refused_saying_how_to_get_it(tmp_path: Path) -> None:
     with pytest.raises(PeerError, match=r"no go.mod.*git clone https://github.com/AliyunContainerService"):
         peers.build(GPUSHARE, tmp_path, tmp_path / "cache")
@@ -65,7 +102,7 @@ def test_a_binary_built_from_the_same_tree_is_taken_from_the_cache(tmp_path: Pat
     cache.mkdir()
     built = cache / f"gpushare-{peers.source_digest(source)}"
     built.write_text("#!/bin/sh\n")
-    assert peers.build(GPUSHARE, source, cache) == built
+    assert peers.build(GPUSHARE, source, cache) == peers.Built(GPUSHARE, built)
 
 
 def test_without_go_the_build_says_what_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,8 +18,12 @@ figures are the run's, unchanged.
   check reads too. It runs with the admin's kubeconfig (its own RBAC grants nodes, pods, bindings, configmaps,
   events) and `LOG_LEVEL=error`, its quietest.
 
-hami-scheduler is not here yet: its nodes need HAMi's registration and handshake annotations (the e2e tier's
-HAMi double writes them) and the trace's shares written as HAMi's resources.
+- **hami** (`hami-scheduler`, HAMi's scheduler extender, `cmd/scheduler`, Go with cgo for go-nvml): measured at
+  tag v2.10.0. Obtain it with `git clone https://github.com/Project-HAMi/HAMi && git -C HAMi checkout v2.10.0`.
+  A run with it speaks HAMi's protocol (`hami.py`: its nodes registered as HAMi's device plugin registers them, the
+  trace's shares as `nvidia.com/gpumem-percentage` and `nvidia.com/gpucores`, a double of the device plugin
+  releasing each bind's node lock), and ours beside it runs with `--protocol hami`. Wired and started as its
+  chart does with the admission webhook off (`HamiProcess`).
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class PeerKind:
     """How to get the source measured here."""
     protocol: str
     """The device protocol its nodes and pods speak (`trace.GPUSHARE` or `hami.HAMI`, by name)."""
+    cgo: bool = False
+    """Whether it needs cgo to build (a C compiler): hami-scheduler links go-nvml."""
 
 
 GPUSHARE = PeerKind(
@@ -79,7 +85,26 @@ GPUSHARE = PeerKind(
     "git -C gpushare-scheduler-extender checkout c0b6141",
     "gpushare",
 )
-PEERS = {kind.name: kind for kind in (GPUSHARE,)}
+HAMI = PeerKind(
+    "hami",
+    "github.com/Project-HAMi/HAMi",
+    "./cmd/scheduler",
+    "git clone https://github.com/Project-HAMi/HAMi && git -C HAMi checkout v2.10.0",
+    "hami",
+    cgo=True,
+)
+PEERS = {kind.name: kind for kind in (GPUSHARE, HAMI)}
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """A peer's binary, and what kind of peer it is."""
+
+    kind: PeerKind
+    binary: Path
+
+    def process(self, workdir: Path, kubeconfig: Path) -> PeerProcess:
+        return (HamiProcess if self.kind is HAMI else GpushareProcess)(self.binary, workdir, kubeconfig)
 
 
 def parse(values: list[str]) -> dict[str, Path]:
@@ -109,7 +134,7 @@ def source_digest(source: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def build(kind: PeerKind, source: Path, cache: Path = CACHE) -> Path:
+def build(kind: PeerKind, source: Path, cache: Path = CACHE) -> Built:
     """The peer's binary, built from `source` unless already in the cache."""
     go_mod = source / "go.mod"
     if not go_mod.is_file():
@@ -119,7 +144,7 @@ def build(kind: PeerKind, source: Path, cache: Path = CACHE) -> Path:
         raise PeerError(f"{kind.name}: {go_mod} is not {kind.module}'s; get the source with: {kind.obtain}")
     binary = cache / f"{kind.name}-{source_digest(source)}"
     if binary.is_file():
-        return binary
+        return Built(kind, binary)
     go = shutil.which("go")
     if go is None:
         raise PeerError(f"{kind.name}: building it needs Go (https://go.dev/dl/) and the module proxy")
@@ -132,7 +157,7 @@ def build(kind: PeerKind, source: Path, cache: Path = CACHE) -> Path:
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT,
-            env=os.environ | {"CGO_ENABLED": "0", "GOFLAGS": "-mod=mod -buildvcs=false"},
+            env=os.environ | {"CGO_ENABLED": "1" if kind.cgo else "0", "GOFLAGS": "-mod=mod -buildvcs=false"},
         )
     except subprocess.TimeoutExpired:
         raise PeerError(f"{kind.name}: go build took over {BUILD_TIMEOUT:.0f} s") from None
@@ -140,15 +165,21 @@ def build(kind: PeerKind, source: Path, cache: Path = CACHE) -> Path:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
         raise PeerError(f"{kind.name}: go build failed in {source}: {tail}")
     partial.replace(binary)
-    return binary
+    return Built(kind, binary)
 
 
-class GpushareProcess:
-    """gpushare-scheduler-extender on a loopback port, against the run's API server. Mutable: owns a process."""
+class PeerProcess:
+    """A peer on a loopback port, against the run's API server, restarted as kubelet would when it exits.
+    Mutable: owns a process. Each peer says how it is started (`command`, `environment`), where kube-scheduler
+    calls it (`url`) and how it is wired (`config`)."""
+
+    name = "peer"
+    """Its process's name, in messages and its log's file name."""
 
     def __init__(self, binary: Path, workdir: Path, kubeconfig: Path) -> None:
         self.binary = binary
-        self.log = workdir / "gpushare-extender.log"
+        self.workdir = workdir
+        self.log = workdir / f"{self.name}.log"
         self.kubeconfig = kubeconfig
         self.port = free_port()
         self.popen: subprocess.Popen[bytes] | None = None
@@ -161,7 +192,16 @@ class GpushareProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/gpushare-scheduler"
+        raise NotImplementedError
+
+    def command(self) -> list[str]:
+        return [str(self.binary)]
+
+    def environment(self) -> dict[str, str]:
+        return {"KUBECONFIG": str(self.kubeconfig)}
+
+    def config(self, scheduler_name: str) -> str:
+        raise NotImplementedError
 
     def start(self) -> None:
         self._spawn()
@@ -170,21 +210,20 @@ class GpushareProcess:
         while True:
             if self.popen.poll() is not None:
                 self._write_log()
-                raise PeerError(f"gpushare exited with code {self.popen.returncode} at start; its log: {self.log}")
+                raise PeerError(f"{self.name} exited with code {self.popen.returncode} at start; its log: {self.log}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 return
             if time.monotonic() > deadline:
-                raise PeerError(f"gpushare did not listen within {START_TIMEOUT:.0f} s; its log: {self.log}")
+                raise PeerError(f"{self.name} did not listen within {START_TIMEOUT:.0f} s; its log: {self.log}")
             time.sleep(0.2)
 
     def _spawn(self) -> None:
-        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig), "PORT": str(self.port), "LOG_LEVEL": "error"}
         self.popen = subprocess.Popen(
-            [str(self.binary)],
+            self.command(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=environment,
+            env=os.environ | self.environment(),
         )
         self._reader = threading.Thread(target=self._read, args=(self.popen,), daemon=True)
         self._reader.start()
@@ -234,6 +273,19 @@ class GpushareProcess:
         dropped = f"[{self._bytes - len(kept):,} earlier bytes not kept]\n".encode()
         self.log.write_bytes(dropped + kept)
 
+
+class GpushareProcess(PeerProcess):
+    """gpushare-scheduler-extender: its port and log level from the environment, as its Deployment sets them."""
+
+    name = "gpushare-extender"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/gpushare-scheduler"
+
+    def environment(self) -> dict[str, str]:
+        return super().environment() | {"PORT": str(self.port), "LOG_LEVEL": "error"}
+
     def config(self, scheduler_name: str) -> str:
         """kube-scheduler's configuration with this extender wired as gpushare's own docs wire it
         (`config/scheduler-policy-config.yaml` at c0b6141, in the v1 API kube-scheduler 1.34 reads)."""
@@ -245,6 +297,86 @@ class GpushareProcess:
             "nodeCacheCapable": True,
             "managedResources": [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}],
             "ignorable": False,
+        }
+        config = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "profiles": [{"schedulerName": scheduler_name}],
+            "extenders": [extender],
+        }
+        return yaml.safe_dump(config, sort_keys=False)
+
+
+HAMI_DEVICE_CONFIG = {
+    "nvidia": {
+        "resourceCountName": "nvidia.com/gpu",
+        "resourceMemoryName": "nvidia.com/gpumem",
+        "resourceMemoryPercentageName": "nvidia.com/gpumem-percentage",
+        "resourceCoreName": "nvidia.com/gpucores",
+        "resourcePriorityName": "nvidia.com/priority",
+        "overwriteEnv": False,
+        "defaultMemory": 0,
+        "defaultCores": 0,
+        "defaultGPUNum": 1,
+        "preConfiguredDeviceMemory": 0,
+        "memoryFactor": 1,
+        "deviceSplitCount": 10,
+        "deviceMemoryScaling": 1,
+        "deviceCoreScaling": 1,
+        "enableNumaTopology": False,
+        "gpuCorePolicy": "default",
+        "libCudaLogLevel": 1,
+        "runtimeClassName": "",
+    }
+}
+"""The NVIDIA part of the device configuration HAMi's chart renders with its default values
+(charts/hami/templates/scheduler/device-configmap.yaml and values.yaml at v2.10.0; the MIG allow-list left out:
+these nodes have no MIG GPU)."""
+
+HAMI_MANAGED = ("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage",
+                "nvidia.com/priority")  # fmt: skip
+"""The NVIDIA resources HAMi's chart hands to its extender, each ignored by kube-scheduler's own filters
+(`hami-vgpu.scheduler.managedResources`, charts/hami/templates/_helpers.tpl at v2.10.0)."""
+
+
+class HamiProcess(PeerProcess):
+    """hami-scheduler (HAMi v2.10.0's scheduler extender, `cmd/scheduler`) as its chart runs it beside
+    kube-scheduler, with the admission webhook off (the replay sets each pod's scheduler itself): plain HTTP,
+    the chart's default policies (nodes binpack, GPUs spread), its device configuration, no leader election (one
+    replica), its metrics on a port of their own, and its API client at its defaults (5 requests a second, bursts
+    of 10: the chart sets neither)."""
+
+    name = "hami-scheduler"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        device_config = self.workdir / "hami-device-config.yaml"
+        device_config.write_text(yaml.safe_dump(HAMI_DEVICE_CONFIG, sort_keys=False))
+        return [
+            str(self.binary),
+            f"--http_bind=127.0.0.1:{self.port}",
+            f"--metrics-bind-address=127.0.0.1:{free_port()}",
+            "--node-scheduler-policy=binpack",
+            "--gpu-scheduler-policy=spread",
+            f"--device-config-file={device_config}",
+            "--leader-elect=false",
+        ]
+
+    def config(self, scheduler_name: str) -> str:
+        """kube-scheduler's configuration as HAMi's chart renders it for Kubernetes 1.26 and later
+        (charts/hami/templates/scheduler/configmap.yaml at v2.10.0, the webhook disabled: plain HTTP)."""
+        extender = {
+            "urlPrefix": self.url,
+            "enableHTTPS": False,
+            "filterVerb": "filter",
+            "bindVerb": "bind",
+            "nodeCacheCapable": True,
+            "weight": 1,
+            "httpTimeout": "30s",
+            "managedResources": [{"name": name, "ignoredByScheduler": True} for name in HAMI_MANAGED],
         }
         config = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",

@@ -38,7 +38,7 @@ import orjson
 
 from bench.e2e_run import EXTENDER_SELF, admin_session, create_all, make_certificates, run_command, with_client_rate
 from bench.placement.outcome import Outcome, ReplayResult
-from bench.placement.peers import GpushareProcess
+from bench.placement.peers import Built, PeerProcess
 from bench.placement.trace import GPUSHARE, NAMESPACE, Wire, Workload
 from tests.e2e.controlplane import EXTENDER_NAMESPACE, ApiError, ControlPlane, free_port, hami_overlay_rules
 from tests.e2e.deviceplugin import DevicePluginDouble
@@ -108,7 +108,7 @@ class RealReplay:
         scheduler_name: str = "gpu-scheduler",
         burst: bool = False,
         progress: Callable[[str], None] | None = None,
-        peer: Path | None = None,
+        peer: Built | None = None,
         wire: Wire = GPUSHARE,
     ) -> None:
         self.workload = workload
@@ -123,9 +123,9 @@ class RealReplay:
         self.progress = progress or (lambda _: None)
         self.plane = ControlPlane(binaries, workdir)
         self.extender: ExtenderProcess | None = None
-        self.peer_binary = peer
-        """A peer's binary (`peers.py`), run in place of `extender serve` (which then is not started)."""
-        self.peer: GpushareProcess | None = None
+        self.peer_built = peer
+        """A peer (`peers.py`), run in place of `extender serve` (which then is not started)."""
+        self.peer: PeerProcess | None = None
         self.config = ""
         """The scheduler configuration the run used."""
 
@@ -151,8 +151,8 @@ class RealReplay:
         self.plane.stop()
 
     def _start_extender(self) -> None:
-        if self.peer_binary is not None:
-            self.peer = GpushareProcess(self.peer_binary, self.workdir, self.plane.kubeconfig("admin"))
+        if self.peer_built is not None:
+            self.peer = self.peer_built.process(self.workdir, self.plane.kubeconfig("admin"))
             self.peer.start()
             return
         tls = make_certificates(self.workdir / "certs")
