@@ -62,7 +62,6 @@ def test_a_hami_peer_makes_the_run_speak_hamis_protocol_and_does_not_mix_with_gp
     for bad in (
         ["--peer", "hami=/src", "--peer", "gpushare=/src2"],
         ["--peer", "hami=/src", "--protocol", "gpushare"],
-        ["--protocol", "hami", "--churn"],
     ):
         with pytest.raises(SystemExit):
             cli.arguments([*real, *bad])

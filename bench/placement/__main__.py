@@ -170,8 +170,8 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     if len(protocols) > 1:
         parser.error(f"--peer and --protocol: {', '.join(sorted(protocols))} each need runs of their own")
     parsed.protocol = protocols.pop() if protocols else "gpushare"
-    if parsed.protocol == "hami" and ("fast" in modes or parsed.churn):
-        parser.error("--protocol hami runs the real fill-up and burst modes (not fast, not --churn)")
+    if parsed.protocol == "hami" and "fast" in modes:
+        parser.error("--protocol hami runs the real modes (real, burst; --churn too), not the fast one")
     parsed.policy_list += list(parsed.peers)
     common = [f"--scheduler-name={parsed.scheduler_name}", *parsed.flag]
     parsed.extender_flag = [*common, *parsed.extender_flag]
@@ -252,7 +252,7 @@ def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path, pol
     if plan is not None:
         from bench.placement.churn_real import ChurnReal
 
-        return ChurnReal(*arguments, plan=plan, progress=progress, peer=peer).run()
+        return ChurnReal(*arguments, plan=plan, progress=progress, peer=peer, wire=wire).run()
     return RealReplay(*arguments, burst=mode == "burst", progress=progress, peer=peer, wire=wire).run()
 
 

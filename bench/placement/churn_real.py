@@ -31,7 +31,7 @@ from bench.placement.churn_fast import FRAGMENTATION_EVERY
 from bench.placement.outcome import Outcome, ReplayResult
 from bench.placement.real import RealError, RealReplay
 from bench.placement.report import fragmentation_of, typical_shapes
-from bench.placement.trace import FOREVER, NAMESPACE, TracePod, pod_object
+from bench.placement.trace import FOREVER, NAMESPACE, TracePod
 
 LATE_LIMIT = 5.0
 """Seconds an action may come after its time before the run is called failed."""
@@ -49,7 +49,7 @@ class ChurnReal(RealReplay):
     def __init__(self, *args: Any, plan: Plan, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.plan = plan
-        self.names = [pod_object(pod, self.scheduler_name)["metadata"]["name"] for pod in self.workload.pods]
+        self.names = [self.wire.pod_object(pod, self.scheduler_name)["metadata"]["name"] for pod in self.workload.pods]
         self.index = {name: number for number, name in enumerate(self.names)}
         self.created: dict[int, float] = {}
         self.running: dict[int, dict[str, Any]] = {}
@@ -86,7 +86,7 @@ class ChurnReal(RealReplay):
         self.started = time.monotonic()
         watcher = asyncio.create_task(self._watch_churn(listed["metadata"]["resourceVersion"]))
         try:
-            async with admin_session(self.plane) as session:
+            async with admin_session(self.plane) as session, self._device_plugin() as plugin:
                 while self.timetable and self.timetable[0][0] <= end:
                     wait = self.started + self.timetable[0][0] - time.monotonic()
                     await asyncio.sleep(min(max(wait, 0.0), TICK))  # the watcher may add an earlier deletion
@@ -121,11 +121,11 @@ class ChurnReal(RealReplay):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watcher
         seconds = time.monotonic() - self.started
-        return await self._result(seconds)
+        return await self._result(seconds, self._plugin_problems(plugin))
 
     async def _act(self, session: Any, kind: int, index: int) -> None:
         if kind == CREATE:
-            body = pod_object(self.workload.pods[index], self.scheduler_name)
+            body = self.wire.pod_object(self.workload.pods[index], self.scheduler_name)
             self.created[index] = time.monotonic()
             self._call(self._post(session, f"/api/v1/namespaces/{NAMESPACE}/pods", body))
         elif kind == DELETE:
@@ -182,7 +182,7 @@ class ChurnReal(RealReplay):
 
     def _now_result(self, seconds: float) -> ReplayResult:
         outcomes = [Outcome(self.workload.pods[index], pod["spec"]["nodeName"]) for index, pod in self.running.items()]
-        return ReplayResult.from_api("real", self.workload, outcomes, list(self.running.values()), seconds)
+        return ReplayResult.from_api("real", self.workload, outcomes, list(self.running.values()), seconds, self.wire)
 
     def _sample(self, number: int) -> None:
         capacity = self.workload.gpu_capacity
@@ -209,7 +209,7 @@ class ChurnReal(RealReplay):
             )
         )
 
-    async def _result(self, seconds: float) -> ChurnResult:
+    async def _result(self, seconds: float, plugin_problems: list[str]) -> ChurnResult:
         """The end from the API's pods (kube-scheduler may have bound some the watch had not shown yet)."""
         listed = (await self.plane.list_pods(NAMESPACE))["items"]
         finish = time.monotonic()
@@ -219,7 +219,8 @@ class ChurnReal(RealReplay):
             for pod in running
             if pod["metadata"]["name"] in self.index
         ]
-        end = ReplayResult.from_api("real", self.workload, outcomes, running, seconds)
+        end = ReplayResult.from_api("real", self.workload, outcomes, running, seconds, self.wire)
+        end.problems += plugin_problems
         end.verb_seconds = await self._verb_seconds()
         waited: dict[str, list[float]] = {}
         for pod in listed:
