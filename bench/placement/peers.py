@@ -203,6 +203,17 @@ class PeerProcess:
     def config(self, scheduler_name: str) -> str:
         raise NotImplementedError
 
+    @staticmethod
+    def scheduler_config(scheduler_name: str, extender: dict[str, object]) -> str:
+        """kube-scheduler's configuration (the v1 API kube-scheduler 1.34 reads): one profile, one extender."""
+        config = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "profiles": [{"schedulerName": scheduler_name}],
+            "extenders": [extender],
+        }
+        return yaml.safe_dump(config, sort_keys=False)
+
     def start(self) -> None:
         self._spawn()
         assert self.popen is not None
@@ -298,13 +309,7 @@ class GpushareProcess(PeerProcess):
             "managedResources": [{"name": "aliyun.com/gpu-mem", "ignoredByScheduler": False}],
             "ignorable": False,
         }
-        config = {
-            "apiVersion": "kubescheduler.config.k8s.io/v1",
-            "kind": "KubeSchedulerConfiguration",
-            "profiles": [{"schedulerName": scheduler_name}],
-            "extenders": [extender],
-        }
-        return yaml.safe_dump(config, sort_keys=False)
+        return self.scheduler_config(scheduler_name, extender)
 
 
 HAMI_DEVICE_CONFIG = {
@@ -378,10 +383,4 @@ class HamiProcess(PeerProcess):
             "httpTimeout": "30s",
             "managedResources": [{"name": name, "ignoredByScheduler": True} for name in HAMI_MANAGED],
         }
-        config = {
-            "apiVersion": "kubescheduler.config.k8s.io/v1",
-            "kind": "KubeSchedulerConfiguration",
-            "profiles": [{"schedulerName": scheduler_name}],
-            "extenders": [extender],
-        }
-        return yaml.safe_dump(config, sort_keys=False)
+        return self.scheduler_config(scheduler_name, extender)
