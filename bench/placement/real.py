@@ -49,6 +49,10 @@ DECISION_TIMEOUT = 120.0
 PLUGIN_DELAY = 0.01
 """Seconds from a binding to kubelet's first Allocate call, in a HAMi run (the e2e tests' 0.25 is a slow kubelet;
 here the plugin only has to keep up, so that the node lock each bind takes is not what limits the pace)."""
+LOCK_GRACE = 5.0
+"""Seconds a pod refused because of a node's lock is given to be bound when kube-scheduler tries it again."""
+LOCKED = re.compile(r"node is locked|node lock contention|has been locked")
+"""A node's lock in a refusal: ours' filter reason, hami-scheduler's bind error."""
 BURST_QUIET = 30.0
 """Seconds without a bind, with pods still pending, after which a burst is over."""
 MEMORY_UNIT = "milli-GPU"
@@ -89,6 +93,7 @@ class Seen:
     """What the pod watch has shown of each pod, by name. Mutable."""
 
     bound: dict[str, str] = field(default_factory=dict)
+    uids: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     deleted: set[str] = field(default_factory=set)
     bind_times: list[float] = field(default_factory=list)
@@ -221,7 +226,7 @@ class RealReplay:
                 else:
                     await asyncio.to_thread(self.plane.start_scheduler, self.config)
                     started = time.perf_counter()
-                    outcomes = await self._one_at_a_time(seen, watcher)
+                    outcomes = await self._one_at_a_time(seen, watcher, plugin)
                 seconds = time.perf_counter() - started
                 await self._allocated(plugin, seen)
         finally:
@@ -244,7 +249,13 @@ class RealReplay:
             result.extra["peer_crashes"] = list(self.peer.crashes)
         return result
 
-    async def _one_at_a_time(self, seen: Seen, watcher: asyncio.Task[None]) -> list[Outcome]:
+    async def _one_at_a_time(
+        self, seen: Seen, watcher: asyncio.Task[None], plugin: DevicePluginDouble | None
+    ) -> list[Outcome]:
+        """Each pod created once the one before is decided, and, in a HAMi run, allocated by the plugin: its bind
+        holds the node's lock until then, and a pod that arrived meanwhile would find the node locked (refused by
+        our filter, or its bind refused by hami-scheduler's) and be dropped, where in a cluster it would only
+        wait a moment."""
         outcomes: list[Outcome] = []
         async with admin_session(self.plane) as session:
             for index, pod in enumerate(self.workload.pods):
@@ -252,8 +263,12 @@ class RealReplay:
                 name = body["metadata"]["name"]
                 await self._post(session, f"/api/v1/namespaces/{NAMESPACE}/pods", body)
                 await self._until(seen, watcher, lambda n=name: n in seen.bound or n in seen.refused, name)  # type: ignore[misc]
+                if name not in seen.bound and LOCKED.search(seen.refused[name]):
+                    await self._lock_grace(seen, watcher, name)
                 if name in seen.bound:
                     outcomes.append(Outcome(pod, seen.bound[name]))
+                    if plugin is not None and pod.gpus:
+                        await self._admitted(plugin, seen.uids[name], name)
                 else:
                     outcomes.append(Outcome(pod, "", unschedulable_reasons(seen.refused[name])))
                     await self._delete(session, name)
@@ -288,6 +303,33 @@ class RealReplay:
             message = refusal(pods.get(name, {})) or "pending: not yet tried again when the burst ended"
             outcomes.append(Outcome(trace_pod, node, {} if node else unschedulable_reasons(message)))
         return outcomes, started
+
+    async def _admitted(self, plugin: DevicePluginDouble, uid: str, name: str) -> None:
+        """Wait for the plugin to have allocated the pod (its lock released), polling: the release is a Node
+        update, which the pod watch does not show."""
+        deadline = time.monotonic() + DECISION_TIMEOUT
+        while not plugin.admitted(uid):
+            if time.monotonic() > deadline:
+                raise RealError(f"pod {name}: HAMi's device plugin double did not allocate it; logs in {self.workdir}")
+            self._check_alive()
+            await asyncio.sleep(0.005)
+
+    async def _lock_grace(self, seen: Seen, watcher: asyncio.Task[None], name: str) -> None:
+        """A refusal that names a node's lock (HAMi's, held until its plugin has allocated the pod before) is not
+        final: kube-scheduler tries the pod again when the lock goes (a Node update). Wait `LOCK_GRACE` seconds
+        for that try to bind it; a refusal of that try without a lock, or none, stands."""
+        refusal = seen.refused.pop(name)
+        deadline = time.monotonic() + LOCK_GRACE
+        while name not in seen.bound and time.monotonic() < deadline:
+            again = seen.refused.get(name)
+            if again is not None and not LOCKED.search(again):
+                return
+            await asyncio.sleep(0.05)
+            self._check_alive()
+            if watcher.done():
+                watcher.result()
+                raise RealError("the pod watch ended")
+        seen.refused.setdefault(name, refusal)
 
     async def _allocated(self, plugin: DevicePluginDouble | None, seen: Seen) -> None:
         """Wait for the plugin to have allocated every pod bound (its allocation is what the end check reads)."""
@@ -370,6 +412,7 @@ class RealReplay:
                 seen.deleted.add(name)
             elif (pod.get("spec") or {}).get("nodeName"):
                 if name not in seen.bound:
+                    seen.uids[name] = pod["metadata"]["uid"]
                     seen.bound[name] = pod["spec"]["nodeName"]
                     seen.bind_times.append(time.perf_counter())
             else:
