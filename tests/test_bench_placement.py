@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -458,3 +458,34 @@ def test_the_pod_watch_is_opened_again_from_the_last_version_when_the_api_server
     replay.plane = EndingWatches()  # type: ignore[assignment]
     with pytest.raises(RealError, match="closed the pod watch three times at once"):
         asyncio.run(read(1))
+
+
+def test_a_refusal_naming_a_nodes_lock_waits_for_kube_schedulers_retry_and_stands_without_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HAMi's node lock is held from a bind until the plugin has allocated the pod: a pod refused on it in the
+    one-at-a-time replay is tried again by kube-scheduler when the lock goes, and is not dropped meanwhile."""
+    from bench.placement import real
+    from bench.placement.real import RealReplay, Seen
+
+    monkeypatch.setattr(real, "LOCK_GRACE", 0.3)
+    replay = RealReplay.__new__(RealReplay)
+    replay._check_alive = lambda: None  # type: ignore[method-assign]
+    locked = "0/2 nodes are available: 2 node is locked for pod default/a until its device plugin has allocated it"
+
+    async def decide(then: Callable[[Seen], None] | None) -> Seen:
+        seen = Seen(refused={"b": locked})
+        watcher = asyncio.create_task(asyncio.sleep(10))
+        if then is not None:
+            asyncio.get_running_loop().call_later(0.05, then, seen)
+        await replay._lock_grace(seen, watcher, "b")
+        watcher.cancel()
+        return seen
+
+    bound = asyncio.run(decide(lambda seen: seen.bound.__setitem__("b", "n1")))
+    assert bound.bound == {"b": "n1"} and "b" not in bound.refused
+    full = "0/2 nodes are available: 2 Insufficient cpu"
+    refused = asyncio.run(decide(lambda seen: seen.refused.__setitem__("b", full)))
+    assert refused.refused == {"b": full}, "the retry's own refusal stands"
+    assert asyncio.run(decide(None)).refused == {"b": locked}, "no retry came: the refusal stands"
+    assert real.LOCKED.search("node openb-node-1 has been locked within 5m0s: node lock contention")

@@ -329,7 +329,8 @@ class RealReplay:
             if watcher.done():
                 watcher.result()
                 raise RealError("the pod watch ended")
-        seen.refused.setdefault(name, refusal)
+        if name not in seen.bound:
+            seen.refused.setdefault(name, refusal)
 
     async def _allocated(self, plugin: DevicePluginDouble | None, seen: Seen) -> None:
         """Wait for the plugin to have allocated every pod bound (its allocation is what the end check reads)."""
