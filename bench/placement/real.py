@@ -18,6 +18,12 @@ scheduler_perf does, so its client never waits), and then the pods:
 With a peer's binary (`peers.py`, `--peer`), the peer runs in place of `extender serve`, wired as its own docs
 say; the rest of the run is the same.
 
+In HAMi's protocol (`wire=hami.HAMI`: `--protocol hami`, or a HAMi peer) the nodes and pods are HAMi's, the
+extender runs with `--protocol hami` and the node-patch right `manifests/hami/` adds, and the e2e tier's double
+of HAMi's device plugin runs on every GPU node: it allocates each bound pod and releases the node lock its bind
+took. One at a time, the next pod then waits for that allocation too, and a refusal that names a lock is given
+`LOCK_GRACE` for kube-scheduler's retry (`_one_at_a_time`).
+
 Outcomes come from the pod watch; the cluster at the end from the API's pods (their allocation annotations),
 so the end check reads what a device plugin would. Nothing is left running: every process stops in `finally`,
 and the work directory keeps every log.
