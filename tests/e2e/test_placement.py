@@ -22,6 +22,7 @@ import pytest
 from bench.placement import __main__ as cli
 from bench.placement import churn, churn_fast, fast
 from bench.placement.churn_real import ChurnReal
+from bench.placement.hami import HAMI
 from bench.placement.real import RealReplay
 from bench.placement.trace import Workload, arrivals, synthetic
 from tests.e2e.controlplane import ControlPlane
@@ -76,3 +77,21 @@ def test_the_churn_modes_fast_model_follows_the_real_kube_scheduler(
     assert real_figures.binds > plan.pods / 2
     assert abs(real_figures.allocated - fast_figures.allocated) < 4.0
     assert real.extra["late"] < 2.0  # the driver kept its timetable: the figures are the plan's clock's
+
+
+def test_the_real_replay_in_hamis_protocol_has_every_bound_pod_allocated_by_the_plugin(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """`--protocol hami`: the same workload on HAMi's nodes and pods, ours with `--protocol hami`, the device-plugin
+    double allocating each bound pod and releasing its node lock. The end check reads HAMi's annotations and counts
+    any allocation the plugin refused; the pods placed come within 3 points of the gpushare protocol's (the same
+    policy; HAMi's GPUs hold at most 10 pods each, and count compute as well as memory)."""
+    workload = gpu_workload(seed=11)
+    served, _ = cli.command_settings("serve", FLAGS)
+    gpushare = fast.replay(workload, served, cli.config_text(FLAGS), seed=11)
+    real = RealReplay(control_plane.binaries, tmp_path, workload, FLAGS, FLAGS, "gpu-scheduler", wire=HAMI).run()
+    assert real.problems == []
+    bound = [outcome for outcome in real.outcomes if outcome.node]
+    assert bound and len(bound) < len(real.outcomes), "130 % of the capacity arrives: some pods are refused"
+    capacity = workload.gpu_capacity
+    assert abs(real.allocated - gpushare.allocated) / capacity < 0.03, (real.allocated, gpushare.allocated)
