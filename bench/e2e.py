@@ -145,12 +145,13 @@ def extender_lines(results: list[tuple[int, RunResult]]) -> list[str]:
     for number, result in results:
         if result.wiring == ALONE:
             continue
-        if result.connections is not None:
-            lines.append(f"- round {number}, {result.wiring}: {result.connections:,} connections opened to the floor")
+        opened = f"{result.connections:,} connections opened" if result.connections is not None else ""
+        if result.wiring.startswith("floor"):
+            lines.append(f"- round {number}, {result.wiring}: {opened or 'connections not counted'} to the floor")
             continue
         verbs = ", ".join(f"{verb} {ms:.2f} ms" for verb, ms in sorted(result.verb_ms.items()))
         counts = ", ".join(f"{name} {count:,}" for name, count in sorted(result.extender_counts.items()))
-        counted = f"; {counts}" if counts else ""
+        counted = "".join(f"; {part}" for part in (counts, opened) if part)
         lines.append(f"- round {number}, {result.wiring}: mean time in the handler: {verbs or 'no calls'}{counted}")
     return lines
 

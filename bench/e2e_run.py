@@ -114,7 +114,8 @@ class RunResult:
     extender_counts: dict[str, int] = field(default_factory=dict)
     """Bind outcomes and verb calls that did not answer ok, from the extender's metrics."""
     connections: int | None = None
-    """Connections kube-scheduler opened to the floor (floor runs only: from the floor's log)."""
+    """Connections kube-scheduler opened to the extender (its `extender_http_connections_accepted_total`) or to
+    the floor (from the floor's log): each a TLS handshake."""
 
 
 def proc_cpu(pid: int) -> float:
@@ -393,7 +394,7 @@ class Run:
             window_seconds=window,
             verb_ms=verb_ms,
             extender_counts=counts,
-            connections=self.floor.connections() if self.floor is not None else None,
+            connections=self.floor.connections() if self.floor is not None else counts.pop("connections", None),
         )
 
     def _scheduler_config(self) -> str:
@@ -462,6 +463,9 @@ class Run:
                 (sums if kind == "sum" else calls)[verb] = float(value)
             elif kind == "count" and float(value):
                 counts[f"{verb} {outcome}"] = int(float(value))
+        accepted = re.search(r'^extender_http_connections_accepted_total\{listener="verbs"\} (\S+)$', text, re.M)
+        if accepted is not None:
+            counts["connections"] = int(float(accepted.group(1)))
         for outcome, value in re.findall(r'^extender_binds_total\{outcome="(\w+)"\} (\S+)$', text, re.M):
             if float(value):
                 counts[f"bind {outcome}"] = int(float(value))

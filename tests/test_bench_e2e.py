@@ -290,7 +290,9 @@ def test_the_connections_opened_are_the_floor_s_conn_lines() -> None:
 def test_the_report_gives_a_floor_run_s_connections_and_our_run_s_handler_times() -> None:
     floor = dataclasses.replace(result("floor-full", 100), connections=1234)
     ours = dataclasses.replace(result("full", 90), verb_ms={"filter": 0.25}, extender_counts={"bind bound": 3000})
-    assert extender_lines([(1, result(ALONE, 200)), (1, floor), (1, ours)]) == [
+    counted = dataclasses.replace(ours, connections=12)
+    assert extender_lines([(1, result(ALONE, 200)), (1, floor), (1, ours), (2, counted)]) == [
         "- round 1, floor-full: 1,234 connections opened to the floor",
         "- round 1, full: mean time in the handler: filter 0.25 ms; bind bound 3,000",
+        "- round 2, full: mean time in the handler: filter 0.25 ms; bind bound 3,000; 12 connections opened",
     ]

@@ -41,6 +41,12 @@ SOURCE_FAMILIES: dict[str, tuple[str, str, Literal["counter", "gauge"]]] = {
         "Annotations written on this replica's pod for kube-scheduler to retry the pods it rejected.",
         "counter",
     ),
+    "connections_accepted": (
+        "extender_http_connections_accepted_total",
+        "Connections accepted, each a TLS handshake on HTTPS: growing with the requests, the client is not keeping "
+        "its connections open.",
+        "counter",
+    ),
     "connections_refused": (
         "extender_http_connections_refused_total",
         "Connections closed at once because the listener had its most open (--max-connections).",
@@ -72,6 +78,8 @@ Count = tuple[str, dict[str, str], float]
 class Listener(Protocol):
     """What a listener counts (`transport.HttpServer`)."""
 
+    @property
+    def accepted(self) -> int: ...
     @property
     def refused_connections(self) -> int: ...
     @property
@@ -227,8 +235,8 @@ class Metrics:
         self.loop_lag_worst = max(self.loop_lag_worst, seconds)
 
     def add_listener(self, name: str, server: Listener) -> None:
-        """Report a listener's refused connections, failed handshakes, missed deadlines and open connections
-        (every listener's in one collector: a family's HELP and TYPE lines come once per exposition)."""
+        """Report a listener's accepted and refused connections, failed handshakes, missed deadlines and open
+        connections (every listener's in one collector: a family's HELP and TYPE lines come once per exposition)."""
         if not self.listeners:
             self.registry.register(_SourceCollector(self._listener_counts))
         self.listeners[name] = server
@@ -236,6 +244,7 @@ class Metrics:
     def _listener_counts(self) -> Iterator[Count]:
         for name, server in self.listeners.items():
             labels = {"listener": name}
+            yield "connections_accepted", labels, server.accepted
             yield "connections_refused", labels, server.refused_connections
             yield "handshake_failures", labels, server.handshake_failures
             yield "deadlines_missed", labels, server.timed_out

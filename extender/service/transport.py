@@ -90,8 +90,8 @@ class HttpServer:
     """Serves a Router. Mutable: its connections, tasks in flight, background tasks and counters.
 
     Every limit but `max_body_bytes` is a field of `limits`, whose default is the constant of the same name
-    (and reason) in `limits.py`. The counters (`refused_connections`, `handshake_failures`, `timed_out`) are
-    plain ints for the service's metrics to read.
+    (and reason) in `limits.py`. The counters (`accepted`, `refused_connections`, `handshake_failures`,
+    `timed_out`) are plain ints for the service's metrics to read.
     """
 
     def __init__(
@@ -112,6 +112,9 @@ class HttpServer:
         self.stopping = False
         self.timed_out = 0
         """Connections closed because a head, a body or a reader missed its deadline (idle ones not counted)."""
+        self.accepted = 0
+        """Connections accepted (with TLS, each a handshake): a client that does not keep its connections
+        open shows here, growing with the requests."""
         self.refusals = Tally("%d connection(s) refused: the cap of %d open connections on port %d was reached")
         self.failed_handshakes = Tally("%d TLS handshake(s) failed or did not finish within %g s on port %d")
         self.now = time.monotonic()
@@ -170,6 +173,7 @@ class HttpServer:
     def _accept(self, tls: bool) -> Connection:
         """A protocol for a connection just accepted; with TLS, before its handshake."""
         connection = Connection(self)
+        self.accepted += 1
         if tls:
             self.handshaking[connection] = self.now
         return connection

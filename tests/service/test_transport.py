@@ -81,6 +81,7 @@ def post(path: str, body: bytes, extra: str = "") -> bytes:
 
 
 async def test_keep_alive_serves_several_requests_on_one_connection(server: HttpServer) -> None:
+    accepted = server.accepted
     reader, writer = await connect(server)
     for size in (0, 10, 1000):
         writer.write(post("/echo", b"x" * size))
@@ -89,6 +90,7 @@ async def test_keep_alive_serves_several_requests_on_one_connection(server: Http
         assert headers["content-type"] == "application/json"
         assert "date" in headers and "connection" not in headers
     writer.close()
+    assert server.accepted == accepted + 1, "one connection accepted for the three requests"
 
 
 async def test_chunked_bodies_are_reassembled(server: HttpServer) -> None:
