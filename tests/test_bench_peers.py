@@ -223,3 +223,19 @@ def test_the_report_says_how_often_the_peer_was_started_again() -> None:
     assert peer_restarts({"peer_crashes": []}) == ""
     said = peer_restarts({"peer_crashes": ["fatal error: concurrent map read and map write", "exit code 2"]})
     assert "exited 2 times" in said and said.endswith("fatal error: concurrent map read and map write")
+
+
+def test_hami_scheduler_has_settled_once_every_node_carries_its_handshakes(tmp_path: Path) -> None:
+    """At its start hami-scheduler writes a handshake annotation per device type on every node, 5 API calls a
+    second: the replay's pods wait for it (`RealReplay._until_settled`); gpushare's extender writes none."""
+    hami = peers.Built(peers.HAMI, tmp_path / "hami-scheduler").process(tmp_path, tmp_path / "kubeconfig")
+
+    def node(*keys: str) -> dict[str, object]:
+        return {"metadata": {"annotations": {"hami.io/node-nvidia-register": "[]"} | dict.fromkeys(keys, "x")}}
+
+    done = node("hami.io/node-handshake", "hami.io/node-handshake-dcu")
+    assert hami.settled([done, done]) == ""
+    assert "1 of 3 nodes" in hami.settled([done, done, node("hami.io/node-handshake")])
+    assert "2 of 2 nodes" in hami.settled([node(), node()])
+    gpushare = peers.Built(GPUSHARE, tmp_path / "gpushare").process(tmp_path, tmp_path / "kubeconfig")
+    assert gpushare.settled([node()]) == ""

@@ -203,6 +203,11 @@ class PeerProcess:
     def config(self, scheduler_name: str) -> str:
         raise NotImplementedError
 
+    def settled(self, nodes: list[dict[str, object]]) -> str:
+        """ "" once the peer has done what it does once at its start, given the Nodes as they are; else what it is
+        still doing (the replay starts the pods after it, as a cluster's pods come long after its start)."""
+        return ""
+
     @staticmethod
     def scheduler_config(scheduler_name: str, extender: dict[str, object]) -> str:
         """kube-scheduler's configuration (the v1 API kube-scheduler 1.34 reads): one profile, one extender."""
@@ -344,6 +349,15 @@ HAMI_MANAGED = ("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores", "n
 (`hami-vgpu.scheduler.managedResources`, charts/hami/templates/_helpers.tpl at v2.10.0)."""
 
 
+HANDSHAKE = "hami.io/node-handshake"
+
+
+def _annotations(node: dict[str, object]) -> dict[str, str]:
+    metadata = node.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    return annotations if isinstance(annotations, dict) else {}
+
+
 class HamiProcess(PeerProcess):
     """hami-scheduler (HAMi v2.10.0's scheduler extender, `cmd/scheduler`) as its chart runs it beside
     kube-scheduler, with the admission webhook off (the replay sets each pod's scheduler itself): plain HTTP,
@@ -369,6 +383,19 @@ class HamiProcess(PeerProcess):
             f"--device-config-file={device_config}",
             "--leader-elect=false",
         ]
+
+    def settled(self, nodes: list[dict[str, object]]) -> str:
+        """hami-scheduler writes its handshake annotations on every node when it starts, one for each device
+        type it knows (`hami.io/node-handshake` for NVIDIA, `-dcu`, `-xpu`, `-va`, `-biren`: each device's init
+        at v2.10.0, e.g. pkg/device/nvidia/device.go:169), through a client of 5 requests a second: about 7
+        minutes for 400 nodes, during which its filters wait behind them and time out (30 s). Settled when every
+        node carries every such annotation any node carries, NVIDIA's among them."""
+        keys = [{key for key in _annotations(node) if key.startswith(HANDSHAKE)} for node in nodes]
+        every = set().union(*keys) if keys else set()
+        waiting = sum(1 for found in keys if HANDSHAKE not in found or found != every)
+        if not waiting:
+            return ""
+        return f"its handshake annotations on {waiting:,} of {len(nodes):,} nodes still to be written"
 
     def config(self, scheduler_name: str) -> str:
         """kube-scheduler's configuration as HAMi's chart renders it for Kubernetes 1.26 and later

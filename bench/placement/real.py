@@ -55,6 +55,8 @@ DECISION_TIMEOUT = 120.0
 PLUGIN_DELAY = 0.01
 """Seconds from a binding to kubelet's first Allocate call, in a HAMi run (the e2e tests' 0.25 is a slow kubelet;
 here the plugin only has to keep up, so that the node lock each bind takes is not what limits the pace)."""
+SETTLE_TIMEOUT = 3600.0
+"""Seconds a peer may take to settle after its start (hami-scheduler: its handshakes on every node)."""
 LOCK_GRACE = 5.0
 """Seconds a pod refused because of a node's lock is given to be bound when kube-scheduler tries it again."""
 LOCKED = re.compile(r"node is locked|node lock contention|has been locked")
@@ -165,6 +167,7 @@ class RealReplay:
         if self.peer_built is not None:
             self.peer = self.peer_built.process(self.workdir, self.plane.kubeconfig("admin"))
             self.peer.start()
+            self._until_settled(self.peer)
             return
         tls = make_certificates(self.workdir / "certs")
         own = {
@@ -182,6 +185,20 @@ class RealReplay:
         self.extender = ExtenderProcess("placement", self.workdir, self.plane.kubeconfig("extender"), tls, flags)
         self.extender.start()
         self.extender.wait_until(200, timeout=300)
+
+    def _until_settled(self, peer: PeerProcess) -> None:
+        """Wait until the peer has done what it does once at its start (`PeerProcess.settled`), at most
+        `SETTLE_TIMEOUT`, saying what it is doing every minute."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        said = 0.0
+        while doing := peer.settled(self.plane.request("GET", "/api/v1/nodes")["items"]):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise RealError(f"{peer.name} still not settled after {SETTLE_TIMEOUT:.0f} s: {doing}")
+            if time.monotonic() - said >= 60:
+                self.progress(f"waiting for {peer.name} to settle: {doing}")
+                said = time.monotonic()
+            time.sleep(2.0)
 
     def _render_config(self) -> str:
         if self.peer is not None:
