@@ -251,7 +251,7 @@ class RealReplay:
                     started = time.perf_counter()
                     outcomes = await self._one_at_a_time(seen, watcher, plugin)
                 seconds = time.perf_counter() - started
-                await self._allocated(plugin, seen)
+                await self._allocated(plugin, seen, watcher)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -285,17 +285,21 @@ class RealReplay:
                 body = self.wire.pod_object(pod, self.scheduler_name)
                 name = body["metadata"]["name"]
                 await self._post(session, f"/api/v1/namespaces/{NAMESPACE}/pods", body)
-                await self._until(seen, watcher, lambda n=name: n in seen.bound or n in seen.refused, name)  # type: ignore[misc]
+                decided = lambda n=name: n in seen.bound or n in seen.refused  # noqa: E731
+                await self._until(seen, watcher, decided, f"pod {name}: a decision")
                 if name not in seen.bound and LOCKED.search(seen.refused[name]):
                     await self._lock_grace(seen, watcher, name)
                 if name in seen.bound:
                     outcomes.append(Outcome(pod, seen.bound[name]))
                     if plugin is not None and pod.gpus:
-                        await self._admitted(plugin, seen.uids[name], name)
+                        allocated = lambda u=seen.uids[name]: plugin.admitted(u)  # noqa: E731
+                        what = f"pod {name}: its allocation by HAMi's device plugin double (its lock released)"
+                        await self._until(seen, watcher, allocated, what, poll=0.005)
                 else:
                     outcomes.append(Outcome(pod, "", unschedulable_reasons(seen.refused[name])))
                     await self._delete(session, name)
-                    await self._until(seen, watcher, lambda n=name: n in seen.deleted, name)  # type: ignore[misc]
+                    gone = lambda n=name: n in seen.deleted  # noqa: E731
+                    await self._until(seen, watcher, gone, f"pod {name}: its deletion")
                 if index % 500 == 0:
                     bound = sum(1 for outcome in outcomes if outcome.node)
                     self.progress(f"{index:,} of {len(self.workload.pods):,} pods decided, {bound:,} bound")
@@ -327,44 +331,27 @@ class RealReplay:
             outcomes.append(Outcome(trace_pod, node, {} if node else unschedulable_reasons(message)))
         return outcomes, started
 
-    async def _admitted(self, plugin: DevicePluginDouble, uid: str, name: str) -> None:
-        """Wait for the plugin to have allocated the pod (its lock released), polling: the release is a Node
-        update, which the pod watch does not show."""
-        deadline = time.monotonic() + DECISION_TIMEOUT
-        while not plugin.admitted(uid):
-            if time.monotonic() > deadline:
-                raise RealError(f"pod {name}: HAMi's device plugin double did not allocate it; logs in {self.workdir}")
-            self._check_alive()
-            await asyncio.sleep(0.005)
-
     async def _lock_grace(self, seen: Seen, watcher: asyncio.Task[None], name: str) -> None:
         """A refusal that names a node's lock (HAMi's, held until its plugin has allocated the pod before) is not
         final: kube-scheduler tries the pod again when the lock goes (a Node update). Wait `LOCK_GRACE` seconds
         for that try to bind it; a refusal of that try without a lock, or none, stands."""
         refusal = seen.refused.pop(name)
-        deadline = time.monotonic() + LOCK_GRACE
-        while name not in seen.bound and time.monotonic() < deadline:
+
+        def decided() -> bool:
             again = seen.refused.get(name)
-            if again is not None and not LOCKED.search(again):
-                return
-            await asyncio.sleep(0.05)
-            self._check_alive()
-            if watcher.done():
-                watcher.result()
-                raise RealError("the pod watch ended")
-        if name not in seen.bound:
+            return name in seen.bound or (again is not None and not LOCKED.search(again))
+
+        if not await self._until(seen, watcher, decided, f"pod {name}", LOCK_GRACE, poll=0.05, must=False):
             seen.refused.setdefault(name, refusal)
 
-    async def _allocated(self, plugin: DevicePluginDouble | None, seen: Seen) -> None:
+    async def _allocated(self, plugin: DevicePluginDouble | None, seen: Seen, watcher: asyncio.Task[None]) -> None:
         """Wait for the plugin to have allocated every pod bound (its allocation is what the end check reads)."""
         if plugin is None:
             return
         asking = {pod.name.lower() for pod in self.workload.pods if pod.gpus}
-        deadline = time.monotonic() + DECISION_TIMEOUT
-        while len(plugin.allocations) < sum(1 for name in seen.bound if name in asking):
-            if time.monotonic() > deadline:
-                raise RealError(f"HAMi's device plugin double did not allocate every pod bound; logs in {self.workdir}")
-            await asyncio.sleep(0.2)
+        bound = sum(1 for name in seen.bound if name in asking)
+        what = "HAMi's device plugin double allocating every pod bound"
+        await self._until(seen, watcher, lambda: len(plugin.allocations) >= bound, what, poll=0.2)
 
     async def _post(self, session: Any, path: str, body: dict[str, Any]) -> None:
         async with session.post(
@@ -383,8 +370,20 @@ class RealReplay:
             if answer.status >= 300 and answer.status != 404:
                 raise ApiError("DELETE", path, answer.status, await answer.read())
 
-    async def _until(self, seen: Seen, watcher: asyncio.Task[None], done: Callable[[], bool], name: str) -> None:
-        deadline = time.monotonic() + DECISION_TIMEOUT
+    async def _until(
+        self,
+        seen: Seen,
+        watcher: asyncio.Task[None],
+        done: Callable[[], bool],
+        what: str,
+        timeout: float = DECISION_TIMEOUT,
+        poll: float = 1.0,
+        must: bool = True,
+    ) -> bool:
+        """Wait until `done()`, looked at on every pod event and at least every `poll` seconds (what is not a pod
+        event, as a Node update, is polled), the processes and the watch checked meanwhile. After `timeout`: a
+        RealError naming `what` when it `must` come, else False."""
+        deadline = time.monotonic() + timeout
         while not done():
             if watcher.done():
                 watcher.result()
@@ -392,10 +391,13 @@ class RealReplay:
             self._check_alive()
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RealError(f"pod {name}: no decision within {DECISION_TIMEOUT:.0f} s; logs in {self.workdir}")
+                if not must:
+                    return False
+                raise RealError(f"{what}: not within {timeout:.0f} s; logs in {self.workdir}")
             seen.changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(seen.changed.wait(), min(left, 1.0))
+                await asyncio.wait_for(seen.changed.wait(), min(left, poll))
+        return True
 
     def _check_alive(self) -> None:
         for process in self.plane.schedulers:
