@@ -6,10 +6,13 @@ gpushare=DIR'`) is what exercises the rest."""
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -174,9 +177,47 @@ def test_only_the_end_of_a_peers_output_is_kept(tmp_path: Path) -> None:
         process.start()
     header, _, kept = process.log.read_bytes().partition(b"\n")
     written = sum(len(f"{number}\n") for number in range(1, 2000001))
-    assert len(kept) <= peers.LOG_CHUNKS * peers.CHUNK
+    assert peers.TAIL_BYTES <= len(kept) < peers.TAIL_BYTES + peers.CHUNK
     assert header.decode() == f"[{written - len(kept):,} earlier bytes not kept]"
     assert kept.endswith(b"1999999\n2000000\n")
+
+
+def test_the_tail_is_kept_by_its_bytes_however_small_the_reads(tmp_path: Path) -> None:
+    """A Go panic is written a frame at a time, and a reader that keeps up gets each write as its own read: the
+    tail was 32 reads, so of a long panic only its last frames were kept and its `panic:` line was lost."""
+
+    class Trickle(io.BytesIO):
+        def read1(self, size: int = -1) -> bytes:
+            return super().read1(min(size, 7))
+
+    panic = b"panic: runtime error: index out of range [3] with length 3\n"
+    frames = b"".join(b"goroutine %d frame\n" % number for number in range(200_000))  # 4.5 MB
+    process = GpushareProcess(tmp_path / "gpushare", tmp_path, tmp_path / "kubeconfig")
+    process._read(cast(Any, SimpleNamespace(stdout=Trickle(b"serving\n" + panic + frames[: peers.TAIL_BYTES // 2]))))
+    assert process._why() == panic.decode().strip()
+    process._read(cast(Any, SimpleNamespace(stdout=Trickle(frames))))
+    kept = b"".join(process._tail)
+    assert peers.TAIL_BYTES <= len(kept) < peers.TAIL_BYTES + 7
+    assert kept.endswith(frames[-100:])
+
+
+def test_a_crash_is_told_by_its_own_output_not_the_one_before(tmp_path: Path) -> None:
+    """The tail spans restarts: a second exit that prints no panic was reported with the first one's."""
+    binary = tmp_path / "gpushare"
+    binary.write_text("#!/bin/sh\necho 'panic: first'\nexit 2\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    process = GpushareProcess(binary, tmp_path, tmp_path / "kubeconfig")
+    process._spawn()
+    assert process.popen is not None and process._reader is not None
+    process.popen.wait(10)
+    process._reader.join(10)
+    assert process._why() == "panic: first"
+    binary.write_text("#!/bin/sh\necho 'killed by the OOM killer'\nexit 137\n")
+    process._spawn()
+    process.popen.wait(10)
+    process._reader.join(10)
+    assert process._why() == "killed by the OOM killer"
+    process.stop()
 
 
 def test_a_peer_that_crashes_mid_run_is_started_again_after_kubelets_back_off(

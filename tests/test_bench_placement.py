@@ -10,6 +10,7 @@ import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -460,32 +461,76 @@ def test_the_pod_watch_is_opened_again_from_the_last_version_when_the_api_server
         asyncio.run(read(1))
 
 
-def test_a_refusal_naming_a_nodes_lock_waits_for_kube_schedulers_retry_and_stands_without_one(
+def test_a_refusal_that_is_not_final_waits_for_kube_schedulers_retry_and_stands_without_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """HAMi's node lock is held from a bind until the plugin has allocated the pod: a pod refused on it in the
-    one-at-a-time replay is tried again by kube-scheduler when the lock goes, and is not dropped meanwhile."""
+    """HAMi's node lock is held from a bind until the plugin has allocated the pod, and an extender that does not
+    answer (a peer restarting) fails the pods meanwhile with a scheduler error: kube-scheduler tries such a pod
+    again (at the Node update, after its back-off), so the one-at-a-time replay does not drop it meanwhile."""
     from bench.placement import real
-    from bench.placement.real import RealReplay, Seen
+    from bench.placement.real import RealReplay, Seen, refusal
 
-    monkeypatch.setattr(real, "LOCK_GRACE", 0.3)
+    monkeypatch.setattr(real, "RETRY_GRACE", 0.3)
     replay = RealReplay.__new__(RealReplay)
     replay._check_alive = lambda: None  # type: ignore[method-assign]
     locked = "0/2 nodes are available: 2 node is locked for pod default/a until its device plugin has allocated it"
+    down = 'Post "http://127.0.0.1:39211/gpushare-scheduler/filter": dial tcp 127.0.0.1:39211: connection refused'
 
-    async def decide(then: Callable[[Seen], None] | None) -> Seen:
-        seen = Seen(refused={"b": locked})
+    async def decide(first: str, then: Callable[[Seen], None] | None) -> Seen:
+        seen = Seen(refused={"b": first}, retried={"b"})
         watcher = asyncio.create_task(asyncio.sleep(10))
         if then is not None:
             asyncio.get_running_loop().call_later(0.05, then, seen)
-        await replay._lock_grace(seen, watcher, "b")
+        await replay._retry(seen, watcher, "b")
         watcher.cancel()
         return seen
 
-    bound = asyncio.run(decide(lambda seen: seen.bound.__setitem__("b", "n1")))
-    assert bound.bound == {"b": "n1"} and "b" not in bound.refused
-    full = "0/2 nodes are available: 2 Insufficient cpu"
-    refused = asyncio.run(decide(lambda seen: seen.refused.__setitem__("b", full)))
-    assert refused.refused == {"b": full}, "the retry's own refusal stands"
-    assert asyncio.run(decide(None)).refused == {"b": locked}, "no retry came: the refusal stands"
+    def refused_for_good(message: str) -> Callable[[Seen], None]:
+        return lambda seen: (seen.refused.__setitem__("b", message), seen.retried.discard("b"))  # type: ignore[func-returns-value]
+
+    for first in (locked, down):
+        bound = asyncio.run(decide(first, lambda seen: seen.bound.__setitem__("b", "n1")))
+        assert bound.bound == {"b": "n1"} and "b" not in bound.refused
+        full = "0/2 nodes are available: 2 Insufficient cpu"
+        refused = asyncio.run(decide(first, refused_for_good(full)))
+        assert refused.refused == {"b": full}, "the retry's own refusal stands"
+        assert asyncio.run(decide(first, None)).refused == {"b": first}, "no retry came: the refusal stands"
+        again = asyncio.run(decide(first, lambda seen: seen.refused.__setitem__("b", down)))
+        assert again.refused == {"b": down}, "refused again, not for good: waited to the end, the last refusal stands"
+
+    def condition(reason: str, message: str) -> dict[str, Any]:
+        scheduled = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+        return {"status": {"conditions": [scheduled]}}
+
+    assert refusal(condition("Unschedulable", "0/2 nodes are available: 2 Insufficient cpu")) == (
+        "0/2 nodes are available: 2 Insufficient cpu",
+        True,
+    )
+    assert refusal(condition("Unschedulable", locked)) == (locked, False)
+    assert refusal(condition("SchedulerError", down)) == (down, False)
+    assert refusal(condition("SchedulingGated", "gated")) is None
     assert real.LOCKED.search("node openb-node-1 has been locked within 5m0s: node lock contention")
+
+
+def test_a_failure_of_the_plugin_double_on_the_pod_ends_the_wait_for_its_allocation_at_once() -> None:
+    """The double records an API call that failed it as a finding and never allocates the pod: the replay waited
+    out its 120 s and then named neither the pod's failure nor where to look."""
+    from bench.placement.real import RealError, RealReplay, Seen
+
+    replay = RealReplay.__new__(RealReplay)
+    replay._check_alive = lambda: None  # type: ignore[method-assign]
+    replay.workdir = Path("/tmp/run")
+    plugin = SimpleNamespace(violations=["the double failed on default/a on n1: 429"], admitted=lambda uid: False)
+
+    async def wait() -> None:
+        seen = Seen(uids={"b": "uid-b"})
+        watcher = asyncio.create_task(asyncio.sleep(10))
+        fail = "the double failed on default/b on n1: PATCH /api/v1/namespaces/default/pods/b: 500"
+        asyncio.get_running_loop().call_later(0.05, plugin.violations.append, fail)
+        try:
+            await asyncio.wait_for(replay._admitted(plugin, seen, watcher, "b"), 5)  # type: ignore[arg-type]
+        finally:
+            watcher.cancel()
+
+    with pytest.raises(RealError, match=r"pod b: its allocation .*: the double failed on default/b on n1: PATCH"):
+        asyncio.run(wait())

@@ -83,45 +83,54 @@ class ChurnReal(RealReplay):
             self.at((plan.arrival(index) + plan.patience) / plan.speed, WITHDRAW, index)
         for number in range(SAMPLES + 1):
             self.at(end * number / SAMPLES, SAMPLE, number)
-        self.started = time.monotonic()
-        watcher = asyncio.create_task(self._watch_churn(listed["metadata"]["resourceVersion"]))
+        watcher: asyncio.Task[None] | None = None
         try:
             async with admin_session(self.plane) as session, self._device_plugin() as plugin:
-                while self.timetable and self.timetable[0][0] <= end:
-                    wait = self.started + self.timetable[0][0] - time.monotonic()
-                    await asyncio.sleep(min(max(wait, 0.0), TICK))  # the watcher may add an earlier deletion
-                    if wait > TICK:
-                        continue
-                    when, kind, _, index = heapq.heappop(self.timetable)
-                    if watcher.done():
-                        watcher.result()
-                        raise RealError("the pod watch ended")
-                    for call in [call for call in self.calls if call.done()]:
-                        self.calls.discard(call)
-                        call.result()  # an API error ends the run
-                    self.latest = max(self.latest, time.monotonic() - self.started - when)
-                    if self.latest > LATE_LIMIT:
-                        raise RealError(
-                            f"the driver is {self.latest:.1f} s behind its timetable at {when:.0f} s: the clock is "
-                            "too fast for this machine (more --churn-minutes, or fewer --nodes)"
-                        )
-                    await self._act(session, kind, index)
-                    if kind == SAMPLE:
-                        self._check_alive()
-                        if index % 10 == 0:
-                            self.progress(
-                                f"{when:.0f} s: {len(self.created):,} created, {len(self.running):,} running, "
-                                f"{len(self.created) - len(self.bound) - sum(self.tally.withdrawn.values()):,} waiting"
-                            )
-                await asyncio.gather(*self.calls)
+                self.started = time.monotonic()  # the plugin double has listed the cluster: its start is not lateness
+                watcher = asyncio.create_task(self._watch_churn(listed["metadata"]["resourceVersion"]))
+                try:
+                    await self._drive(session, watcher, end)
+                    await asyncio.gather(*self.calls)
+                finally:
+                    for call in self.calls:
+                        call.cancel()
+                    await asyncio.gather(*self.calls, return_exceptions=True)  # ended before their session closes
         finally:
-            for call in self.calls:
-                call.cancel()
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watcher
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watcher
         seconds = time.monotonic() - self.started
         return await self._result(seconds, self._plugin_problems(plugin))
+
+    async def _drive(self, session: Any, watcher: asyncio.Task[None], end: float) -> None:
+        """Act on the timetable until `end` (seconds after the start), each action at its time."""
+        while self.timetable and self.timetable[0][0] <= end:
+            wait = self.started + self.timetable[0][0] - time.monotonic()
+            await asyncio.sleep(min(max(wait, 0.0), TICK))  # the watcher may add an earlier deletion
+            if wait > TICK:
+                continue
+            when, kind, _, index = heapq.heappop(self.timetable)
+            if watcher.done():
+                watcher.result()
+                raise RealError("the pod watch ended")
+            for call in [call for call in self.calls if call.done()]:
+                self.calls.discard(call)
+                call.result()  # an API error ends the run
+            self.latest = max(self.latest, time.monotonic() - self.started - when)
+            if self.latest > LATE_LIMIT:
+                raise RealError(
+                    f"the driver is {self.latest:.1f} s behind its timetable at {when:.0f} s: the clock is "
+                    "too fast for this machine (more --churn-minutes, or fewer --nodes)"
+                )
+            await self._act(session, kind, index)
+            if kind == SAMPLE:
+                self._check_alive()
+                if index % 10 == 0:
+                    self.progress(
+                        f"{when:.0f} s: {len(self.created):,} created, {len(self.running):,} running, "
+                        f"{len(self.created) - len(self.bound) - sum(self.tally.withdrawn.values()):,} waiting"
+                    )
 
     async def _act(self, session: Any, kind: int, index: int) -> None:
         if kind == CREATE:

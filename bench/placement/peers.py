@@ -52,8 +52,9 @@ BACKOFF = 10.0
 BACKOFF_MAX = 300.0
 """kubelet's restart back-off for a container that exits: 10 s, doubled per exit, at most 5 minutes."""
 CHUNK = 1 << 16
-LOG_CHUNKS = 32
-"""A peer's output is kept in its log file up to this many chunks of `CHUNK` bytes, the last (2 MiB)."""
+"""Bytes read from a peer's output at most at once."""
+TAIL_BYTES = 2 << 20
+"""A peer's output is kept in its log file from this many bytes before its end (2 MiB), in whole reads."""
 
 
 class PeerError(RuntimeError):
@@ -184,8 +185,13 @@ class PeerProcess:
         self.port = free_port()
         self.popen: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
-        self._tail: collections.deque[bytes] = collections.deque(maxlen=LOG_CHUNKS)
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._kept = 0
+        """Bytes in `_tail`."""
         self._bytes = 0
+        """Bytes of output read, over every process of the peer."""
+        self._since = 0
+        """`_bytes` when its current process started: what `_why` reads comes after it."""
         self.crashes: list[str] = []
         """Why it exited, each time it did during the run (`revive`)."""
         self._restart_at: float | None = None
@@ -234,6 +240,7 @@ class PeerProcess:
             time.sleep(0.2)
 
     def _spawn(self) -> None:
+        self._since = self._bytes
         self.popen = subprocess.Popen(
             self.command(),
             stdout=subprocess.PIPE,
@@ -265,7 +272,10 @@ class PeerProcess:
             self._spawn()
 
     def _why(self) -> str:
-        lines = b"".join(self._tail).decode(errors="replace").splitlines()
+        """Why its last process exited: its last line naming a fatal error or a panic, else its last line, from
+        its own output (a crash before it may still be in the tail)."""
+        kept = b"".join(self._tail)
+        lines = kept[max(0, len(kept) - (self._bytes - self._since)) :].decode(errors="replace").splitlines()
         found = [line for line in lines if line.startswith(("fatal error:", "panic:"))]
         return (found or lines or [f"exit code {self.popen.returncode if self.popen else '?'}"])[-1][:200]
 
@@ -275,12 +285,16 @@ class PeerProcess:
         self._write_log()
 
     def _read(self, popen: subprocess.Popen[bytes]) -> None:
-        """Keep the last `LOG_CHUNKS` chunks of its output (it writes lines for every pod and node even at its
-        quietest level: hundreds of megabytes a minute on the trace), read a chunk at a time."""
+        """Keep the last `TAIL_BYTES` of its output (it writes lines for every pod and node even at its quietest
+        level: hundreds of megabytes a minute on the trace), in the reads that brought them: a read may be a few
+        bytes (a Go panic is written a frame at a time), so reads are dropped by their bytes, not their number."""
         assert popen.stdout is not None
         while chunk := popen.stdout.read1(CHUNK):
             self._tail.append(chunk)
+            self._kept += len(chunk)
             self._bytes += len(chunk)
+            while self._kept - len(self._tail[0]) >= TAIL_BYTES:
+                self._kept -= len(self._tail.popleft())
 
     def _write_log(self) -> None:
         if self._reader is not None:

@@ -21,8 +21,11 @@ say; the rest of the run is the same.
 In HAMi's protocol (`wire=hami.HAMI`: `--protocol hami`, or a HAMi peer) the nodes and pods are HAMi's, the
 extender runs with `--protocol hami` and the node-patch right `manifests/hami/` adds, and the e2e tier's double
 of HAMi's device plugin runs on every GPU node: it allocates each bound pod and releases the node lock its bind
-took. One at a time, the next pod then waits for that allocation too, and a refusal that names a lock is given
-`LOCK_GRACE` for kube-scheduler's retry (`_one_at_a_time`).
+took. One at a time, the next pod then waits for that allocation too.
+
+A refusal that is not final (a node's lock named, or a scheduler error: the extender or peer not answering, a
+bind that failed) is given `RETRY_GRACE` for kube-scheduler's retry, one at a time, as a cluster's pod would
+only wait a moment (`_retry`); one still refused then counts as refused, its message among the reasons.
 
 Outcomes come from the pod watch; the cluster at the end from the API's pods (their allocation annotations),
 so the end check reads what a device plugin would. Nothing is left running: every process stops in `finally`,
@@ -57,8 +60,10 @@ PLUGIN_DELAY = 0.01
 here the plugin only has to keep up, so that the node lock each bind takes is not what limits the pace)."""
 SETTLE_TIMEOUT = 3600.0
 """Seconds a peer may take to settle after its start (hami-scheduler: its handshakes on every node)."""
-LOCK_GRACE = 5.0
-"""Seconds a pod refused because of a node's lock is given to be bound when kube-scheduler tries it again."""
+RETRY_GRACE = 30.0
+"""Seconds a pod whose refusal is not final is given to be decided when kube-scheduler tries it again: one
+refused on a node's lock is tried again at the Node update that releases it, one that met a scheduler error
+after kube-scheduler's back-off (1 s, doubled per try, at most 10 s), so that a few tries fit."""
 LOCKED = re.compile(r"node is locked|node lock contention|has been locked")
 """A node's lock in a refusal: ours' filter reason, hami-scheduler's bind error."""
 BURST_QUIET = 30.0
@@ -87,12 +92,16 @@ def unschedulable_reasons(message: str) -> dict[str, int]:
     return reasons
 
 
-def refusal(pod: dict[str, Any]) -> str | None:
-    """The message of the pod's PodScheduled=False condition (refused by the scheduler), else None."""
+def refusal(pod: dict[str, Any]) -> tuple[str, bool] | None:
+    """The message of the pod's PodScheduled=False condition (refused by the scheduler) and whether the refusal
+    is final, else None. Not final: a scheduler error (reason SchedulerError: an extender that did not answer, a
+    bind that failed), which kube-scheduler retries after its back-off, or a refusal naming a node's lock."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
-        refused = condition.get("status") == "False" and condition.get("reason") in ("Unschedulable", "SchedulerError")
+        reason = condition.get("reason")
+        refused = condition.get("status") == "False" and reason in ("Unschedulable", "SchedulerError")
         if condition.get("type") == "PodScheduled" and refused:
-            return str(condition.get("message") or condition.get("reason"))
+            message = str(condition.get("message") or reason)
+            return message, reason == "Unschedulable" and not LOCKED.search(message)
     return None
 
 
@@ -103,6 +112,8 @@ class Seen:
     bound: dict[str, str] = field(default_factory=dict)
     uids: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    retried: set[str] = field(default_factory=set)
+    """The pods whose last refusal is not final (`refusal`)."""
     deleted: set[str] = field(default_factory=set)
     bind_times: list[float] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -287,14 +298,12 @@ class RealReplay:
                 await self._post(session, f"/api/v1/namespaces/{NAMESPACE}/pods", body)
                 decided = lambda n=name: n in seen.bound or n in seen.refused  # noqa: E731
                 await self._until(seen, watcher, decided, f"pod {name}: a decision")
-                if name not in seen.bound and LOCKED.search(seen.refused[name]):
-                    await self._lock_grace(seen, watcher, name)
+                if name not in seen.bound and name in seen.retried:
+                    await self._retry(seen, watcher, name)
                 if name in seen.bound:
                     outcomes.append(Outcome(pod, seen.bound[name]))
                     if plugin is not None and pod.gpus:
-                        allocated = lambda u=seen.uids[name]: plugin.admitted(u)  # noqa: E731
-                        what = f"pod {name}: its allocation by HAMi's device plugin double (its lock released)"
-                        await self._until(seen, watcher, allocated, what, poll=0.005)
+                        await self._admitted(plugin, seen, watcher, name)
                 else:
                     outcomes.append(Outcome(pod, "", unschedulable_reasons(seen.refused[name])))
                     await self._delete(session, name)
@@ -327,22 +336,32 @@ class RealReplay:
         for trace_pod, body in zip(self.workload.pods, bodies, strict=True):
             name = body["metadata"]["name"]
             node = seen.bound.get(name, "")
-            message = refusal(pods.get(name, {})) or "pending: not yet tried again when the burst ended"
+            message = (refusal(pods.get(name, {})) or ("pending: not yet tried again when the burst ended",))[0]
             outcomes.append(Outcome(trace_pod, node, {} if node else unschedulable_reasons(message)))
         return outcomes, started
 
-    async def _lock_grace(self, seen: Seen, watcher: asyncio.Task[None], name: str) -> None:
-        """A refusal that names a node's lock (HAMi's, held until its plugin has allocated the pod before) is not
-        final: kube-scheduler tries the pod again when the lock goes (a Node update). Wait `LOCK_GRACE` seconds
-        for that try to bind it; a refusal of that try without a lock, or none, stands."""
+    async def _retry(self, seen: Seen, watcher: asyncio.Task[None], name: str) -> None:
+        """A refusal that is not final (a node's lock named, HAMi's, held until its plugin has allocated the pod
+        before; or a scheduler error) is followed by kube-scheduler's retry. Wait `RETRY_GRACE` seconds for a
+        try that binds the pod or refuses it for good; without one, the last refusal stands."""
         refusal = seen.refused.pop(name)
 
         def decided() -> bool:
-            again = seen.refused.get(name)
-            return name in seen.bound or (again is not None and not LOCKED.search(again))
+            return name in seen.bound or (name in seen.refused and name not in seen.retried)
 
-        if not await self._until(seen, watcher, decided, f"pod {name}", LOCK_GRACE, poll=0.05, must=False):
+        if not await self._until(seen, watcher, decided, f"pod {name}", RETRY_GRACE, poll=0.05, must=False):
             seen.refused.setdefault(name, refusal)
+
+    async def _admitted(self, plugin: DevicePluginDouble, seen: Seen, watcher: asyncio.Task[None], name: str) -> None:
+        """Wait for the plugin double to have allocated the pod bound (and released its node's lock); a failure of
+        the double on it ends the run at once, saying what failed."""
+        uid, before = seen.uids[name], len(plugin.violations)
+        failing = f"the double failed on {NAMESPACE}/{name} "  # its `_kubelet`: an API call failed it
+        failed = lambda: [finding for finding in plugin.violations[before:] if finding.startswith(failing)]  # noqa: E731
+        what = f"pod {name}: its allocation by HAMi's device plugin double (its lock released)"
+        await self._plugin_wait(plugin, seen, watcher, lambda: plugin.admitted(uid) or bool(failed()), what, 0.005)
+        if failed():
+            raise RealError(f"{what}: {failed()[0]}; logs in {self.workdir}")
 
     async def _allocated(self, plugin: DevicePluginDouble | None, seen: Seen, watcher: asyncio.Task[None]) -> None:
         """Wait for the plugin to have allocated every pod bound (its allocation is what the end check reads)."""
@@ -351,7 +370,20 @@ class RealReplay:
         asking = {pod.name.lower() for pod in self.workload.pods if pod.gpus}
         bound = sum(1 for name in seen.bound if name in asking)
         what = "HAMi's device plugin double allocating every pod bound"
-        await self._until(seen, watcher, lambda: len(plugin.allocations) >= bound, what, poll=0.2)
+        await self._plugin_wait(plugin, seen, watcher, lambda: len(plugin.allocations) >= bound, what, 0.2)
+
+    async def _plugin_wait(
+        self, plugin: DevicePluginDouble, seen: Seen, watcher: asyncio.Task[None], done: Callable[[], bool], what: str,
+        poll: float,
+    ) -> None:  # fmt: skip
+        """`_until` for the plugin double, whose failures are in its records, not in the processes' logs: a wait
+        that runs out says the last of them."""
+        try:
+            await self._until(seen, watcher, done, what, poll=poll)
+        except RealError as error:
+            if plugin.violations:
+                raise RealError(f"{error}; the double's last findings: {'; '.join(plugin.violations[-3:])}") from None
+            raise
 
     async def _post(self, session: Any, path: str, body: dict[str, Any]) -> None:
         async with session.post(
@@ -442,9 +474,10 @@ class RealReplay:
                     seen.bound[name] = pod["spec"]["nodeName"]
                     seen.bind_times.append(time.perf_counter())
             else:
-                message = refusal(pod)
-                if message is not None:
-                    seen.refused[name] = message
+                found = refusal(pod)
+                if found is not None:
+                    seen.refused[name] = found[0]
+                    (seen.retried.discard if found[1] else seen.retried.add)(name)
             seen.changed.set()
 
     async def _verb_seconds(self) -> dict[str, float]:
