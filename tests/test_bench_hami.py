@@ -68,3 +68,74 @@ def test_the_end_check_reads_hamis_allocations_and_finds_one_missing_or_over_a_g
     assert any("GPU 1: 1470 of 1000" in problem for problem in result.problems)
     missing = ReplayResult.from_api("real", workload, outcomes, [*api, bound("c", NODE.name, [])], 1.0, HAMI)
     assert any("pod c is bound to n-1 without its GPU allocation" in problem for problem in missing.problems)
+
+
+def test_the_plugin_double_admits_a_pod_bound_while_its_watch_was_down() -> None:
+    """The API server ends a watch with an ERROR event when its watch cache lags (seen in a churn run: "Too large
+    resource version"); the double listed again and took every pod listed as bound before its start, so a pod bound
+    in the gap was never allocated, its node's lock went stale and a later bind took it over after 5 minutes. A
+    relist is now handled as an informer's replace: the new pod is admitted, the one gone is deleted."""
+    import asyncio
+    import contextlib
+    from types import SimpleNamespace
+
+    import orjson
+
+    from tests.e2e.deviceplugin import DevicePluginDouble
+
+    def pod(name: str, node: str) -> dict[str, Any]:
+        gpu = {"limits": {"nvidia.com/gpu": "1"}}
+        return {
+            "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": gpu}]},
+        }
+
+    lists = [[pod("before", "n1")], [pod("in-the-gap", "n1")]]
+    watches = [[{"type": "ERROR", "object": {"code": 504, "message": "Too large resource version"}}], None]
+
+    class Answer:
+        status = 200
+
+        def __init__(self, events: list[dict[str, Any]] | None) -> None:
+            self.events = events
+
+        @property
+        def content(self) -> Any:
+            async def lines() -> Any:
+                if self.events is None:
+                    await asyncio.Event().wait()  # the second watch stays open
+                for event in self.events or []:
+                    yield orjson.dumps(event) + b"\n"
+
+            return lines()
+
+    class Session:
+        @contextlib.asynccontextmanager
+        async def get(self, url: str, **_: Any) -> Any:
+            yield Answer(watches.pop(0))
+
+    plane = SimpleNamespace(users={"admin": SimpleNamespace(token="t")}, url="https://api")
+    double = DevicePluginDouble(plane, ["n1"], delay=0)  # type: ignore[arg-type]
+    double._session = Session()  # type: ignore[assignment]
+
+    async def listed(method: str, path: str, body: Any = None) -> dict[str, Any]:
+        return {"items": lists.pop(0), "metadata": {"resourceVersion": "1"}}
+
+    double._call = listed  # type: ignore[method-assign]
+
+    async def follow() -> None:
+        task = asyncio.create_task(double._follow("/api/v1/pods", double._pod_event, asyncio.Event()))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not lists:
+                break
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(follow())
+    queued = double._queues["n1"]
+    assert queued.qsize() == 1 and queued.get_nowait()[0]["metadata"]["name"] == "in-the-gap", "admitted"
+    assert set(double._pods) == {"uid-in-the-gap"}, "the pod no longer listed is gone"
+    assert "uid-before" in double._admitted, "the pod bound before the start was adopted, not admitted"

@@ -528,12 +528,23 @@ class DevicePluginDouble:
             return dict(orjson.loads(raw or b"{}"))
 
     async def _follow(self, path: str, handle: Any, ready: asyncio.Event) -> None:
-        """List then watch `path` for ever (relisting after a 410 or a dropped watch), each object to `handle`."""
+        """List then watch `path` for ever (relisting after an ERROR event, such as a 410 or an API server whose
+        watch cache lags, or a dropped watch), each object to `handle`. Only the first list is what the plugin
+        finds at its start (`initial`: bound before it, kubelet's checkpoint has them); a relist is what changed
+        while the watch was down, as an informer's replace: what it lists is handled as events (a pod bound in
+        the gap is admitted, not adopted unallocated), and what it no longer lists as deleted."""
+        known: dict[str, Obj] = {}
+        first = True
         while True:
             try:
                 listed = await self._call("GET", path)
+                listed_uids = {item["metadata"]["uid"] for item in listed["items"]}
+                for uid in [uid for uid in known if uid not in listed_uids]:
+                    handle("DELETED", known.pop(uid), initial=False)
                 for item in listed["items"]:
-                    handle("ADDED", item, initial=True)
+                    known[item["metadata"]["uid"]] = item
+                    handle("ADDED", item, initial=first)
+                first = False
                 ready.set()
                 version = listed["metadata"]["resourceVersion"]
                 assert self._session is not None
@@ -548,14 +559,20 @@ class DevicePluginDouble:
                             continue
                         event = orjson.loads(line)
                         if event["type"] == "ERROR":
+                            log.warning("device-plugin double: watch of %s ended: %s; relisting", path, event["object"])
                             break
                         if event["type"] != "BOOKMARK":
-                            handle(event["type"], event["object"], initial=False)
+                            obj = event["object"]
+                            if event["type"] == "DELETED":
+                                known.pop(obj["metadata"]["uid"], None)
+                            else:
+                                known[obj["metadata"]["uid"]] = obj
+                            handle(event["type"], obj, initial=False)
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a dropped watch: list again, as an informer does
                 log.warning("device-plugin double: watch of %s: %s; relisting", path, error)
-                await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)
 
     # ---- watching --------------------------------------------------------------------------------------
 
