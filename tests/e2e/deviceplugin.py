@@ -534,7 +534,6 @@ class DevicePluginDouble:
         while the watch was down, as an informer's replace: what it lists is handled as events (a pod bound in
         the gap is admitted, not adopted unallocated), and what it no longer lists as deleted."""
         known: dict[str, Obj] = {}
-        first = True
         while True:
             try:
                 listed = await self._call("GET", path)
@@ -543,8 +542,7 @@ class DevicePluginDouble:
                     handle("DELETED", known.pop(uid), initial=False)
                 for item in listed["items"]:
                     known[item["metadata"]["uid"]] = item
-                    handle("ADDED", item, initial=first)
-                first = False
+                    handle("ADDED", item, initial=not ready.is_set())
                 ready.set()
                 version = listed["metadata"]["resourceVersion"]
                 assert self._session is not None
