@@ -384,36 +384,8 @@ async def _none_left(workload: Workload) -> bool:
     return not await workload.pods()
 
 
-async def _extender_left(extender: ExtenderProcess) -> list[str]:
-    """What the extender still holds on the test's nodes: reservations, locks, GPUs in use (empty: nothing)."""
-    report = await extender.inspect()
-    left = [f"{report['reservations']} reservations"] if report["reservations"] else []
-    for node in report["nodes"]:
-        if node["name"] not in NODES:
-            continue
-        if "lock" in node:
-            left.append(f"{node['name']} locked: {node['lock']}")
-        left += [
-            f"{node['name']} GPU {device['index']}: used {device['used']} by {device['pods']}"
-            for device in node["devices"]
-            if device["used"] or device["pods"]
-        ]
-    return left
-
-
 async def start_clean(extender: ExtenderProcess) -> None:
-    """Wait for the extender to see the test's nodes empty; a timeout says what it still holds (a flake seen once
-    in a clean clone's run, 2026-11-27, after the burst test: not reproduced since, so its message must say why)."""
-    left: list[str] = []
-
-    async def empty() -> bool:
-        left[:] = await _extender_left(extender)
-        return not left
-
-    try:
-        await eventually(empty, what="the extender seeing the GPUs empty")
-    except AssertionError as error:
-        raise AssertionError(f"{error}; still held: {'; '.join(left[:10])}") from None
+    await extender.until_empty(NODES)
 
 
 # ---- what the API says -------------------------------------------------------------------------------------

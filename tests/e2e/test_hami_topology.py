@@ -268,18 +268,8 @@ async def workload(
         await start_clean(extender)
 
 
-async def _extender_empty(extender: ExtenderProcess) -> bool:
-    report = await extender.inspect()
-    return report["reservations"] == 0 and all(
-        device["used"] == 0 and not device["pods"] and "lock" not in node
-        for node in report["nodes"]
-        if node["name"] in NODES
-        for device in node["devices"]
-    )
-
-
 async def start_clean(extender: ExtenderProcess) -> None:
-    await eventually(lambda: _extender_empty(extender), what="the extender seeing the GPUs empty")
+    await extender.until_empty(NODES)
 
 
 # ---- pods ------------------------------------------------------------------------------------------------
