@@ -30,6 +30,10 @@ from extender.core.pods import PodRecord, pod_record
 from extender.core.protocols import DeviceProtocol
 from extender.core.resources import node_allocatable, node_ready
 
+VERSIONS_KEPT = 8
+"""resourceVersions remembered per node (`Cache.take_lock`): more than the API's news brings for one node in the
+time a write's reply takes to be read (its own write, the plugin's release, a handshake, another writer's)."""
+
 
 class Listener(Protocol):
     """What follows the cache's changes: told after each, in the order they were made (once per node at the end
@@ -83,6 +87,9 @@ class Cache:
         self._batch: dict[str, NodeState] | None = None
         self._locks: dict[str, NodeLock] = {}
         """Every node lock the API shows, fresh or not, by node."""
+        self._versions: dict[str, tuple[str, ...]] = {}
+        """Node -> the resourceVersions of its last `VERSIONS_KEPT` states the API's news applied, newest first:
+        how `take_lock` tells a write it made from one the news has already shown, or gone past."""
         self._offered: dict[str, tuple[Device, ...]] = {}
         """The GPUs each node offers, before the operators' unhealthy lists are applied."""
         self._unhealthy: dict[str, frozenset[int]] = {}
@@ -204,6 +211,7 @@ class Cache:
             return
         if deleted:
             self._locks.pop(name, None)
+            self._versions.pop(name, None)
             self._offered.pop(name, None)
             state = self.nodes.get(name)
             if state is not None:
@@ -212,6 +220,9 @@ class Cache:
                 self._forget_if_empty(state)
             return
         state = self._state(name)
+        version = objects.meta(node).get("resourceVersion")
+        if version:
+            self._versions[name] = (version, *self._versions.get(name, ())[: VERSIONS_KEPT - 1])
         found = self.protocol.node_devices(node)
         state.known = True
         self._offered[name] = found.devices
@@ -258,10 +269,19 @@ class Cache:
             self._locks[state.name] = lock
         state.lock = lock if lock is not None and self.clock() - lock.since <= self.lock_timeout else None
 
-    def take_lock(self, node: str, lock: NodeLock | None) -> None:
-        """This replica took (or released: None) the device plugin's lock on the node: count it before the
-        watch shows it."""
+    def take_lock(self, node: str, lock: NodeLock | None, version: str = "") -> None:
+        """This replica took (or released: None) the device plugin's lock on the node, or read it so: count it
+        before the watch shows it. `version` is the node's resourceVersion that the write made (or the read
+        showed): when the API's news has already applied it, the cache holds that state or a later one, and
+        this call changes nothing. Without that check a lock taken and then removed by another writer (a person,
+        another bind taking it over) could arrive here after the watch showed both, and the node would count
+        as locked, with nothing left to correct it, until the lock's timeout (5 minutes). Versions are compared
+        for equality only (the API's rule: they are opaque), so a relist that went past the write without
+        showing its version lets the write's state stand until the node's next news (a release reads the node
+        again and tells what it found: `NodeLocker.release`)."""
         state = self.nodes.get(node)
+        if version and version in self._versions.get(node, ()):
+            return
         if state is not None:
             self._set_lock(state, lock)
             self._changed(state)

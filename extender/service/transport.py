@@ -71,7 +71,6 @@ closes, all it held is dropped; a handler still running for it finishes, and its
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import email.utils
 import logging
 import ssl
@@ -84,6 +83,19 @@ from extender.service.routing import Background, Router
 log = logging.getLogger(__name__)
 
 DEFAULT_LIMITS = Limits()
+
+
+def _chore_ended(chore: asyncio.Task[None]) -> None:
+    """A background chore runs until the server stops; one that ends by itself says why, at once (asyncio would
+    tell only when the task is collected, if ever), since what it did (expiring reservations, for one) is no
+    longer done."""
+    if chore.cancelled():
+        return
+    failure = chore.exception()
+    if failure is not None:
+        log.error("background task %s stopped", chore.get_name(), exc_info=failure)
+    else:
+        log.error("background task %s stopped", chore.get_name())
 
 
 class HttpServer:
@@ -169,6 +181,8 @@ class HttpServer:
         self._chores += [
             loop.create_task(job(), name=getattr(job, "__name__", "background")) for job in self.background
         ]
+        for chore in self._chores:
+            chore.add_done_callback(_chore_ended)
 
     def _accept(self, tls: bool) -> Connection:
         """A protocol for a connection just accepted; with TLS, before its handshake."""
@@ -210,9 +224,8 @@ class HttpServer:
             self._server.close()
         for chore in self._chores:
             chore.cancel()
-        for chore in self._chores:
-            with contextlib.suppress(asyncio.CancelledError):
-                await chore
+        if self._chores:  # waited, not awaited: a chore that failed was logged when it ended (`_chore_ended`)
+            await asyncio.wait(self._chores)
         for connection in list(self.connections):
             if not connection.busy:
                 connection.close()

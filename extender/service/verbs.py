@@ -335,27 +335,36 @@ def _preempt(request: Request, service: Service) -> VerbResult:
 
 async def _expiry_sweep(service: Service) -> None:
     """Free reservations the API never confirmed, and let nodes whose device plugin's lock is stale take pods
-    again, every `expiry_interval` seconds."""
+    again, every `expiry_interval` seconds. A round that fails is logged and the next one runs: a sweep that
+    stopped would leave every reservation and lock held for good."""
     while True:
         await asyncio.sleep(service.expiry_interval)
-        for hold in service.ledger.expire(include_bound=service.source.cache_current()):
-            service.metrics.expiries.inc()
-            allocation = hold.allocation
-            log.warning(
-                "reservation of %s on %s GPU %s expired: the API never showed the pod bound",
-                allocation.pod,
-                allocation.node,
-                ",".join(map(str, allocation.indexes)),
-            )
-            service.requeue.freed((allocation.node,), hold.since)
-        stale = service.cache.expire_locks()
-        if stale:
-            log.warning(
-                "device plugin locks older than %g s on %s: taken over by the next bind",
-                service.cache.lock_timeout,
-                ", ".join(stale),
-            )
-            service.requeue.freed(stale, service.cache.clock() - service.cache.lock_timeout)
+        try:
+            _expire(service)
+        except Exception:
+            log.exception("expiring reservations and node locks failed; trying again in %g s", service.expiry_interval)
+
+
+def _expire(service: Service) -> None:
+    """One round of the sweep."""
+    for hold in service.ledger.expire(include_bound=service.source.cache_current()):
+        service.metrics.expiries.inc()
+        allocation = hold.allocation
+        log.warning(
+            "reservation of %s on %s GPU %s expired: the API never showed the pod bound",
+            allocation.pod,
+            allocation.node,
+            ",".join(map(str, allocation.indexes)),
+        )
+        service.requeue.freed((allocation.node,), hold.since)
+    stale = service.cache.expire_locks()
+    if stale:
+        log.warning(
+            "device plugin locks older than %g s on %s: taken over by the next bind",
+            service.cache.lock_timeout,
+            ", ".join(stale),
+        )
+        service.requeue.freed(stale, service.cache.clock() - service.cache.lock_timeout)
 
 
 def build_server(service: Service) -> HttpServer:

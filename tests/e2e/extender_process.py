@@ -210,8 +210,10 @@ class ExtenderProcess:
         return left
 
     async def until_empty(self, nodes: Collection[str]) -> None:
-        """Wait for the extender to hold nothing on these nodes; a timeout says what it still holds (a HAMi test's
-        wait failed so once in a clean clone's run, 2026-11-27, not reproduced since: the next must say why)."""
+        """Wait for the extender to hold nothing on these nodes; a timeout says what it still holds. (A HAMi test's
+        wait failed so once in a clean clone's run, 2026-11-27, not reproduced since; the likeliest cause, found by
+        reading the code, was the extender's: a bind's lock write whose reply was read after the watch had shown
+        the teardown removing that lock put it back into the cache for 5 minutes. `Cache.take_lock` now checks.)"""
         left: list[str] = []
 
         async def empty() -> bool:

@@ -390,3 +390,26 @@ async def test_a_large_body_split_over_many_writes_is_reassembled(server: HttpSe
     status, _, answer = await read_response(reader)
     assert (status, orjson.loads(answer)["size"]) == (200, LIMIT)
     writer.close()
+
+
+async def test_a_background_chore_that_ends_by_itself_says_so_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """asyncio would report a task's exception only when the task is collected, if ever."""
+
+    async def broken_sweep() -> None:
+        raise RuntimeError("the sweep's defect")
+
+    async def finished() -> None:
+        return
+
+    server = HttpServer(Router(), max_body_bytes=LIMIT, background=(broken_sweep, finished))
+    await server.start("127.0.0.1", 0)
+    try:
+        for _ in range(10):
+            await asyncio.sleep(0)
+        ended = {record.getMessage(): record.exc_info for record in caplog.records if "stopped" in record.getMessage()}
+        assert set(ended) == {"background task broken_sweep stopped", "background task finished stopped"}
+        failure = ended["background task broken_sweep stopped"]
+        assert failure is not None and "the sweep's defect" in str(failure[1])
+    finally:
+        await server.stop(grace=0.1)
+    assert not [record for record in caplog.records if "http-tick" in record.getMessage()], "a chore stopped is quiet"

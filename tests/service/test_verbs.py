@@ -13,7 +13,7 @@ from extender.core.preemption import NO_LOWER_PRIORITY
 from extender.service.pages import build_health_server
 from extender.service.verbs import build_server
 from tests.builders import bound_pod, make_cluster, make_node, make_pod, make_quota, quotas_of
-from tests.conftest import ClientFor, make_service
+from tests.conftest import ClientFor, eventually, make_service
 
 
 def filter_body(pod: dict[str, Any] | None = None, names: Any = ("n1",)) -> dict[str, Any]:
@@ -418,3 +418,25 @@ async def test_many_full_nodes_share_one_reason_so_kube_schedulers_message_stays
         await client.post("/filter", data=orjson.dumps(filter_body(make_pod("r", gpu_mem=8), names[:2])))
     ).json()
     assert few["FailedAndUnresolvableNodes"]["n0"].startswith("needs 8 GiB on one GPU; largest free is 6 GiB")
+
+
+async def test_a_failed_round_of_the_expiry_sweep_is_logged_and_the_next_one_runs(
+    client_for: ClientFor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sweep that stopped at its first error would leave every reservation and device-plugin lock held for good,
+    and say nothing until the process ends."""
+    service = make_service(make_cluster(make_node("n1", gpus=1, mem=16)), expiry_interval=0.01)
+    rounds: list[int] = []
+    expire = service.ledger.expire
+
+    def failing_once(include_bound: bool = False) -> Any:
+        rounds.append(len(rounds))
+        if len(rounds) == 1:
+            raise RuntimeError("a defect in one round")
+        return expire(include_bound=include_bound)
+
+    service.ledger.expire = failing_once  # type: ignore[method-assign]
+    await client_for(service)
+    await eventually(lambda: len(rounds) >= 3, what="rounds after the failed one")
+    failures = [record for record in caplog.records if "expiring reservations and node locks failed" in record.message]
+    assert len(failures) == 1 and failures[0].exc_info is not None, "logged once, with its traceback"

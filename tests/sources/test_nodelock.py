@@ -5,10 +5,13 @@ are hami-scheduler's (pkg/util/nodelock/nodelock.go at v2.10.0, NOTES.md §5).""
 from __future__ import annotations
 
 import asyncio
+import copy
+from typing import Any
 
 import pytest
 
 from extender.core.binding import BindContext, BindError, BindRequest, Outcome, RecentPods, bind
+from extender.core.cache import Cache
 from extender.core.devices import NodeLock
 from extender.core.ledger import Ledger
 from extender.core.protocols.hami import LOCK
@@ -16,7 +19,7 @@ from extender.sources.kube.binder import KubeBinder
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.nodelock import NodeLocker
 from tests.apidouble import ApiDouble
-from tests.builders import FakeClock, make_hami_cluster, make_hami_node, make_hami_pod, placer_for
+from tests.builders import HAMI, FakeClock, make_hami_cluster, make_hami_node, make_hami_pod, placer_for
 
 NOW = 1_787_306_400.0  # 2026-08-21T10:00:00Z
 STAMP = "2026-08-21T10:00:00Z"
@@ -28,10 +31,17 @@ def locker(kube: KubeClient, changes: list[tuple[str, NodeLock | None]] | None =
         kube,
         LOCK,
         300.0,
-        on_change=lambda node, lock: record((node, lock)) if record else None,
+        on_change=lambda node, lock, version: record((node, lock)) if record else None,
         clock=lambda: NOW,
         wait=0.3,
     )
+
+
+def cache_at_now(api: ApiDouble) -> Cache:
+    """A HAMi cache of the double's nodes and pods whose clock reads NOW (a lock stamped NOW is fresh there)."""
+    cache = Cache(HAMI, clock=lambda: NOW)
+    cache.replace(api.nodes(), api.pods())
+    return cache
 
 
 def lock_on(api: ApiDouble, node: str = "gpu-1") -> str | None:
@@ -105,6 +115,59 @@ async def test_release_removes_only_a_lock_that_is_ours(api: ApiDouble, kube: Ku
     changes: list[tuple[str, NodeLock | None]] = []
     await locker(kube, changes).release("gpu-1", "default", "other")
     assert lock_on(api) is None and changes == [("gpu-1", None)]
+
+
+async def test_the_cache_counts_the_lock_it_took_before_the_watch_shows_it(api: ApiDouble, kube: KubeClient) -> None:
+    api.add_node(make_hami_node())
+    cache = cache_at_now(api)
+    await NodeLocker(kube, LOCK, 300.0, on_change=cache.take_lock, clock=lambda: NOW).acquire("gpu-1", "default", "p")
+    assert cache.nodes["gpu-1"].lock == NodeLock(NOW, "default/p"), "the next filter refuses the node at once"
+    cache.apply_node(copy.deepcopy(api.node("gpu-1") or {}))  # then the watch shows the write: the same lock
+    assert cache.nodes["gpu-1"].lock == NodeLock(NOW, "default/p")
+
+
+async def test_a_lock_removed_by_another_writer_before_the_reply_is_read_is_not_brought_back(
+    api: ApiDouble, kube: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock's write lands, someone else removes it (a person; in the e2e tier, a test's cleanup after the bind's
+    pod was deleted), and the watch shows both before the extender reads the write's reply (a busy event loop). The
+    reply must not bring the lock back into the cache: nothing would correct it until the lock's timeout, and every
+    filter would refuse the node for five minutes (found by reading the code after an e2e run saw a node still
+    locked 30 s after its pods and locks were gone, 2026-11-27). The release after the binding failed then finds
+    no lock in the API, and the cache agrees."""
+    api.add_node(make_hami_node())
+    cache = cache_at_now(api)
+    patch = kube.merge_patch
+
+    async def raced(path: str, body: Any) -> Any:
+        written = await patch(path, body)
+        cache.apply_node(copy.deepcopy(written))  # the watch's MODIFIED for the write...
+        release_as_the_plugin(api, "gpu-1")  # ...and for another writer's removal, both before the reply is read
+        cache.apply_node(copy.deepcopy(api.node("gpu-1") or {}))
+        return written
+
+    monkeypatch.setattr(kube, "merge_patch", raced)
+    node_locker = NodeLocker(kube, LOCK, 300.0, on_change=cache.take_lock, clock=lambda: NOW)
+    await node_locker.acquire("gpu-1", "default", "p")
+    assert lock_on(api) is None
+    assert cache.nodes["gpu-1"].lock is None, "the reply of a write the watch has gone past changes nothing"
+    await node_locker.release("gpu-1", "default", "p")  # the binding then failed: nothing of ours to remove
+    assert lock_on(api) is None and cache.nodes["gpu-1"].lock is None
+
+
+async def test_a_release_that_finds_the_lock_gone_tells_the_cache_before_the_watch(
+    api: ApiDouble, kube: KubeClient
+) -> None:
+    """The lock was taken (the cache counts it), then removed by someone else while the watch lags: the release
+    after a failed binding reads the node, finds nothing of ours, and the cache counts what it read."""
+    api.add_node(make_hami_node())
+    cache = cache_at_now(api)
+    node_locker = NodeLocker(kube, LOCK, 300.0, on_change=cache.take_lock, clock=lambda: NOW)
+    await node_locker.acquire("gpu-1", "default", "p")
+    assert cache.nodes["gpu-1"].lock == NodeLock(NOW, "default/p")
+    release_as_the_plugin(api, "gpu-1")  # the watch has not shown it yet
+    await node_locker.release("gpu-1", "default", "p")
+    assert lock_on(api) is None and cache.nodes["gpu-1"].lock is None
 
 
 async def test_a_bind_takes_the_lock_then_binds_and_a_failed_binding_releases_it(

@@ -12,7 +12,10 @@ only one wins (a 409 reads the node again). If the binding then surely failed, t
 while it is still ours (`binder.py` says why not after a binding that may still land).
 
 The cache is told of every lock taken or released here (`on_change`), so the next filter refuses the node
-before the watch shows the annotation.
+before the watch shows the annotation; with the node's resourceVersion the write made, so that a reply read
+after the watch has shown a later state of the node (the lock removed by someone else meanwhile) does not bring
+the lock back into the cache (`Cache.take_lock`). A release that finds the lock no longer ours tells the cache
+what it read, for the same reason.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ MARGIN = 0.5
 """Seconds of leadership kept in hand for writing the lock and the Binding after a wait."""
 
 
+def _version(node: dict[str, object]) -> str:
+    return str(objects.meta(node).get("resourceVersion") or "")
+
+
 def node_path(name: str) -> str:
     return f"/api/v1/nodes/{quote(name, safe='')}"
 
@@ -57,7 +64,7 @@ class NodeLocker:
         client: KubeClient,
         key: str,
         timeout: float,
-        on_change: Callable[[str, NodeLock | None], None],
+        on_change: Callable[[str, NodeLock | None, str], None],
         clock: Callable[[], float] = time.time,
         wait: float = WAIT,
         time_left: Callable[[], float | None] = lambda: None,
@@ -94,13 +101,14 @@ class NodeLocker:
             now = self.clock()
             writes += 1
             try:
-                if not await self._write(node, current, lock_value(now, namespace, name)):
-                    continue  # the node changed since we read it (another writer may have locked it): read again
+                version = await self._write(node, current, lock_value(now, namespace, name))
             except KubeError as error:
                 raise BindError(f"locking node {node} for its device plugin: {error}") from None
+            if version is None:
+                continue  # the node changed since we read it (another writer may have locked it): read again
             if lock is not None:
                 log.info("took over the lock on node %s from pod %s (stale or gone)", node, lock.pod or "unknown")
-            self.on_change(node, NodeLock(now, holder))
+            self.on_change(node, NodeLock(now, holder), version)
             return
         raise BindError(f"locking node {node} for its device plugin: the node kept changing; try again")
 
@@ -122,30 +130,31 @@ class NodeLocker:
                 return
             lock = read_lock(objects.annotations_of(current).get(self.key))
             if lock is None or (lock.pod and lock.pod != holder):
+                # Not ours to release; the cache may still count the lock we took (told after the watch had
+                # shown it removed): tell it what the API shows.
+                self.on_change(node, lock, _version(current))
                 return
             try:
-                if not await self._write(node, current, None):
-                    continue
+                version = await self._write(node, current, None)
             except KubeError as error:
                 log.warning("releasing the lock on node %s: %s", node, error)
                 return
-            self.on_change(node, None)
+            if version is None:
+                continue
+            self.on_change(node, None, version)
             return
+        log.warning("releasing the lock on node %s: the node kept changing; left to its timeout", node)
 
-    async def _write(self, node: str, current: dict[str, object], value: str | None) -> bool:
-        """Set the lock annotation to `value` (None: remove it) if the node is still as `current` read it; False
-        when it changed since (409 Conflict). Other API failures are raised."""
-        patch = {
-            "metadata": {
-                "annotations": {self.key: value},
-                "resourceVersion": objects.meta(current).get("resourceVersion"),
-            }
-        }
+    async def _write(self, node: str, current: dict[str, object], value: str | None) -> str | None:
+        """Set the lock annotation to `value` (None: remove it) if the node is still as `current` read it, and
+        return the node's resourceVersion after it ("" if the reply has none); None when it changed since (409
+        Conflict). Other API failures are raised."""
+        patch = {"metadata": {"annotations": {self.key: value}, "resourceVersion": _version(current)}}
         try:
-            await self.client.merge_patch(node_path(node), patch)
+            written = await self.client.merge_patch(node_path(node), patch)
         except Conflict:
-            return False
-        return True
+            return None
+        return _version(written) if isinstance(written, dict) else ""
 
     async def _read(self, node: str) -> dict[str, object]:
         try:
