@@ -87,6 +87,9 @@ class Cache:
         self._batch: dict[str, NodeState] | None = None
         self._locks: dict[str, NodeLock] = {}
         """Every node lock the API shows, fresh or not, by node."""
+        self._orphans: dict[str, NodeLock] = {}
+        """Node -> its lock, where the API has shown the lock's pod deleted: the node takes pods again (the next
+        bind takes the lock over, as HAMi's rule lets it: `sources/kube/nodelock.py`), not after 5 minutes."""
         self._versions: dict[str, tuple[str, ...]] = {}
         """Node -> the resourceVersions of its last `VERSIONS_KEPT` states the API's news applied, newest first:
         how `take_lock` tells a write it made from one the news has already shown, or gone past."""
@@ -211,6 +214,7 @@ class Cache:
             return
         if deleted:
             self._locks.pop(name, None)
+            self._orphans.pop(name, None)
             self._versions.pop(name, None)
             self._offered.pop(name, None)
             state = self.nodes.get(name)
@@ -267,7 +271,22 @@ class Cache:
             self._locks.pop(state.name, None)
         else:
             self._locks[state.name] = lock
-        state.lock = lock if lock is not None and self.clock() - lock.since <= self.lock_timeout else None
+        if self._orphans and self._orphans.get(state.name) != lock:
+            self._orphans.pop(state.name, None)
+        holds = lock is not None and self.clock() - lock.since <= self.lock_timeout and state.name not in self._orphans
+        state.lock = lock if holds else None
+
+    def _orphan_locks(self, holder: str) -> None:
+        """The pod `holder` (namespace/name) was deleted: a lock held for it holds its node no more. Its device
+        plugin never allocates a pod deleted before kubelet admitted it, so never releases that lock; HAMi's
+        bind takes such a lock over at once, and the filter, which refuses locked nodes, now agrees."""
+        for name, lock in self._locks.items():
+            if lock.pod == holder:
+                self._orphans[name] = lock
+                state = self.nodes.get(name)
+                if state is not None and state.lock is not None:
+                    state.lock = None
+                    self._changed(state)
 
     def take_lock(self, node: str, lock: NodeLock | None, version: str = "") -> None:
         """This replica took (or released: None) the device plugin's lock on the node, or read it so: count it
@@ -345,6 +364,8 @@ class Cache:
             return
         if deleted or record.finished:
             self._forget_pod(uid)
+            if deleted and not record.finished and self._locks:  # a DELETED that is not a pod finishing
+                self._orphan_locks(record.key)  # (the watch's selector drops finished pods: a DELETED too)
             return
         arrived = uid not in self.pods
         self.pods[uid] = record

@@ -5,7 +5,17 @@ from __future__ import annotations
 from extender.core.cache import Cache
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.pods import pod_record
-from tests.builders import HAMI, PROFILE, FakeClock, bound_pod, make_cluster, make_hami_node, make_node, make_pod
+from tests.builders import (
+    HAMI,
+    PROFILE,
+    FakeClock,
+    bound_pod,
+    make_cluster,
+    make_hami_node,
+    make_hami_pod,
+    make_node,
+    make_pod,
+)
 
 
 def test_a_bound_annotated_pod_holds_memory_on_its_device() -> None:
@@ -129,3 +139,26 @@ def test_a_node_locked_by_hamis_plugin_takes_no_pod_until_the_lock_is_released_o
     assert state.lock is not None and state.fit_free == -1 and cache.expire_locks() == []
     clock.advance(300)
     assert cache.expire_locks() == ["gpu-1"] and state.lock is None and state.fit_free == 40960
+
+
+def test_a_lock_whose_pod_was_deleted_holds_its_node_no_more() -> None:
+    """A pod deleted after its bind locked the node but before kubelet admitted it is never allocated, so HAMi's
+    plugin never releases its lock; HAMi's bind takes such a lock over at once (its pod no longer exists), and the
+    filter, which refuses locked nodes, must not keep refusing the node for the lock's 5 minutes. A pod that only
+    finished (a DELETED from the watch's selector, phase Failed) still exists, so its lock still holds."""
+    clock = FakeClock()
+    clock.now = 1_787_306_400.0 + 10
+    locked = make_hami_node("gpu-1", **{"hami.io/mutex.lock": "2026-08-21T10:00:00Z,default,p"})
+    cache = Cache(HAMI, lock_timeout=300.0, clock=clock)
+    p, q = make_hami_pod("p", mem=1000), make_hami_pod("q", mem=1000)
+    cache.replace([locked, make_hami_node("gpu-2", **{"hami.io/mutex.lock": "2026-08-21T10:00:00Z,default,q"})], [p, q])
+    gpu1, gpu2 = cache.nodes["gpu-1"], cache.nodes["gpu-2"]
+    assert gpu1.lock is not None and gpu2.lock is not None
+    cache.apply_pod({**q, "status": {**q["status"], "phase": "Failed"}}, deleted=True)
+    assert gpu2.lock is not None, "finished, not deleted: its lock stands until its plugin or the timeout"
+    cache.apply_pod(p, deleted=True)
+    assert gpu1.lock is None and gpu1.fit_free == 40960, "the node takes pods again"
+    cache.apply_node(locked)
+    assert gpu1.lock is None, "the same lock shown again by the node's next news still holds nothing"
+    cache.apply_node(make_hami_node("gpu-1", **{"hami.io/mutex.lock": "2026-08-21T10:00:05Z,default,p"}))
+    assert gpu1.lock is not None, "a new lock (a pod of the same name made again) holds the node"
