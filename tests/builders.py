@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -312,8 +314,10 @@ def make_hami_pod(
     }
 
 
-def make_hami_cluster(*nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] = ()) -> Cache:
-    cluster = Cache(HAMI)
+def make_hami_cluster(
+    *nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] = (), clock: Callable[[], float] = time.time
+) -> Cache:
+    cluster = Cache(HAMI, clock=clock)
     cluster.replace(list(nodes), list(pods))
     return cluster
 

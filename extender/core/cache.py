@@ -224,7 +224,7 @@ class Cache:
                 self._forget_if_empty(state)
             return
         state = self._state(name)
-        version = objects.meta(node).get("resourceVersion")
+        version = objects.resource_version(node)
         if version:
             self._versions[name] = (version, *self._versions.get(name, ())[: VERSIONS_KEPT - 1])
         found = self.protocol.node_devices(node)

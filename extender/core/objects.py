@@ -25,6 +25,11 @@ def meta(obj: Raw) -> Raw:
     return as_object(obj.get("metadata"))
 
 
+def resource_version(obj: Raw) -> str:
+    """`metadata.resourceVersion` ("" when none): opaque, compared only for equality."""
+    return str(meta(obj).get("resourceVersion") or "")
+
+
 def name(obj: Raw) -> str:
     """`metadata.name`, or "" when absent."""
     return str(meta(obj).get("name") or "")

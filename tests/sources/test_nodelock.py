@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from extender.core.binding import BindContext, BindError, BindRequest, Outcome, RecentPods, bind
-from extender.core.cache import Cache
 from extender.core.devices import NodeLock
 from extender.core.ledger import Ledger
 from extender.core.protocols.hami import LOCK
@@ -19,7 +18,7 @@ from extender.sources.kube.binder import KubeBinder
 from extender.sources.kube.client import KubeClient
 from extender.sources.kube.nodelock import NodeLocker
 from tests.apidouble import ApiDouble
-from tests.builders import HAMI, FakeClock, make_hami_cluster, make_hami_node, make_hami_pod, placer_for
+from tests.builders import FakeClock, make_hami_cluster, make_hami_node, make_hami_pod, placer_for
 
 NOW = 1_787_306_400.0  # 2026-08-21T10:00:00Z
 STAMP = "2026-08-21T10:00:00Z"
@@ -35,13 +34,6 @@ def locker(kube: KubeClient, changes: list[tuple[str, NodeLock | None]] | None =
         clock=lambda: NOW,
         wait=0.3,
     )
-
-
-def cache_at_now(api: ApiDouble) -> Cache:
-    """A HAMi cache of the double's nodes and pods whose clock reads NOW (a lock stamped NOW is fresh there)."""
-    cache = Cache(HAMI, clock=lambda: NOW)
-    cache.replace(api.nodes(), api.pods())
-    return cache
 
 
 def lock_on(api: ApiDouble, node: str = "gpu-1") -> str | None:
@@ -119,7 +111,7 @@ async def test_release_removes_only_a_lock_that_is_ours(api: ApiDouble, kube: Ku
 
 async def test_the_cache_counts_the_lock_it_took_before_the_watch_shows_it(api: ApiDouble, kube: KubeClient) -> None:
     api.add_node(make_hami_node())
-    cache = cache_at_now(api)
+    cache = make_hami_cluster(*api.nodes(), clock=lambda: NOW)  # a lock stamped NOW is fresh
     await NodeLocker(kube, LOCK, 300.0, on_change=cache.take_lock, clock=lambda: NOW).acquire("gpu-1", "default", "p")
     assert cache.nodes["gpu-1"].lock == NodeLock(NOW, "default/p"), "the next filter refuses the node at once"
     cache.apply_node(copy.deepcopy(api.node("gpu-1") or {}))  # then the watch shows the write: the same lock
@@ -136,7 +128,7 @@ async def test_a_lock_removed_by_another_writer_before_the_reply_is_read_is_not_
     locked 30 s after its pods and locks were gone, 2026-11-27). The release after the binding failed then finds
     no lock in the API, and the cache agrees."""
     api.add_node(make_hami_node())
-    cache = cache_at_now(api)
+    cache = make_hami_cluster(*api.nodes(), clock=lambda: NOW)  # a lock stamped NOW is fresh
     patch = kube.merge_patch
 
     async def raced(path: str, body: Any) -> Any:
@@ -161,7 +153,7 @@ async def test_a_release_that_finds_the_lock_gone_tells_the_cache_before_the_wat
     """The lock was taken (the cache counts it), then removed by someone else while the watch lags: the release
     after a failed binding reads the node, finds nothing of ours, and the cache counts what it read."""
     api.add_node(make_hami_node())
-    cache = cache_at_now(api)
+    cache = make_hami_cluster(*api.nodes(), clock=lambda: NOW)  # a lock stamped NOW is fresh
     node_locker = NodeLocker(kube, LOCK, 300.0, on_change=cache.take_lock, clock=lambda: NOW)
     await node_locker.acquire("gpu-1", "default", "p")
     assert cache.nodes["gpu-1"].lock == NodeLock(NOW, "default/p")

@@ -43,7 +43,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from extender.core.objects import Raw
+from extender.core.objects import Raw, resource_version
 from extender.core.pods import PodRecord, pod_record
 from extender.core.protocols import DeviceProtocol
 from extender.sources.kube.client import Gone, KubeClient, KubeError, WatchStalled, api_error
@@ -332,7 +332,7 @@ class Informer(Generic[Slim]):
         obj = event.get("object") or {}
         if kind == "ERROR":
             raise api_error(int(obj.get("code") or 500), orjson.dumps(obj), "WATCH", self.kind.path)
-        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        version = resource_version(obj)
         self._heard()
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             self.apply(self.kind.slim(obj), kind == "DELETED")

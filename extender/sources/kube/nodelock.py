@@ -48,10 +48,6 @@ MARGIN = 0.5
 """Seconds of leadership kept in hand for writing the lock and the Binding after a wait."""
 
 
-def _version(node: dict[str, object]) -> str:
-    return str(objects.meta(node).get("resourceVersion") or "")
-
-
 def node_path(name: str) -> str:
     return f"/api/v1/nodes/{quote(name, safe='')}"
 
@@ -132,7 +128,7 @@ class NodeLocker:
             if lock is None or (lock.pod and lock.pod != holder):
                 # Not ours to release; the cache may still count the lock we took (told after the watch had
                 # shown it removed): tell it what the API shows.
-                self.on_change(node, lock, _version(current))
+                self.on_change(node, lock, objects.resource_version(current))
                 return
             try:
                 version = await self._write(node, current, None)
@@ -149,12 +145,12 @@ class NodeLocker:
         """Set the lock annotation to `value` (None: remove it) if the node is still as `current` read it, and
         return the node's resourceVersion after it ("" if the reply has none); None when it changed since (409
         Conflict). Other API failures are raised."""
-        patch = {"metadata": {"annotations": {self.key: value}, "resourceVersion": _version(current)}}
+        patch = {"metadata": {"annotations": {self.key: value}, "resourceVersion": objects.resource_version(current)}}
         try:
             written = await self.client.merge_patch(node_path(node), patch)
         except Conflict:
             return None
-        return _version(written) if isinstance(written, dict) else ""
+        return objects.resource_version(written) if isinstance(written, dict) else ""
 
     async def _read(self, node: str) -> dict[str, object]:
         try:
