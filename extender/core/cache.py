@@ -33,6 +33,7 @@ from extender.core.resources import node_allocatable, node_ready
 VERSIONS_KEPT = 8
 """resourceVersions remembered per node (`Cache.take_lock`): more than the API's news brings for one node in the
 time a write's reply takes to be read (its own write, the plugin's release, a handshake, another writer's)."""
+GONE_KEPT = 4096  # UIDs kept in `Cache._gone`: far more pods than are deleted while one reply is on its way
 
 
 class Listener(Protocol):
@@ -93,6 +94,9 @@ class Cache:
         self._versions: dict[str, tuple[str, ...]] = {}
         """Node -> the resourceVersions of its last `VERSIONS_KEPT` states the API's news applied, newest first:
         how `take_lock` tells a write it made from one the news has already shown, or gone past."""
+        self._gone: dict[str, None] = {}
+        """UIDs of the last `GONE_KEPT` pods shown gone: a read that crossed the deletion (a bind's read-back,
+        `sources/kube/binder.py`) must not bring one back, with a hold nothing would remove."""
         self._offered: dict[str, tuple[Device, ...]] = {}
         """The GPUs each node offers, before the operators' unhealthy lists are applied."""
         self._unhealthy: dict[str, frozenset[int]] = {}
@@ -360,10 +364,10 @@ class Cache:
 
     def _apply_record(self, record: PodRecord, deleted: bool) -> None:
         uid = record.uid
-        if not uid:
+        if not uid or uid in self._gone:  # a UID is never reused: one shown gone stays gone
             return
         if deleted or record.finished:
-            self._forget_pod(uid)
+            self._forget_pod(uid, gone=deleted)
             if deleted and not record.finished and self._locks:  # a DELETED that is not a pod finishing
                 self._orphan_locks(record.key)  # (the watch's selector drops finished pods: a DELETED too)
             return
@@ -398,15 +402,16 @@ class Cache:
             self.release(uid)
 
     def forget_pod(self, uid: str) -> None:
-        """The pod is gone from the API (read there directly, ahead of the watch): free what it held.
-
-        A watch event for it that was already on its way may count it again for a moment; its DELETED event
-        follows in the same stream.
-        """
+        """The pod is gone from the API (read there directly, ahead of the watch): free what it held, for good
+        (a watch event for it already on its way changes nothing)."""
         with self._batched():
-            self._forget_pod(uid)
+            self._forget_pod(uid, gone=True)
 
-    def _forget_pod(self, uid: str) -> None:
+    def _forget_pod(self, uid: str, gone: bool = False) -> None:
+        if gone:
+            self._gone[uid] = None
+            if len(self._gone) > GONE_KEPT:
+                del self._gone[next(iter(self._gone))]
         self.pods.pop(uid, None)
         self.abandoned.discard(uid)
         self.release(uid)
@@ -463,8 +468,8 @@ class Cache:
         """Swap in a full listing of pods: a pod absent from it was deleted (or finished) meanwhile, and
         frees what it held, even a reservation.
 
-        Reservations of pods the cache has never seen are kept (the pod may be newer than the listing, its
-        bind racing the list); the ledger's TTL bounds them.
+        Reservations of pods the cache has never seen are kept, and an absent pod is not taken as gone for good
+        (`_gone`): it may be newer than the listing, its bind racing the list; the ledger's TTL bounds them.
         """
         listed = {record.uid for record in records}
         with self._batched():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from extender.core.cache import Cache
+from extender.core.cache import GONE_KEPT, Cache
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.pods import pod_record
 from tests.builders import (
@@ -39,6 +39,46 @@ def test_deleting_a_pod_frees_its_memory() -> None:
     cluster.apply_pod(pod, deleted=True)
     assert cluster.nodes["n1"].used == [0, 0]
     assert not cluster.pods
+
+
+def test_a_read_that_crossed_the_pods_deletion_does_not_bring_it_back() -> None:
+    """A bind answered 409 or 5xx reads the pod back and hands it to the cache (`sources/kube/binder.py`); the API
+    can answer that read just before the pod is deleted, and the watch's DELETED be handled before the reply is.
+    The late read must not put the pod back: no event would ever remove its hold again."""
+    pod = bound_pod("a", "n1", (0,), 10)
+    cluster = make_cluster(make_node("n1"), pods=(pod,))
+    cluster.apply_pod(pod, deleted=True)
+    cluster.apply_pod(pod)  # the read-back, answered before the deletion, handled after it
+    assert not cluster.pods and cluster.nodes["n1"].used == [0, 0]
+    cluster.apply_pod(bound_pod("b", "n1", (0,), 10))
+    assert cluster.nodes["n1"].used == [10, 0], "another pod (another UID) still counts"
+
+
+def test_a_pod_found_gone_by_a_direct_read_stays_gone_when_a_late_event_shows_it() -> None:
+    pod = bound_pod("a", "n1", (0,), 10)
+    cluster = make_cluster(make_node("n1"), pods=(pod,))
+    cluster.forget_pod(pod["metadata"]["uid"])
+    cluster.apply_pod(pod)  # a MODIFIED the watch sent before the deletion, read after the recheck
+    assert not cluster.pods and cluster.nodes["n1"].used == [0, 0]
+
+
+def test_pods_remembered_as_gone_are_bounded() -> None:
+    cluster = make_cluster(make_node("n1"))
+    first = bound_pod("p0", "n1", (0,), 1)
+    for number in range(GONE_KEPT + 1):
+        cluster.apply_pod(first if number == 0 else bound_pod(f"p{number}", "n1", (0,), 1), deleted=True)
+    assert len(cluster._gone) == GONE_KEPT
+    cluster.apply_pod(first)  # forgotten as gone: the oldest goes first (a UID is never reused in a real cluster)
+    assert first["metadata"]["uid"] in cluster.pods
+
+
+def test_a_listing_that_lacks_a_pod_does_not_take_it_as_gone_for_good() -> None:
+    """A relist may be older than a pod the cache got from a bind's read-back: the watch's later news of it counts."""
+    pod = bound_pod("a", "n1", (0,), 10)
+    cluster = make_cluster(make_node("n1"), pods=(pod,))
+    cluster.replace_pods([])
+    cluster.apply_pod(pod)
+    assert cluster.nodes["n1"].used == [10, 0]
 
 
 def test_a_finished_pod_frees_its_memory() -> None:

@@ -138,6 +138,33 @@ async def test_a_409_for_an_earlier_binding_of_ours_takes_the_gpus_it_carries(ap
     assert cluster.nodes["n1"].used == [0, 10] and cluster.reserved == {}
 
 
+async def test_a_read_back_that_crossed_the_pods_deletion_leaves_nothing_held(api: ApiDouble, kube: KubeClient) -> None:
+    """A 409 (an earlier binding of ours landed) makes the binder read the pod and hand it to the cache. Here the
+    pod is deleted just after the API served that read, and the watch's DELETED is handled before the read's
+    reply is (two sockets, one loop: either order happens). The wrapper plays that order on the real binder and
+    cache; the pod read back must not come back as a hold that no event would ever remove."""
+    api.add_node(make_node("n1", gpus=1, mem=16))
+    pod = api.add_pod(make_pod("p", gpu_mem=10))
+    cluster = snapshot(api)
+    api.update_pod(bound_pod("p", "n1", (0,), 10, uid=pod["metadata"]["uid"]))
+    read = kube.get
+
+    async def read_then_deleted(path: str) -> object:
+        current = await read(path)
+        api.delete_pod("default", "p")
+        cluster.apply_pod(current, deleted=True)  # the watch's DELETED, handled before the read's reply
+        return current
+
+    kube.get = read_then_deleted  # type: ignore[method-assign]
+    binder = KubeBinder(kube, observe=cluster.apply_pod)
+    error = await bind_error(
+        request_for(pod, "n1"), cluster, Ledger(cluster, 300.0), PolicyConfig(), binder, RecentPods()
+    )
+    assert error == ""  # the binding did land (an earlier attempt's); the pod is gone since
+    assert cluster.pods == {} and cluster.reserved == {} and cluster.nodes["n1"].used == [0]
+    assert cache_differences(cluster, api.nodes(), api.pods()) == []
+
+
 async def test_a_binding_that_may_have_landed_keeps_its_reservation_until_the_api_says(api: ApiDouble) -> None:
     pod = seed(api)
     uid = pod["metadata"]["uid"]  # type: ignore[index]

@@ -57,7 +57,8 @@ class KubeBinder:
         self.client = client
         self.observe = observe
         """Given the pod as read back after a conflict, so the cache holds what the API holds at once (an
-        earlier binding of ours may carry other GPUs than this attempt's)."""
+        earlier binding of ours may carry other GPUs than this attempt's). A read that the pod's deletion
+        overtook is ignored there: the cache remembers pods the watch showed gone (`Cache._gone`)."""
         self.locker = locker
         """The device plugin's node lock (HAMi), taken before a binding that allocates GPUs and released when it
         fails; None where the plugin has none."""
