@@ -293,15 +293,13 @@ class Cache:
                     self._changed(state)
 
     def take_lock(self, node: str, lock: NodeLock | None, version: str = "") -> None:
-        """This replica took (or released: None) the device plugin's lock on the node, or read it so: count it
-        before the watch shows it. `version` is the node's resourceVersion that the write made (or the read
-        showed): when the API's news has already applied it, the cache holds that state or a later one, and
-        this call changes nothing. Without that check a lock taken and then removed by another writer (a person,
-        another bind taking it over) could arrive here after the watch showed both, and the node would count
-        as locked, with nothing left to correct it, until the lock's timeout (5 minutes). Versions are compared
-        for equality only (the API's rule: they are opaque), so a relist that went past the write without
-        showing its version lets the write's state stand until the node's next news (a release reads the node
-        again and tells what it found: `NodeLocker.release`)."""
+        """This replica took (or released: None) the device plugin's lock on the node, or read it so: count it before
+        the watch shows it. `version` is the node's resourceVersion that the write made (or the read showed): when the
+        API's news has already applied it, the cache holds that state or a later one, and this call changes nothing.
+        Else a lock taken, then removed by another writer, could arrive here after the watch showed both: the node would
+        count as locked, nothing correcting it, for the lock's 5 minutes. Versions are compared for equality only (the
+        API's rule: they are opaque), so a relist that went past the write without showing its version lets the write's
+        state stand until the node's next news (or a release's read of it: `NodeLocker.release`)."""
         state = self.nodes.get(node)
         if version and version in self._versions.get(node, ()):
             return
@@ -364,12 +362,14 @@ class Cache:
 
     def _apply_record(self, record: PodRecord, deleted: bool) -> None:
         uid = record.uid
-        if not uid or uid in self._gone:  # a UID is never reused: one shown gone stays gone
+        if not uid:
             return
         if deleted or record.finished:
             self._forget_pod(uid, gone=deleted)
             if deleted and not record.finished and self._locks:  # a DELETED that is not a pod finishing
                 self._orphan_locks(record.key)  # (the watch's selector drops finished pods: a DELETED too)
+            return
+        if uid in self._gone:  # a UID is never reused: a pod shown gone stays gone
             return
         arrived = uid not in self.pods
         self.pods[uid] = record

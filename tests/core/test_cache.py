@@ -202,3 +202,17 @@ def test_a_lock_whose_pod_was_deleted_holds_its_node_no_more() -> None:
     assert gpu1.lock is None, "the same lock shown again by the node's next news still holds nothing"
     cache.apply_node(make_hami_node("gpu-1", **{"hami.io/mutex.lock": "2026-08-21T10:00:05Z,default,p"}))
     assert gpu1.lock is not None, "a new lock (a pod of the same name made again) holds the node"
+
+
+def test_a_deletion_seen_first_by_a_recheck_still_frees_the_lock_when_the_watch_shows_it() -> None:
+    """The recheck (a direct read) can find the pod gone before the watch's DELETED arrives; the pod is then
+    remembered as gone, and the DELETED must still do what a DELETED does to the lock it held."""
+    clock = FakeClock()
+    clock.now = 1_787_306_400.0 + 10
+    cache = Cache(HAMI, lock_timeout=300.0, clock=clock)
+    p = make_hami_pod("p", mem=1000)
+    cache.replace([make_hami_node("gpu-1", **{"hami.io/mutex.lock": "2026-08-21T10:00:00Z,default,p"})], [p])
+    cache.forget_pod(p["metadata"]["uid"])
+    assert cache.nodes["gpu-1"].lock is not None
+    cache.apply_pod(p, deleted=True)
+    assert cache.nodes["gpu-1"].lock is None
