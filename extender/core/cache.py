@@ -23,7 +23,7 @@ from typing import Protocol
 from extender.core import mig, objects
 from extender.core.devices import Device, NodeLock
 from extender.core.holds import Allocation, Hold, HoldState
-from extender.core.memo import FitIndex, NodeMemo
+from extender.core.memo import FitIndex, Lru, NodeMemo
 from extender.core.nodes import NodeState
 from extender.core.objects import Raw
 from extender.core.pods import PodRecord, pod_record
@@ -94,7 +94,7 @@ class Cache:
         self._versions: dict[str, tuple[str, ...]] = {}
         """Node -> the resourceVersions of its last `VERSIONS_KEPT` states the API's news applied, newest first:
         how `take_lock` tells a write it made from one the news has already shown, or gone past."""
-        self._gone: dict[str, None] = {}
+        self._gone: Lru[str, bool] = Lru(GONE_KEPT)
         """UIDs of the last `GONE_KEPT` pods shown gone: a read that crossed the deletion (a bind's read-back,
         `sources/kube/binder.py`) must not bring one back, with a hold nothing would remove."""
         self._offered: dict[str, tuple[Device, ...]] = {}
@@ -409,9 +409,7 @@ class Cache:
 
     def _forget_pod(self, uid: str, gone: bool = False) -> None:
         if gone:
-            self._gone[uid] = None
-            if len(self._gone) > GONE_KEPT:
-                del self._gone[next(iter(self._gone))]
+            self._gone.put(uid, True)
         self.pods.pop(uid, None)
         self.abandoned.discard(uid)
         self.release(uid)
