@@ -246,6 +246,8 @@ def test_a_peer_that_crashes_mid_run_is_started_again_after_kubelets_back_off(
     process.revive()
     assert len(process.crashes) == 2
     assert process._restart_at is not None and process._restart_at - time.monotonic() > 0.3, "the back-off doubles"
+    first_exit, second_exit = process.exited_at(time.monotonic() - process.exits[0] + 5)
+    assert first_exit == 5.0 and 5.2 <= second_exit < 15, "when, in seconds of the run, beside why"
     process.stop()
 
 
@@ -264,6 +266,10 @@ def test_the_report_says_how_often_the_peer_was_started_again() -> None:
     assert peer_restarts({"peer_crashes": []}) == ""
     said = peer_restarts({"peer_crashes": ["fatal error: concurrent map read and map write", "exit code 2"]})
     assert "exited 2 times" in said and said.endswith("fatal error: concurrent map read and map write")
+    extra = {"peer_crashes": ["fatal error: concurrent map writes", "exit code 2"], "peer_exited_at": [812.4, 1530.0]}
+    assert "exited 2 times (at 812, 1,530 s of the run) and" in peer_restarts(extra)
+    said = peer_restarts(extra, speed=3.0)
+    assert "(at 812, 1,530 s of the run; trace hour 0.7, 1.3)" in said, "a churn run's exits on its curve's axis"
 
 
 def test_hami_scheduler_has_settled_once_every_node_carries_its_handshakes(tmp_path: Path) -> None:

@@ -381,7 +381,7 @@ def render(result: ChurnResult, label: str = "") -> str:
     late = result.extra.get("late")
     if isinstance(late, float):
         timing += f"; the driver came at most {late:.2f} s after its timetable"
-    timing += peer_restarts(result.extra)
+    timing += peer_restarts(result.extra, result.plan.speed)
     sampled = result.extra.get("sampled")
     if sampled:
         timing += (

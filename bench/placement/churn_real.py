@@ -241,4 +241,5 @@ class ChurnReal(RealReplay):
         extra: dict[str, object] = {"late": self.latest, "config": self.config}
         if self.peer is not None:
             extra["peer_crashes"] = list(self.peer.crashes)
+            extra["peer_exited_at"] = self.peer.exited_at(time.monotonic() - self.started)
         return self.tally.result("real", self.workload, self.plan, end, waited, arrived, seconds, extra)

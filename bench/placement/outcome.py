@@ -148,9 +148,18 @@ def gpu_uses(workload: Workload, cache: Cache) -> dict[str, NodeUse]:
     return nodes
 
 
-def peer_restarts(extra: dict[str, Any]) -> str:
-    """The report's words for a peer that exited during the run (`peers.GpushareProcess.revive`), or ""."""
+def peer_restarts(extra: dict[str, Any], speed: float | None = None) -> str:
+    """The report's words for a peer that exited during the run (`peers.PeerProcess.revive`), or "": how often,
+    when (seconds into the run, and in a churn run, whose clock runs `speed` times the trace's, the trace hour,
+    the unit of its curve), and why the first time."""
     crashes = extra.get("peer_crashes")
     if not isinstance(crashes, list) or not crashes:
         return ""
-    return f"; the peer exited {len(crashes)} times and was started again (as kubelet would): {crashes[0]}"
+    when = ""
+    exited_at = extra.get("peer_exited_at")
+    if isinstance(exited_at, list) and exited_at:
+        when = f" (at {', '.join(f'{at:,.0f}' for at in exited_at)} s of the run"
+        if speed:
+            when += f"; trace hour {', '.join(f'{at * speed / 3600:.1f}' for at in exited_at)}"
+        when += ")"
+    return f"; the peer exited {len(crashes)} times{when} and was started again (as kubelet would): {crashes[0]}"

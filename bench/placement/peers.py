@@ -194,6 +194,8 @@ class PeerProcess:
         """`_bytes` when its current process started: what `_why` reads comes after it."""
         self.crashes: list[str] = []
         """Why it exited, each time it did during the run (`revive`)."""
+        self.exits: list[float] = []
+        """When `revive` found it exited (`time.monotonic()`), each time, beside `crashes`."""
         self._restart_at: float | None = None
 
     @property
@@ -266,10 +268,17 @@ class PeerProcess:
             if self._reader is not None:
                 self._reader.join(timeout=5)
             self.crashes.append(self._why())
+            self.exits.append(now)
             self._restart_at = now + min(BACKOFF * 2 ** (len(self.crashes) - 1), BACKOFF_MAX)
         elif now >= self._restart_at:
             self._restart_at = None
             self._spawn()
+
+    def exited_at(self, elapsed: float) -> list[float]:
+        """Seconds into the run at which each exit was found, the run having lasted `elapsed` seconds so far (on
+        whichever clock the runner keeps): so a report can set the exits beside its curve over time."""
+        start = time.monotonic() - elapsed
+        return [round(at - start, 1) for at in self.exits]
 
     def _why(self) -> str:
         """Why its last process exited: its last line naming a fatal error or a panic, else its last line, from

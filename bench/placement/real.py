@@ -281,6 +281,7 @@ class RealReplay:
         result.extra["config"] = self.config
         if self.peer is not None:
             result.extra["peer_crashes"] = list(self.peer.crashes)
+            result.extra["peer_exited_at"] = self.peer.exited_at(time.perf_counter() - started)
         return result
 
     async def _one_at_a_time(
