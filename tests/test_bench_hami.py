@@ -139,3 +139,56 @@ def test_the_plugin_double_admits_a_pod_bound_while_its_watch_was_down() -> None
     assert queued.qsize() == 1 and queued.get_nowait()[0]["metadata"]["name"] == "in-the-gap", "admitted"
     assert set(double._pods) == {"uid-in-the-gap"}, "the pod no longer listed is gone"
     assert "uid-before" in double._admitted, "the pod bound before the start was adopted, not admitted"
+
+
+@pytest.mark.parametrize(
+    ("lock_names", "refused"),
+    [
+        ("default/short", False),  # its own pod, deleted between admission and Allocate: nothing to refuse
+        ("default/other", True),  # another pod, gone, while the admitted one lives: a refusal
+    ],
+)
+def test_the_plugin_double_drops_a_pod_deleted_while_kubelet_admits_it(lock_names: str, refused: bool) -> None:
+    """Under churn on `gpushare100` (seed 42, HAMi's protocol, x2) a pod bound at 23:32:29.227 was deleted within a
+    second (its lifetime): the double had read it for admission, then its GetPendingPod read the node's lock naming
+    it and found it gone, and counted a refusal, failing the run's end check, though no pod was left to refuse (the
+    extender took over the lock a second later, as HAMi's LockNode does when its pod is gone). HAMi's Allocate fails
+    there and leaves the lock; the double now does the same and records nothing."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from tests.e2e.controlplane import ApiError
+    from tests.e2e.deviceplugin import LOCK, DevicePluginDouble
+
+    short = {
+        "metadata": {"name": "short", "namespace": "default", "uid": "uid-short"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }
+    namespace, name = lock_names.split("/")
+    node = {"metadata": {"name": "n1", "annotations": {LOCK: f"2026-11-27T23:32:29Z,{namespace},{name}"}}}
+    reads = {"/api/v1/namespaces/default/pods/short": [short]}  # then 404: deleted after kubelet read it
+    if refused:
+        reads["/api/v1/namespaces/default/pods/short"] = [short, short]
+    writes: list[str] = []
+
+    async def call(method: str, path: str, body: Any = None) -> dict[str, Any]:
+        if method != "GET":
+            writes.append(path)
+            return {}
+        if path == "/api/v1/nodes/n1":
+            return node
+        if reads.get(path):
+            return reads[path].pop(0)
+        raise ApiError(method, path, 404, b'{"reason": "NotFound"}')
+
+    plane = SimpleNamespace(users={"admin": SimpleNamespace(token="t")}, url="https://api")
+    double = DevicePluginDouble(plane, ["n1"], delay=0)  # type: ignore[arg-type]
+    double._call = call  # type: ignore[method-assign]
+    asyncio.run(double._admit("n1", short, 0.0))
+    assert writes == [], "the lock stays, as HAMi's Allocate leaves it when GetPendingPod fails"
+    assert double.violations == []
+    if refused:
+        [allocation] = double.allocations
+        assert not allocation.accepted and "names default/other, which is gone" in allocation.reason
+    else:
+        assert double.allocations == [], "no pod to refuse"

@@ -53,7 +53,8 @@ accept for that node"): each GPU of the entry is registered on the node (UUID in
 and its memory and compute are within that GPU's `devmem` and `devcore`; on a MIG node, the profile, by its full
 name, and the placement among the GPU's registered ones (the real plugin resolves a profile by its slice count
 alone, `1g.20gb` as `1g`, `migmgr.go:349-353`, and checks the placement against that NVML profile's).
-An entry that fails is refused as the plugin refuses (bind-phase failed, lock released), with the reason recorded.
+An entry that fails is refused as the plugin refuses (bind-phase failed, lock released), with the reason recorded;
+a pod deleted between kubelet's admission and its Allocate is dropped, not counted as refused (`_gone`).
 `refuse` makes it refuse named pods on purpose, as a plugin that cannot allocate does (a GPU lost from NVML, a count
 mismatch).
 
@@ -658,6 +659,8 @@ class DevicePluginDouble:
             try:
                 entry, how = await self._allocate(node, current, count)
             except CallFailed as failure:
+                if failure.pod is None and await self._gone(current):
+                    return  # deleted while kubelet admitted it: its Allocate fails, and nothing needs the answer
                 reason = failure.reason
                 if failure.found_by:
                     found_by.append(failure.found_by)
@@ -673,6 +676,22 @@ class DevicePluginDouble:
                 time.monotonic(),
             )
         )  # fmt: skip
+
+    async def _gone(self, pod: Obj) -> bool:
+        """Whether `pod` has been deleted (or is being deleted, or its name is another pod's now). Under churn a pod
+        can live a second: deleted between kubelet's admission and its Allocate, where HAMi's GetPendingPod then
+        finds the lock naming a pod that is gone, or no pod awaiting its GPUs. HAMi's Allocate fails there and
+        leaves the lock (it does not release it when GetPendingPod fails, `nvinternal/plugin/server.go:757-761` at
+        v2.10.0; the next LockNode takes it over as its pod is gone, `util/nodelock/nodelock.go:269-278`), as the
+        double does, but no pod is refused: there is none."""
+        meta = pod["metadata"]
+        try:
+            current = await self._call("GET", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+        except ApiError as error:
+            if error.status == 404:
+                return True
+            raise
+        return current["metadata"]["uid"] != meta["uid"] or bool(current["metadata"].get("deletionTimestamp"))
 
     async def _allocate(self, node: str, admitted: Obj, count: int) -> tuple[str, str]:
         """One Allocate call for `count` devices of a container of `admitted`; returns the entry given and how its
