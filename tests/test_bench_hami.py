@@ -142,13 +142,16 @@ def test_the_plugin_double_admits_a_pod_bound_while_its_watch_was_down() -> None
 
 
 @pytest.mark.parametrize(
-    ("lock_names", "refused"),
+    ("lock_names", "deleted", "refused"),
     [
-        ("default/short", False),  # its own pod, deleted between admission and Allocate: nothing to refuse
-        ("default/other", True),  # another pod, gone, while the admitted one lives: a refusal
+        ("default/short", True, False),  # its own pod, deleted between admission and Allocate: nothing to refuse
+        ("default/other", False, True),  # another pod, gone, while the admitted one lives: a refusal
+        ("default/other", True, True),  # another pod, gone: the lock was not the admitted pod's, deleted or not
     ],
 )
-def test_the_plugin_double_drops_a_pod_deleted_while_kubelet_admits_it(lock_names: str, refused: bool) -> None:
+def test_the_plugin_double_drops_a_pod_deleted_while_kubelet_admits_it(
+    lock_names: str, deleted: bool, refused: bool
+) -> None:
     """Under churn on `gpushare100` (seed 42, HAMi's protocol, x2) a pod bound at 23:32:29.227 was deleted within a
     second (its lifetime): the double had read it for admission, then its GetPendingPod read the node's lock naming
     it and found it gone, and counted a refusal, failing the run's end check, though no pod was left to refuse (the
@@ -166,9 +169,8 @@ def test_the_plugin_double_drops_a_pod_deleted_while_kubelet_admits_it(lock_name
     }
     namespace, name = lock_names.split("/")
     node = {"metadata": {"name": "n1", "annotations": {LOCK: f"2026-11-27T23:32:29Z,{namespace},{name}"}}}
-    reads = {"/api/v1/namespaces/default/pods/short": [short]}  # then 404: deleted after kubelet read it
-    if refused:
-        reads["/api/v1/namespaces/default/pods/short"] = [short, short]
+    # kubelet reads the pod to admit it; then, when deleted, 404
+    reads = {"/api/v1/namespaces/default/pods/short": [short] if deleted else [short, short, short]}
     writes: list[str] = []
 
     async def call(method: str, path: str, body: Any = None) -> dict[str, Any]:

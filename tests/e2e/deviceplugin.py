@@ -395,11 +395,13 @@ class Allocation:
 class CallFailed(Exception):
     """One Allocate call failed: the pod found is marked failed (when one was found) and the lock released."""
 
-    def __init__(self, reason: str, pod: Obj | None, found_by: str = "") -> None:
+    def __init__(self, reason: str, pod: Obj | None, found_by: str = "", gone: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.pod = pod
         self.found_by = found_by
+        self.gone = gone
+        """The pod (`namespace/name`) the node's lock named and the API no longer has, if that is why."""
 
 
 @dataclass(slots=True)
@@ -659,7 +661,7 @@ class DevicePluginDouble:
             try:
                 entry, how = await self._allocate(node, current, count)
             except CallFailed as failure:
-                if failure.pod is None and await self._gone(current):
+                if failure.pod is None and failure.gone in ("", pod_key(current)) and await self._gone(current):
                     return  # deleted while kubelet admitted it: its Allocate fails, and nothing needs the answer
                 reason = failure.reason
                 if failure.found_by:
@@ -680,10 +682,11 @@ class DevicePluginDouble:
     async def _gone(self, pod: Obj) -> bool:
         """Whether `pod` has been deleted (or is being deleted, or its name is another pod's now). Under churn a pod
         can live a second: deleted between kubelet's admission and its Allocate, where HAMi's GetPendingPod then
-        finds the lock naming a pod that is gone, or no pod awaiting its GPUs. HAMi's Allocate fails there and
-        leaves the lock (it does not release it when GetPendingPod fails, `nvinternal/plugin/server.go:757-761` at
-        v2.10.0; the next LockNode takes it over as its pod is gone, `util/nodelock/nodelock.go:269-278`), as the
-        double does, but no pod is refused: there is none."""
+        finds the lock naming that pod, gone, or no lock and no pod awaiting its GPUs. HAMi's Allocate fails there
+        and leaves the lock (it does not release it when GetPendingPod fails, `nvinternal/plugin/server.go:757-761`
+        at v2.10.0; the next LockNode takes it over as its pod is gone, `util/nodelock/nodelock.go:269-288`), as the
+        double does, but no pod is refused: there is none. A lock naming another pod, gone, is still a refusal
+        (the caller's check): the lock was not the admitted pod's."""
         meta = pod["metadata"]
         try:
             current = await self._call("GET", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
@@ -876,7 +879,9 @@ class DevicePluginDouble:
                 return await self._call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}"), "lock", gpus
             except ApiError as error:
                 if error.status == 404:
-                    raise CallFailed(f"the lock on {node} names {namespace}/{name}, which is gone", None) from None
+                    raise CallFailed(
+                        f"the lock on {node} names {namespace}/{name}, which is gone", None, gone=f"{namespace}/{name}"
+                    ) from None
                 raise
         listed = await self._call("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")
         for pod in listed["items"]:
