@@ -270,6 +270,9 @@ def test_the_report_says_how_often_the_peer_was_started_again() -> None:
     assert "exited 2 times (at 812, 1,530 s of the run) and" in peer_restarts(extra)
     said = peer_restarts(extra, speed=3.0)
     assert "(at 812, 1,530 s of the run; trace hour 0.7, 1.3)" in said, "a churn run's exits on its curve's axis"
+    extra["peer_exited_at"] = [-40.0, 812.4]  # found while it settled, before the run's clock started
+    said = peer_restarts(extra, speed=3.0)
+    assert "(1 before the pods came; at 812 s of the run; trace hour 0.7)" in said
 
 
 def test_hami_scheduler_has_settled_once_every_node_carries_its_handshakes(tmp_path: Path) -> None:

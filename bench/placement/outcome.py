@@ -150,16 +150,22 @@ def gpu_uses(workload: Workload, cache: Cache) -> dict[str, NodeUse]:
 
 def peer_restarts(extra: dict[str, Any], speed: float | None = None) -> str:
     """The report's words for a peer that exited during the run (`peers.PeerProcess.revive`), or "": how often,
-    when (seconds into the run, and in a churn run, whose clock runs `speed` times the trace's, the trace hour,
-    the unit of its curve), and why the first time."""
+    when each exit was found (seconds into the run, and in a churn run, whose trace clock runs `speed` times the
+    run's, the trace hour, the unit of its curve; an exit while the peer settled, before the pods, as such), and
+    why the first time."""
     crashes = extra.get("peer_crashes")
     if not isinstance(crashes, list) or not crashes:
         return ""
-    when = ""
     exited_at = extra.get("peer_exited_at")
+    when = []
     if isinstance(exited_at, list) and exited_at:
-        when = f" (at {', '.join(f'{at:,.0f}' for at in exited_at)} s of the run"
-        if speed:
-            when += f"; trace hour {', '.join(f'{at * speed / 3600:.1f}' for at in exited_at)}"
-        when += ")"
-    return f"; the peer exited {len(crashes)} times{when} and was started again (as kubelet would): {crashes[0]}"
+        before = sum(1 for at in exited_at if at < 0)
+        during = [at for at in exited_at if at >= 0]
+        if before:
+            when.append(f"{before} before the pods came")
+        if during:
+            when.append(f"at {', '.join(f'{at:,.0f}' for at in during)} s of the run")
+            if speed:
+                when.append(f"trace hour {', '.join(f'{at * speed / 3600:.1f}' for at in during)}")
+    said = f" ({'; '.join(when)})" if when else ""
+    return f"; the peer exited {len(crashes)} times{said} and was started again (as kubelet would): {crashes[0]}"
