@@ -54,7 +54,7 @@ and its memory and compute are within that GPU's `devmem` and `devcore`; on a MI
 name, and the placement among the GPU's registered ones (the real plugin resolves a profile by its slice count
 alone, `1g.20gb` as `1g`, `migmgr.go:349-353`, and checks the placement against that NVML profile's).
 An entry that fails is refused as the plugin refuses (bind-phase failed, lock released), with the reason recorded;
-a pod deleted between kubelet's admission and its Allocate is dropped, not counted as refused (`_gone`).
+a pod deleted between kubelet's admission and its Allocate is dropped, not counted as refused (`_live`).
 `refuse` makes it refuse named pods on purpose, as a plugin that cannot allocate does (a GPU lost from NVML, a count
 mismatch).
 
@@ -646,14 +646,9 @@ class DevicePluginDouble:
 
     async def _admit(self, node: str, pod: Obj, bound_at: float) -> None:
         meta = pod["metadata"]
-        try:
-            current = await self._call("GET", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
-        except ApiError as error:
-            if error.status == 404:
-                return  # deleted before kubelet got to it
-            raise
-        if current["metadata"]["uid"] != meta["uid"] or current["metadata"].get("deletionTimestamp"):
-            return
+        current = await self._live(pod)
+        if current is None:
+            return  # deleted before kubelet got to it
         entries: list[str] = []
         found_by: list[str] = []
         reason = ""
@@ -661,7 +656,7 @@ class DevicePluginDouble:
             try:
                 entry, how = await self._allocate(node, current, count)
             except CallFailed as failure:
-                if failure.pod is None and failure.gone in ("", pod_key(current)) and await self._gone(current):
+                if failure.pod is None and failure.gone in ("", pod_key(current)) and not await self._live(current):
                     return  # deleted while kubelet admitted it: its Allocate fails, and nothing needs the answer
                 reason = failure.reason
                 if failure.found_by:
@@ -679,8 +674,9 @@ class DevicePluginDouble:
             )
         )  # fmt: skip
 
-    async def _gone(self, pod: Obj) -> bool:
-        """Whether `pod` has been deleted (or is being deleted, or its name is another pod's now). Under churn a pod
+    async def _live(self, pod: Obj) -> Obj | None:
+        """`pod` as the API has it now; None once it is deleted (or being deleted, or its name is another pod's). Read
+        when kubelet admits the pod, and again when its Allocate found no pod to give the GPUs to. Under churn a pod
         can live a second: deleted between kubelet's admission and its Allocate, where HAMi's GetPendingPod then
         finds the lock naming that pod, gone, or no lock and no pod awaiting its GPUs. HAMi's Allocate fails there
         and leaves the lock (it does not release it when GetPendingPod fails, `nvinternal/plugin/server.go:757-761`
@@ -692,9 +688,11 @@ class DevicePluginDouble:
             current = await self._call("GET", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
         except ApiError as error:
             if error.status == 404:
-                return True
+                return None
             raise
-        return current["metadata"]["uid"] != meta["uid"] or bool(current["metadata"].get("deletionTimestamp"))
+        if current["metadata"]["uid"] != meta["uid"] or current["metadata"].get("deletionTimestamp"):
+            return None
+        return current
 
     async def _allocate(self, node: str, admitted: Obj, count: int) -> tuple[str, str]:
         """One Allocate call for `count` devices of a container of `admitted`; returns the entry given and how its
