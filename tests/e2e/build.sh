@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The e2e tier's control plane, built once and cached: kube-apiserver and kube-scheduler from the
-# k8s.io/kubernetes release pinned in tests/e2e/k8s/go.mod, and etcd from Debian's etcd-server package
-# (downloaded and unpacked, never installed). Everything lands in
+# The Kubernetes commands the tests run, built once and cached: kube-apiserver and kube-scheduler (the e2e tier's
+# control plane), kube-controller-manager, kubelet, kube-proxy and kubectl (the node tier, tests/node) from the
+# k8s.io/kubernetes release pinned in tests/e2e/k8s/go.mod, statically linked (CGO_ENABLED=0, as Kubernetes'
+# own release builds are, so kube-scheduler runs in an image with nothing else in it); and etcd from Debian's
+# etcd-server package (downloaded and unpacked, never installed). Everything lands in
 # ${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/k8s-<version>/.
 #
 # Idempotent: the Kubernetes binaries are rebuilt only when go.mod, go.sum or the link flags change (a stamp
@@ -40,25 +42,34 @@ for package in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $package.gitCommit=${release_commits[$version]:-} -X $package.gitTreeState=clean"
 done
 
-stamp_value="$(cat "$module/go.mod" "$module/go.sum" <(echo "$ldflags") | sha256sum | cut -d' ' -f1)"
+commands=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy kubectl)
+stamp_value="$(cat "$module/go.mod" "$module/go.sum" <(echo "$ldflags CGO_ENABLED=0 ${commands[*]}") \
+    | sha256sum | cut -d' ' -f1)"
 stamp="$cache/kubernetes.stamp"
 
 build_kubernetes() {
-    if [[ -x "$cache/kube-apiserver" && -x "$cache/kube-scheduler" && -f "$stamp" ]] \
-        && [[ "$(cat "$stamp")" == "$stamp_value" ]]; then
-        echo "e2e: kube-apiserver and kube-scheduler $version are up to date in $cache"
+    local command up_to_date=1
+    for command in "${commands[@]}"; do
+        [[ -x "$cache/$command" ]] || up_to_date=0
+    done
+    if [[ $up_to_date == 1 && -f "$stamp" ]] && [[ "$(cat "$stamp")" == "$stamp_value" ]]; then
+        echo "e2e: ${commands[*]} $version are up to date in $cache"
         return
     fi
-    echo "e2e: building kube-apiserver and kube-scheduler $version with $("$go_bin" version | cut -d' ' -f3)" \
-        "(cold: about 6 minutes on 2 cores; the Go build cache makes later builds quick)"
-    local started=$SECONDS
-    (cd "$module" && "$go_bin" build -mod=readonly -buildvcs=false -ldflags "$ldflags" -o "$work/bin/" \
-        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler)
+    echo "e2e: building ${commands[*]} $version with $("$go_bin" version | cut -d' ' -f3)" \
+        "(cold: about 12 minutes on 2 cores; the Go build cache makes later builds quick)"
+    local started=$SECONDS packages=()
+    for command in "${commands[@]}"; do
+        packages+=("k8s.io/kubernetes/cmd/$command")
+    done
+    (cd "$module" && CGO_ENABLED=0 "$go_bin" build -mod=readonly -buildvcs=false -ldflags "$ldflags" \
+        -o "$work/bin/" "${packages[@]}")
     rm -f "$stamp"
-    mv -f "$work/bin/kube-apiserver" "$cache/kube-apiserver"
-    mv -f "$work/bin/kube-scheduler" "$cache/kube-scheduler"
+    for command in "${commands[@]}"; do
+        mv -f "$work/bin/$command" "$cache/$command"
+    done
     echo "$stamp_value" >"$stamp.tmp" && mv -f "$stamp.tmp" "$stamp"
-    echo "e2e: built kube-apiserver and kube-scheduler $version into $cache in $((SECONDS - started)) s"
+    echo "e2e: built ${commands[*]} $version into $cache in $((SECONDS - started)) s"
 }
 
 fetch_etcd() {
