@@ -1,0 +1,118 @@
+"""What runs on the one-node cluster besides its daemons: the images (imported, since no registry is reachable),
+CoreDNS and the device-plugin double's rights (addons.yaml), and the device-plugin double itself.
+
+The images come from `image/node-images.sh`, which builds each from its source at a pinned version and lists them
+in `<cache>/node-images/index` (one `name<TAB>archive` line each). They are imported into containerd's `k8s.io`
+namespace under the names the manifests use, so `imagePullPolicy: IfNotPresent` finds them and nothing is pulled.
+
+The device-plugin double (devtools/deviceplugin) runs on the host as a root process, as the real plugins run in a
+privileged pod: it registers on kubelet's socket and kubelet calls its `Allocate`. One runs at a time, for the
+protocol asked; `start_device_plugin` replaces the one running.
+"""
+
+from __future__ import annotations
+
+import string
+import sys
+from pathlib import Path
+
+from devtools.cluster import processes
+from devtools.cluster.clients import api_get, ctr, kubectl
+from devtools.cluster.layout import CLUSTER_DOMAIN, DNS_SERVICE_IP, NODE_NAME, REPOSITORY, Paths, cache_root
+from devtools.cluster.processes import ClusterError
+
+IMAGES_SCRIPT = REPOSITORY / "image" / "node-images.sh"
+ADDONS = Path(__file__).with_name("addons.yaml")
+REQUIRED = {
+    "pause": "registry.k8s.io/pause:",
+    "CoreDNS": "registry.k8s.io/coredns/coredns:",
+    "kube-scheduler": "registry.k8s.io/kube-scheduler:",
+    "the extender": "ghcr.io/gpu-extender/gpu-extender:",
+    "the GPU pods' workload": "localhost/gpu-workload:",
+}
+"""Each image the cluster needs, by the start of its name in the index."""
+RESOURCES = {"gpushare": "aliyun.com/gpu-mem", "hami": "nvidia.com/gpu"}
+"""What each protocol's device plugin advertises: the Node shows it once the plugin is registered."""
+DEFAULT_GPUS = {
+    "gpushare": REPOSITORY / "devtools" / "deviceplugin" / "gpus-gpushare.yaml",
+    "hami": REPOSITORY / "devtools" / "deviceplugin" / "gpus-hami.yaml",
+}
+
+
+def images() -> dict[str, Path]:
+    """The images image/node-images.sh built: name -> archive."""
+    index = cache_root() / "node-images" / "index"
+    found: dict[str, Path] = {}
+    if index.exists():
+        for line in index.read_text().splitlines():
+            if "\t" in line:
+                name, archive = line.split("\t", 1)
+                found[name] = Path(archive)
+    return found
+
+
+def image_named(prefix: str) -> str:
+    for name in images():
+        if name.startswith(prefix):
+            return name
+    raise ClusterError(f"no image {prefix}* in {cache_root() / 'node-images' / 'index'}: run `bash {IMAGES_SCRIPT}`")
+
+
+def missing_images() -> list[str]:
+    built = images()
+    problems = [
+        f"no image for {what} ({prefix}*)"
+        for what, prefix in REQUIRED.items()
+        if not any(name.startswith(prefix) and archive.exists() for name, archive in built.items())
+    ]
+    if problems:
+        return [f"{'; '.join(problems)}: run `bash {IMAGES_SCRIPT.relative_to(REPOSITORY)}` (make cluster does)"]
+    return []
+
+
+def import_images(paths: Paths) -> None:
+    for name, archive in images().items():
+        ctr(["images", "import", str(archive)])
+        if name not in ctr(["images", "ls", "-q"]).stdout.split():
+            raise ClusterError(f"{archive} imported, but containerd has no image {name}")
+
+
+def apply(paths: Paths) -> None:
+    """CoreDNS and the device plugin's rights; waits until CoreDNS is Available."""
+    text = string.Template(ADDONS.read_text()).substitute(
+        IMAGE=image_named(REQUIRED["CoreDNS"]), DOMAIN=CLUSTER_DOMAIN, DNS_SERVICE_IP=DNS_SERVICE_IP
+    )
+    kubectl(paths, "apply", "-f", "-", input_text=text)
+    try:
+        kubectl(paths, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=120s")
+    except ClusterError as error:
+        pods = kubectl(paths, "-n", "kube-system", "describe", "pods", "-l", "k8s-app=kube-dns")
+        raise ClusterError(f"CoreDNS did not become Available: {error}\n{pods[-3000:]}") from None
+
+
+def start_device_plugin(paths: Paths, protocol: str, gpus: Path | None = None) -> None:
+    """Start the device-plugin double of `protocol` (replacing the one running) and wait until the Node
+    advertises its resource."""
+    if protocol not in RESOURCES:
+        raise ClusterError(f"unknown protocol {protocol!r}: gpushare or hami")
+    processes.stop(paths, "device-plugin")
+    argv = [
+        sys.executable,
+        "-m",
+        "devtools.deviceplugin",
+        f"--protocol={protocol}",
+        f"--node={NODE_NAME}",
+        f"--kubeconfig={paths.kubeconfig('device-plugin')}",
+        f"--gpus={gpus or DEFAULT_GPUS[protocol]}",
+        f"--record={paths.state / 'device-plugin.jsonl'}",
+    ]
+    processes.start(paths, "device-plugin", argv, in_node=False)
+    resource = RESOURCES[protocol]
+
+    def advertised() -> bool:
+        found = api_get(paths, f"/api/v1/nodes/{NODE_NAME}")
+        allocatable = (found or {}).get("status", {}).get("allocatable", {})
+        return str(allocatable.get(resource, "0")) not in ("0", "")
+
+    processes.wait_until(paths, "device-plugin", advertised, f"registered (the Node advertises {resource})")
+    (paths.state / "protocol").write_text(f"{protocol}\n")
