@@ -53,7 +53,9 @@ def make(control_plane: ControlPlane, cleanup: Remember, node: str) -> Make:
 
     async def create(name: str, units: int, annotations: dict[str, str], gpus: int | None = None) -> dict[str, Any]:
         limits = {MEM: str(units)} | ({COUNT: str(gpus)} if gpus else {})
-        pod = await control_plane.api("POST", "/api/v1/namespaces/default/pods", make_pod(name, node, limits, annotations))
+        pod = await control_plane.api(
+            "POST", "/api/v1/namespaces/default/pods", make_pod(name, node, limits, annotations)
+        )
         cleanup(f"/api/v1/namespaces/default/pods/{name}")
         return pod
 
@@ -194,7 +196,6 @@ async def test_it_registers_again_when_kubelet_recreates_its_socket(
 ) -> None:
     """kubelet restarting wipes the directory's sockets and listens anew; the plugin's inotify watch sees
     kubelet.sock created and restarts: serves its socket again and registers (nv/gpumanager.go:82-87)."""
-    double, _ = plugin
     kubelet.registered.clear()
     await kubelet.restart()
     await wait(kubelet.registered, "a second registration")
