@@ -31,7 +31,10 @@ no `--query-kubelet`, no `--health-check`):
 
 A pod our extender placed on several GPUs carries `gpu-extender.io/device-indexes` and no `ALIYUN_COM_GPU_MEM_IDX`
 but is a candidate all the same (ASSIGNED false, an assume time): matched, its index is -1, so it gets the answer
-above and stays ASSIGNED=false, Pending-ly a candidate (the double does exactly that, and records it).
+above and stays ASSIGNED=false (the double does exactly that, and records it). Under NVIDIA's container runtime that
+value names no device and the container cannot start ("nvidia-container-cli: device error: unknown device id:
+no-gpu-has-10MiB-to-run", AliyunContainerService/gpushare-scheduler-extender issue #80), so the pod stays Pending and
+the oldest candidate of its size: every later pod of the same total on the node is matched to it and gets no GPU.
 `refuse` names pods to answer that way on purpose: the plugin's only way of failing one.
 It never imports `extender`.
 """

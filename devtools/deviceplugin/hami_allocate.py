@@ -30,10 +30,10 @@ both doubles of the plugin: the e2e tier's (kubelet simulated, `tests/e2e/device
 
 What it checks where the real plugin trusts the scheduler, when `strict` (the e2e tier's "an allocation HAMi's
 plugin would accept for that node"): each GPU of the entry registered on the node, its memory and compute within the
-GPU's `devmem` and `devcore`; on MIG nodes the profile by its full name (the real one resolves `1g.20gb` as `1g`,
-plug/migmgr.go:349-353). Not strict (the node double, as the real plugin), those go through and are reported as
-findings. `refuse` names pods to refuse on purpose, as a plugin that cannot allocate (a GPU lost from NVML) does.
-It never imports `extender`.
+GPU's `devmem` and `devcore`. Not strict (the node double, as the real plugin), those go through and are reported as
+findings. Strict or not, a MIG profile is matched by its full name among the GPU's (the real plugin resolves
+`1g.20gb` as `1g`, plug/migmgr.go:349-353, then checks the placement against that NVML profile's). `refuse` names
+pods to refuse on purpose, as a plugin that cannot allocate (a GPU lost from NVML) does. It never imports `extender`.
 """
 
 from __future__ import annotations

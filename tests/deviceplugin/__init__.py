@@ -1,0 +1,1 @@
+"""Tests of the device-plugin doubles that a real kubelet calls (devtools/deviceplugin/)."""
