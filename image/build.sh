@@ -39,7 +39,10 @@ if [[ ${INSTALL:-0} == 1 ]]; then
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah podman crun debootstrap
 fi
-for tool in buildah podman debootstrap; do
+# podman only runs the checks: a build with SKIP_RUN=1 needs buildah and debootstrap alone.
+tools=(buildah debootstrap)
+[[ ${SKIP_RUN:-0} == 1 ]] || tools+=(podman)
+for tool in "${tools[@]}"; do
     command -v "$tool" > /dev/null || { echo "image/build.sh: $tool is missing (INSTALL=1 installs it)" >&2; exit 2; }
 done
 
