@@ -5,7 +5,7 @@
 #
 #   image/node-images.sh            build what is missing or out of date (as root), check it, write the index
 #   image/node-images.sh check      also import every archive into a throwaway containerd when nothing was rebuilt
-#   image/node-images.sh clean      remove the archives, the index and the buildah storage used
+#   image/node-images.sh clean      remove its archives, stamps, index, logs and the buildah storage used
 #
 # The images (names as the manifests and kubeadm use them; versions from tests/e2e/k8s/go.mod's k8s.io/kubernetes
 # and kubeadm's constants in that module):
@@ -58,6 +58,8 @@ buildah_dir="$cache/buildah"
 storage=(--root "$buildah_dir/storage" --runroot "$buildah_dir/run" --storage-driver "${STORAGE_DRIVER:-overlay}")
 bah() { buildah "${storage[@]}" "$@"; }
 
+archives=(pause kube-scheduler coredns gpu-workload gpu-extender) # <archive>.tar and <archive>.stamp in $cache
+
 unmount_under() { # every mount below $1, deepest first
     awk -v dir="$1/" 'index($2, dir) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n 1 umount -l
 }
@@ -68,8 +70,13 @@ if [[ "$action" == clean ]]; then
         bah rmi --all --force >/dev/null 2>&1 || true
         unmount_under "$buildah_dir"
     fi
-    rm -rf "$cache"
-    echo "node-images: removed $cache (archives, index, buildah storage)"
+    # Only what this script wrote: other scripts keep their own files in this folder (image/cert-manager.sh).
+    for archive in "${archives[@]}"; do
+        rm -f "$cache/$archive.tar" "$cache/$archive.stamp"
+    done
+    rm -rf "$buildah_dir" "$cache/logs" "$cache/index" "$cache/.lock" "$work"
+    rmdir --ignore-fail-on-non-empty "$cache"
+    echo "node-images: removed its archives, index and buildah storage from $cache"
     exit 0
 fi
 
