@@ -27,6 +27,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate_utils
 
+from devtools.cluster.layout import Paths
 from extender import cli
 from extender import settings as settings_module
 from extender.service.pages import build_health_server
@@ -45,14 +46,20 @@ newest, bundles the schemas of 1.25 to 1.37 and no older ones, so these are the 
 be checked offline. What differs below 1.25 is in manifests/README.md ("Kubernetes versions")."""
 
 SCHEDULER_CONFIGS = {
-    "second-scheduler/kube-scheduler-config.yaml": ("1.34", "gpu-scheduler", Wiring.FULL),
-    "default-scheduler/kube-scheduler-config.yaml": ("1.34", "default-scheduler", Wiring.FULL),
-    "default-scheduler/kube-scheduler-config-v1beta3.yaml": ("1.24", "default-scheduler", Wiring.FULL),
-    "default-scheduler/kube-scheduler-config-filter-bind.yaml": ("1.34", "default-scheduler", Wiring.FILTER_BIND),
-    "legacy-policy/scheduler-policy.json": ("1.22", "default-scheduler", Wiring.FULL),
+    "second-scheduler/kube-scheduler-config.yaml": ("1.34", "gpu-scheduler", Wiring.FULL, "gpushare"),
+    "hami/second-scheduler/kube-scheduler-config.yaml": ("1.34", "hami-scheduler", Wiring.FULL, "hami"),
+    "default-scheduler/kube-scheduler-config.yaml": ("1.34", "default-scheduler", Wiring.FULL, "gpushare"),
+    "default-scheduler/kube-scheduler-config-v1beta3.yaml": ("1.24", "default-scheduler", Wiring.FULL, "gpushare"),
+    "default-scheduler/kube-scheduler-config-filter-bind.yaml": (
+        "1.34",
+        "default-scheduler",
+        Wiring.FILTER_BIND,
+        "gpushare",
+    ),
+    "legacy-policy/scheduler-policy.json": ("1.22", "default-scheduler", Wiring.FULL, "gpushare"),
 }
-"""Checked-in outputs of `extender scheduler-config` (path under manifests/ -> version, profile, wiring): files
-for kube-scheduler, not API objects."""
+"""Checked-in outputs of `extender scheduler-config` (path under manifests/ -> version, profile, wiring,
+protocol): files for kube-scheduler, not API objects."""
 
 EVERY_MINOR = range(19, 35)
 """Every Kubernetes minor `extender scheduler-config` renders for, up to the kube-scheduler the manifests run."""
@@ -312,7 +319,10 @@ def test_kustomizations_name_every_manifest_of_their_folder() -> None:
         assert listed == present, f"{folder.relative_to(MANIFESTS)}/kustomization.yaml"
 
 
-KUBECTL = shutil.which("kubectl")
+KUBECTL = shutil.which("kubectl") or next(
+    (str(path) for path in [Paths().binaries / "kubectl"] if os.access(path, os.X_OK)), None
+)
+"""kubectl on PATH, else the one tests/e2e/build.sh builds (make test builds it wherever Go is)."""
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="no kubectl: the kustomizations are only read as data")
@@ -345,7 +355,13 @@ def test_every_object_lives_in_the_extenders_namespace() -> None:
 def test_kustomize_does_not_move_the_kube_system_binding() -> None:
     # `namespace:` in a kustomization overrides every object's namespace, the kube-system RoleBinding's too
     layout = {folder.relative_to(MANIFESTS).as_posix(): k.get("namespace") for folder, k in kustomizations().items()}
-    assert layout == {".": None, "cert-manager": NAMESPACE, "second-scheduler": None, "hami": None}
+    assert layout == {
+        ".": None,
+        "cert-manager": NAMESPACE,
+        "second-scheduler": None,
+        "hami": None,
+        "hami/second-scheduler": None,
+    }
 
 
 # ---- RBAC ------------------------------------------------------------------------------------------------
@@ -448,12 +464,13 @@ def environment(deployment: str) -> dict[str, str]:
 
 
 @functools.cache
-def extender_settings() -> Settings:
+def extender_settings(protocol: str = "gpushare") -> Settings:
     """The settings the extender Deployment runs with: its arguments through the real `extender` parser, and its
-    variables."""
+    variables; for `hami`, with the argument manifests/hami/ appends (`--protocol=hami`)."""
     extender = container("gpu-extender")
     assert extender["command"] == ["extender"]
-    arguments = cli.parser().parse_args(extender["args"])
+    extra = [] if protocol == "gpushare" else [f"--protocol={protocol}"]
+    arguments = cli.parser().parse_args([*extender["args"], *extra])
     assert arguments.command == "serve"
     flags = {field.name: getattr(arguments, field.name) for field in settings_module.fields()}
     return settings_module.load(flags, env=environment("gpu-extender"), config=arguments.config)
@@ -520,9 +537,9 @@ def test_the_configured_url_reaches_the_extender_through_its_service() -> None:
 
 @pytest.mark.parametrize("path", sorted(SCHEDULER_CONFIGS))
 def test_checked_in_configuration_is_what_the_command_renders(path: str) -> None:
-    version, scheduler_name, wiring = SCHEDULER_CONFIGS[path]
+    version, scheduler_name, wiring, protocol = SCHEDULER_CONFIGS[path]
     regenerate = "see manifests/README.md to regenerate it"
-    settings = dataclasses.replace(extender_settings(), scheduler_name=scheduler_name)
+    settings = dataclasses.replace(extender_settings(protocol), scheduler_name=scheduler_name)
     assert (MANIFESTS / path).read_text() == render(settings, version, wiring), regenerate
 
 
@@ -555,7 +572,11 @@ def test_the_command_line_renders_the_default_scheduler_file(capsys: pytest.Capt
 
 
 def test_the_second_scheduler_reads_the_rendered_configuration() -> None:
-    (generated,) = (doc.body for doc in generated_config_maps() if doc.name == "gpu-scheduler-config")
+    (generated,) = (
+        doc.body
+        for doc in generated_config_maps()
+        if doc.name == "gpu-scheduler-config" and doc.path.startswith("second-scheduler/")
+    )
     (file_name,) = generated["data"]
     (volume,) = (volume for volume in pod_spec("gpu-scheduler")["volumes"] if "configMap" in volume)
     assert volume["configMap"]["name"] == generated["metadata"]["name"]
@@ -583,10 +604,17 @@ def test_the_second_scheduler_mounts_the_files_its_configuration_names() -> None
 
 def test_example_pods_ask_for_gpu_memory_of_the_right_scheduler() -> None:
     examples = {doc.path: doc.body for doc in documents() if doc.path.startswith("examples/")}
-    assert set(examples) == {"examples/gpu-pod.yaml", "examples/gpu-pod-second-scheduler.yaml"}
+    assert set(examples) == {
+        "examples/gpu-pod.yaml",
+        "examples/gpu-pod-second-scheduler.yaml",
+        "examples/hami-gpu-pod.yaml",
+    }
     for path, pod in examples.items():
         (cuda,) = pod["spec"]["containers"]
-        assert extender_settings().memory_resource in cuda["resources"]["limits"], path
+        # HAMi's pods ask nvidia.com/gpu (kubelet calls its device plugin for that resource) and its memory.
+        asked = ("nvidia.com/gpu", "nvidia.com/gpumem") if "hami" in path else (extender_settings().memory_resource,)
+        assert set(asked) <= set(cuda["resources"]["limits"]), path
+    assert examples["examples/hami-gpu-pod.yaml"]["spec"]["schedulerName"] == "hami-scheduler"
     assert "schedulerName" not in examples["examples/gpu-pod.yaml"]["spec"]
     assert examples["examples/gpu-pod-second-scheduler.yaml"]["spec"]["schedulerName"] == "gpu-scheduler"
 
