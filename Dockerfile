@@ -36,12 +36,14 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1
 
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.11 python3.11-venv ca-certificates \
+    && apt-get install -y --no-install-recommends python3.11 python3.11-venv ca-certificates libstdc++6 \
     && rm -rf /var/lib/apt/lists/*
 
 # The runtime's root filesystem: depends only on Debian's packages, so this layer is cached across code changes.
+# libstdc++6: numpy's manylinux wheel links it (its bundled OpenBLAS and gfortran are in numpy.libs, libstdc++
+# is the system's); without it `extender serve` fails at its first import of the placement arrays.
 COPY image/runtime-rootfs.sh /usr/local/bin/runtime-rootfs
-RUN sh /usr/local/bin/runtime-rootfs /rootfs python3.11-minimal libpython3.11-stdlib
+RUN sh /usr/local/bin/runtime-rootfs /rootfs python3.11-minimal libpython3.11-stdlib libstdc++6
 
 # Wheels of the project and of every dependency (PyPI's manylinux wheels: no compiler needed), then the
 # virtual environment from those wheels alone. The venv's interpreter is /usr/bin/python3.11, which the
@@ -60,13 +62,13 @@ RUN [ -n "$PIP_CERT" ] || unset PIP_CERT; [ -n "$PIP_INDEX_URL" ] || unset PIP_I
     && ls /wheels
 
 # Check the runtime tree before it becomes the image: as user 65532, with no shell in it, import every
-# compiled dependency and run the CLI. PYTHONDONTWRITEBYTECODE keeps the check from writing into the tree;
-# the check runs on a copy all the same.
+# compiled dependency (numpy, and `serve`'s modules that import it) and run the CLI. PYTHONDONTWRITEBYTECODE
+# keeps the check from writing into the tree; the check runs on a copy all the same.
 RUN cp -a /rootfs /check && cp -a /opt/venv /check/opt/venv \
     && for tool in sh bash dash env dpkg apt-get; do test ! -e "/check/usr/bin/$tool" || exit 1; done \
     && env -i PYTHONDONTWRITEBYTECODE=1 PATH=/opt/venv/bin:/usr/bin /usr/sbin/chroot --userspec=65532:65532 /check \
         /opt/venv/bin/python -c "import ssl, sqlite3, uuid, zoneinfo; import aiohttp, httptools, orjson, pydantic, \
-yaml, prometheus_client, cryptography.x509, uvloop, extender.cli; assert yaml.__with_libyaml__; \
+yaml, prometheus_client, cryptography.x509, uvloop, numpy, extender.cli, extender.app; assert yaml.__with_libyaml__; \
 print('runtime tree ok:', ssl.OPENSSL_VERSION)" \
     && env -i PYTHONDONTWRITEBYTECODE=1 PATH=/opt/venv/bin:/usr/bin /usr/sbin/chroot --userspec=65532:65532 /check \
         /opt/venv/bin/extender --help > /dev/null \
