@@ -139,7 +139,9 @@ def _certs_request(arguments: argparse.Namespace) -> tuple[list[str], list[str],
         raise UserError(f"--days {days}: must be between 1 and {MAX_DAYS}")
     if not 0 < len(arguments.client_name.strip()) <= 64:
         raise UserError(f"--client-name {arguments.client_name!r}: must be 1 to 64 characters (an X.509 CN)")
-    return names, arguments.ip, datetime.timedelta(days=days)
+    # 127.0.0.1 always, as the cert-manager Certificate of manifests/ has it: `extender inspect` through
+    # `kubectl port-forward` (docs/install/check.md) verifies the extender by that address.
+    return names, list(dict.fromkeys(["127.0.0.1", *arguments.ip])), datetime.timedelta(days=days)
 
 
 def _certs(arguments: argparse.Namespace) -> int:
@@ -247,7 +249,8 @@ def parser() -> argparse.ArgumentParser:
         "certs",
         help="Write a CA, a serving and a client certificate for mTLS, as files or as Secret manifests.",
         description="For clusters without cert-manager. The serving certificate names the Service "
-        "(gpu-extender, gpu-extender.NAMESPACE, .svc, .svc.cluster.local) and any --dns-name and --ip; the "
+        "(gpu-extender, gpu-extender.NAMESPACE, .svc, .svc.cluster.local), 127.0.0.1 (for `extender inspect` through "
+        "a port-forward) and any --dns-name and --ip; the "
         "client certificate is kube-scheduler's. Keys are ECDSA P-256, written with mode 0600.",
     )
     certs.add_argument(

@@ -193,7 +193,8 @@ def test_certs_writes_the_files_with_the_services_names_and_owner_only_keys(
     }.items():
         assert stat.S_IMODE((out / name).stat().st_mode) == mode, name
     ca, server, client = (_certificate((out / name).read_bytes()) for name in ("ca.crt", "tls.crt", "client.crt"))
-    assert _names(server) == ([*SERVICE_NAMES, "gpu.example.com"], ["10.0.0.7"])
+    # 127.0.0.1 always: `extender inspect` through a port-forward, as docs/install/check.md runs it.
+    assert _names(server) == ([*SERVICE_NAMES, "gpu.example.com"], ["127.0.0.1", "10.0.0.7"])
     assert _usages(server) == [ExtendedKeyUsageOID.SERVER_AUTH]
     assert _usages(client) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     assert client.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "kube-scheduler"
@@ -301,4 +302,4 @@ def test_certs_secrets_follow_the_namespace_and_extra_names(capsys: pytest.Captu
     dns, ips = _names(serving)
     service = ["gpu-extender", "gpu-extender.gpu", "gpu-extender.gpu.svc", "gpu-extender.gpu.svc.cluster.local"]
     assert dns == [*service, "extender.example"]
-    assert ips == ["fd00::1"]
+    assert ips == ["127.0.0.1", "fd00::1"]
