@@ -289,7 +289,7 @@ def test_certs_secrets_are_the_three_the_manifests_mount(capsys: pytest.CaptureF
     serving.verify_directly_issued_by(ca)
     scheduler.verify_directly_issued_by(ca)
     assert _matches(serving, server["tls.key"]) and _matches(scheduler, client["tls.key"])
-    assert _names(serving) == (SERVICE_NAMES, [])
+    assert _names(serving) == (SERVICE_NAMES, ["127.0.0.1"])
     assert _usages(serving) == [ExtendedKeyUsageOID.SERVER_AUTH]
     assert _usages(scheduler) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     assert b"PRIVATE KEY" not in client_ca["ca.crt"], "the CA's key is never in a Secret"
