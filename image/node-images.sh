@@ -434,14 +434,14 @@ extender_inputs() {
         -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
 }
 build_extender() {
-    local deployment="$repo/manifests/deployment.yaml"
+    local deployment="$repo/manifests/base/deployment.yaml"
     echo "node-images: image/build.sh (buildah bud of the Dockerfile; log: $cache/logs/extender-build.log)"
     WORK="$buildah_dir" IMAGE=localhost/gpu-extender SKIP_RUN="${SKIP_RUN:-1}" STORAGE_DRIVER="${STORAGE_DRIVER:-overlay}" \
         bash "$repo/image/build.sh" >"$cache/logs/extender-build.log" 2>&1 9>&- || {
         tail -n 30 "$cache/logs/extender-build.log" >&2
         return 1
     }
-    # What manifests/deployment.yaml runs: this image, `command: ["extender"]`, uid 65532, a read-only root.
+    # What manifests/base/deployment.yaml runs: this image, `command: ["extender"]`, uid 65532, a read-only root.
     grep -q "image: $extender_image\$" "$deployment"
     grep -q 'command: \["extender"\]' "$deployment"
     grep -q 'runAsUser: 65532' "$deployment"

@@ -189,7 +189,7 @@ def manifests_in(folder: str) -> list[dict[str, Any]]:
     return [doc.body for doc in documents() if posixpath.dirname(doc.path) == folder]
 
 
-MANIFEST_FOLDERS = ("", "second-scheduler", "cert-manager")
+MANIFEST_FOLDERS = ("base", "second-scheduler", "cert-manager")
 MANIFEST_OBJECTS = {identity(body): body for folder in MANIFEST_FOLDERS for body in manifests_in(folder)}
 
 
@@ -338,7 +338,7 @@ def identities(bodies: list[dict[str, Any]]) -> set[Identity]:
 
 def test_defaults_render_the_objects_of_manifests_but_the_namespace() -> None:
     # `helm install --create-namespace` makes the namespace; createNamespace=true renders it (below)
-    expected = identities(manifests_in("")) - {("Namespace", NAMESPACE, None)}
+    expected = identities(manifests_in("base")) - {("Namespace", NAMESPACE, None)}
     assert identities(render("defaults")) == expected
 
 

@@ -312,7 +312,8 @@ def test_cert_manager_objects_match_their_schema() -> None:
 
 def test_kustomizations_name_every_manifest_of_their_folder() -> None:
     for folder, kustomization in kustomizations().items():
-        listed = {resource for resource in kustomization.get("resources", []) if not resource.startswith("..")}
+        # Files of the folder; the other kustomizations it builds on (base, ../base) are checked on their own.
+        listed = {resource for resource in kustomization.get("resources", []) if resource.endswith(".yaml")}
         for generator in kustomization.get("configMapGenerator", []):
             listed |= {entry.rpartition("=")[2] for entry in generator["files"]}
         present = {path.name for path in folder.glob("*.yaml")} - {"kustomization.yaml"}
@@ -326,14 +327,14 @@ KUBECTL = shutil.which("kubectl") or next(
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="no kubectl: the kustomizations are only read as data")
-@pytest.mark.parametrize("folder", [".", "cert-manager", "second-scheduler"])  # hami/: patches, checked below
+@pytest.mark.parametrize("folder", ["base", "cert-manager", "second-scheduler"])  # hami/: patches, checked below
 def test_kustomize_builds_the_objects_checked_here(folder: str) -> None:
     assert KUBECTL is not None
     built = subprocess.run(
         [KUBECTL, "kustomize", str(MANIFESTS / folder)], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     unhashed = re.sub(r"\b(gpu-scheduler-config)-[a-z0-9]{10}\b", r"\1", built)
-    in_folder = [doc.body for doc in documents() if posixpath.dirname(doc.path) == folder.strip(".")]
+    in_folder = [doc.body for doc in documents() if posixpath.dirname(doc.path) == folder]
     assert sorted(json.dumps(body, sort_keys=True) for body in yaml.safe_load_all(unhashed)) == sorted(
         json.dumps(body, sort_keys=True) for body in in_folder
     )
@@ -357,6 +358,7 @@ def test_kustomize_does_not_move_the_kube_system_binding() -> None:
     layout = {folder.relative_to(MANIFESTS).as_posix(): k.get("namespace") for folder, k in kustomizations().items()}
     assert layout == {
         ".": None,
+        "base": None,
         "cert-manager": NAMESPACE,
         "second-scheduler": None,
         "hami": None,
@@ -773,11 +775,17 @@ def test_the_network_policy_leaves_the_verbs_to_mtls_and_the_health_port_to_prom
     assert policy["spec"]["policyTypes"] == ["Ingress"]
 
 
+def test_manifests_is_its_base_alone() -> None:
+    """`kubectl apply -k manifests/` applies base/ and nothing else: the base is a folder of its own because
+    kustomize refuses an overlay (hami/) inside its base's folder."""
+    assert yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"] == ["base"]
+
+
 def test_the_hami_overlay_serves_hamis_protocol_with_the_right_to_lock_nodes_and_no_more() -> None:
     """manifests/hami/ patches manifests/ as kustomize would: the extender serves --protocol=hami; its ClusterRole
     gains nodes patch (HAMi's node lock), and the gpushare-only read of kube-system's ConfigMaps goes."""
     overlay = yaml.safe_load((MANIFESTS / "hami" / "kustomization.yaml").read_text())
-    assert overlay["resources"] == ["../"]
+    assert overlay["resources"] == ["../base"]
     json_patches = {
         patch["target"]["kind"]: yaml.safe_load(patch["patch"]) for patch in overlay["patches"] if "target" in patch
     }

@@ -42,7 +42,7 @@ def test_extender_image_is_the_one_the_deployment_runs() -> None:
     version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)
     assert version
     assert 'extender_image="ghcr.io/gpu-extender/gpu-extender:$extender_version"' in TEXT
-    assert images_of(ROOT / "manifests" / "deployment.yaml") == [
+    assert images_of(ROOT / "manifests" / "base" / "deployment.yaml") == [
         f"ghcr.io/gpu-extender/gpu-extender:{version.group(1)}"
     ]
 

@@ -64,9 +64,9 @@ MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 
 
 def manifest_rules(kind: str, name: str) -> list[dict[str, Any]]:
-    """The rules of a ClusterRole or Role in `manifests/rbac.yaml`: the e2e tier grants the extender exactly
+    """The rules of a ClusterRole or Role in `manifests/base/rbac.yaml`: the e2e tier grants the extender exactly
     what the manifests grant, read from the one place they are written."""
-    for document in yaml.safe_load_all((MANIFESTS / "rbac.yaml").read_text()):
+    for document in yaml.safe_load_all((MANIFESTS / "base" / "rbac.yaml").read_text()):
         if document and document.get("kind") == kind and document["metadata"]["name"] == name:
             return list(document["rules"])
     raise LookupError(f"no {kind} {name} in {MANIFESTS / 'rbac.yaml'}")

@@ -729,7 +729,7 @@ async def test_a_replica_that_may_not_list_quotas_is_not_ready_and_says_why(
         response = await client.get("/readyz")
         reason = (await response.json())["Error"]
         assert response.status == 503 and reason.startswith("extender is not ready: it cannot list ResourceQuotas (")
-        assert "grant it resourcequotas list and watch (manifests/rbac.yaml)" in reason
+        assert "grant it resourcequotas list and watch (manifests/base/rbac.yaml)" in reason
         api.clear_faults()
         await eventually(source.ready, what="ready once the quotas are listed")
     finally:

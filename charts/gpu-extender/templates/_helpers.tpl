@@ -28,7 +28,7 @@ app.kubernetes.io/part-of: gpu-extender
 {{ include "gpu-extender.helmLabels" . }}
 {{- end }}
 
-{{/* The extender's ServiceAccount and RBAC (no component, as in manifests/rbac.yaml). */}}
+{{/* The extender's ServiceAccount and RBAC (no component, as in manifests/base/rbac.yaml). */}}
 {{- define "gpu-extender.extender.identityLabels" -}}
 app.kubernetes.io/name: gpu-extender
 app.kubernetes.io/part-of: gpu-extender

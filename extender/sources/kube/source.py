@@ -227,7 +227,7 @@ class KubeSource:
             if quotas is not None and not quotas.synced.is_set() and quotas.failures:
                 return (
                     f"extender is not ready: it cannot list ResourceQuotas ({quotas.last_error}); grant it "
-                    "resourcequotas list and watch (manifests/rbac.yaml), or set resource_quotas to false"
+                    "resourcequotas list and watch (manifests/base/rbac.yaml), or set resource_quotas to false"
                 )
             return "extender is not ready: its cache has not been filled yet (waiting for the first lists)"
         elector = self.elector

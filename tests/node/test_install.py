@@ -1,0 +1,146 @@
+"""The install paths, walked on a real node: the commands of the docs, read from the pages and run as written, the
+image names aside (the images are built here and imported, see image/node-images.sh), ending with the example GPU
+pod Running on the node, its container started by containerd with the environment the device plugin gave it at
+kubelet's `Allocate`, and `extender inspect` showing it on its GPU.
+
+Each test installs, checks and uninstalls with the pages' own commands, so the next one starts from a node with
+nothing of ours on it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from devtools.cluster.layout import REPOSITORY
+from tests.node.operator import Operator, commands
+
+DOCS = REPOSITORY / "docs"
+EXAMPLES = REPOSITORY / "manifests" / "examples"
+WORKLOAD_IMAGE = "localhost/gpu-workload:1"
+"""Stands for the examples' nvidia/cuda image (no registry here, no GPU): busybox, and an `nvidia-smi` that prints
+the GPU environment the device plugin gave the container (image/node-images.sh)."""
+
+
+def example_pod(operator: Operator, manifest: Path) -> dict[str, Any]:
+    """Apply an example pod, its image replaced by the workload image, and wait until it is Running."""
+    pod = yaml.safe_load(manifest.read_text())
+    for container in pod["spec"]["containers"]:
+        container["image"] = WORKLOAD_IMAGE
+    operator.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pod))
+    name = pod["metadata"]["name"]
+    operator.wait(lambda: operator.pod_phase(name) == "Running", f"the example pod {name} Running")
+    return dict(operator.get("pod", name))
+
+
+def container_environment(operator: Operator, pod: str) -> dict[str, str]:
+    """What the container's `nvidia-smi` printed: the GPU environment it was started with."""
+    log = operator.wait(lambda: operator.kubectl("logs", pod, check=False), f"{pod}'s log")
+    return dict(re.findall(r"^([A-Z][A-Z0-9_]*)=(.*)$", log, re.M))
+
+
+def inspect_output(operator: Operator) -> str:
+    """check.md's `extender inspect` through a port-forward to the leader, run as the page gives it."""
+    block = next(block for block in commands(DOCS / "install" / "check.md") if "extender inspect" in block)
+    script = f"cd \"$(mktemp -d)\"\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n{block}"
+    # The port-forward needs a moment before inspect can connect: the page's user waits for its "Forwarding" line.
+    wait = "for _ in $(seq 50); do grep -q Forwarding pf.log && break; sleep 0.2; done"
+    script = script.replace(" 8443:8443 &\n", f" 8443:8443 >pf.log 2>&1 &\n{wait}\n")
+    return operator.run(script)
+
+
+def test_kustomize_gpushare_second_scheduler(cluster: Operator) -> None:
+    kustomize = DOCS / "install" / "kustomize.md"
+    (extender,) = commands(kustomize, "1. The extender")
+    certificates = next(b for b in commands(kustomize, "2. Certificates") if "extender certs" in b)
+    second_scheduler = commands(DOCS / "install" / "second-scheduler.md")
+    (uninstall,) = commands(DOCS / "install" / "uninstall.md")
+    try:
+        cluster.run(extender)
+        cluster.run(certificates)
+        cluster.wait(
+            lambda: cluster.get("deployment", "gpu-extender", "-n", "gpu-extender")["status"].get("readyReplicas") == 2,
+            "the extender's two replicas Ready",
+        )
+        cluster.run(second_scheduler[0])
+        cluster.wait(
+            lambda: (
+                cluster.get("deployment", "gpu-scheduler", "-n", "gpu-extender")["status"].get("readyReplicas") == 2
+            ),
+            "gpu-scheduler's two replicas Ready",
+        )
+        pod = example_pod(cluster, EXAMPLES / "gpu-pod-second-scheduler.yaml")
+        annotations = pod["metadata"]["annotations"]
+        index = annotations["ALIYUN_COM_GPU_MEM_IDX"]
+        assert annotations["ALIYUN_COM_GPU_MEM_POD"] == "4"
+        environment = container_environment(cluster, "gpu-share-demo")
+        # What gpushare's plugin sets at Allocate for the GPU our extender chose (devtools/deviceplugin/gpushare).
+        assert environment["ALIYUN_COM_GPU_MEM_IDX"] == index
+        assert environment["ALIYUN_COM_GPU_MEM_POD"] == "4"
+        assert environment["NVIDIA_VISIBLE_DEVICES"]
+        assert "gpu-share-demo" in inspect_output(cluster)
+    finally:
+        cluster.kubectl("delete", "pod", "gpu-share-demo", "--ignore-not-found", "--wait=true", check=False)
+        # uninstall.md, as written for wiring (a) without cert-manager: its other lines are for other wirings.
+        lines = [line for line in uninstall.splitlines() if line.startswith("kubectl delete -k manifests/")]
+        for line in lines:
+            if "cert-manager" not in line:
+                subprocess.run(["bash", "-c", line], cwd=REPOSITORY, env=cluster.env, check=False)
+        cluster.wait(
+            lambda: not cluster.kubectl("get", "namespace", "gpu-extender", "--ignore-not-found"),
+            "the namespace gpu-extender gone",
+        )
+
+
+@pytest.fixture
+def plugin_record(cluster: Operator) -> list[dict[str, Any]]:
+    record = cluster.paths.state / "device-plugin.jsonl"
+    return [orjson.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+
+
+def uninstall(operator: Operator, folders: list[str]) -> None:
+    """`kubectl delete -k` of each folder (uninstall.md's commands, with the folders the test applied), then wait
+    until the namespace is gone, so the next test starts from a node with nothing of ours."""
+    for folder in folders:
+        operator.kubectl("delete", "-k", folder, "--ignore-not-found", "--wait=false", check=False)
+    operator.wait(
+        lambda: not operator.kubectl("get", "namespace", "gpu-extender", "--ignore-not-found"),
+        "the namespace gpu-extender gone",
+    )
+
+
+def test_kustomize_hami_second_scheduler(cluster: Operator) -> None:
+    hami = DOCS / "protocols" / "hami.md"
+    install, scheduler = commands(hami, "Install in place of hami-scheduler")
+    cluster.device_plugin("hami")
+    try:
+        cluster.run(install.replace("    # or: kubectl apply -k manifests/cert-manager/", ""))
+        cluster.run(scheduler)
+        pod = example_pod(cluster, EXAMPLES / "hami-gpu-pod.yaml")
+        annotations = pod["metadata"]["annotations"]
+        allocated = annotations["hami.io/vgpu-devices-allocated"]
+        # HAMi's encoding: containers by ";", a container's GPUs by ":", a GPU's UUID,type,memory,cores by ",".
+        uuid, _, memory, cores = allocated.split(";")[0].split(":")[0].split(",")[:4]
+        cluster.wait(
+            lambda: (
+                cluster.get("pod", "hami-share-demo")["metadata"]["annotations"].get("hami.io/bind-phase") == "success"
+            ),
+            "hami.io/bind-phase: success, written by the device plugin at Allocate",
+        )
+        environment = container_environment(cluster, "hami-share-demo")
+        # HAMi-core's limits, as HAMi's device plugin sets them at Allocate (devtools/deviceplugin).
+        assert environment["NVIDIA_VISIBLE_DEVICES"] == uuid
+        assert environment["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{memory}m"
+        assert environment["CUDA_DEVICE_SM_LIMIT"] == cores
+        node = cluster.get("node", "gpu-node")
+        assert "hami.io/mutex.lock" not in node["metadata"].get("annotations", {}), "the node lock was not released"
+    finally:
+        cluster.kubectl("delete", "pod", "hami-share-demo", "--ignore-not-found", check=False)
+        uninstall(cluster, ["manifests/hami/second-scheduler/", "manifests/hami/"])
+        cluster.device_plugin("gpushare")
