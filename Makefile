@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint docs e2e-build helm-build bench bench-e2e bench-placement loadtest loadtest-saturation clean
+.PHONY: demo test lint docs e2e-build helm-build node-build cluster cluster-down cluster-status bench bench-e2e bench-placement loadtest loadtest-saturation clean
 
 # `make loadtest` settings: cluster size, target pods/s, seconds of load, node names per filter call
 # (a number, or `adaptive` for kube-scheduler's default percentageOfNodesToScore), initial GPU fill.
@@ -67,8 +67,30 @@ e2e-build:
 helm-build:
 	bash tests/helm/build.sh
 
-test: lint e2e-build helm-build
+# What the node tier (tests/node) and `make cluster` need besides the e2e tier's binaries: Debian's containerd,
+# runc, CNI plugins, iptables, buildah (devtools/cluster/packages.sh, as root), and the images the manifests name,
+# built from their sources and cached (image/node-images.sh: a few minutes the first time, seconds after).
+# Not root: it says the node tier is skipped.
+node-build: e2e-build
+	bash devtools/cluster/packages.sh
+	bash image/node-images.sh
+
+test: lint e2e-build helm-build node-build
 	$(BIN)/pytest -q
+
+# A one-node Kubernetes cluster on this machine (root): etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, kube-proxy, containerd, CoreDNS and a device-plugin double of $(PROTOCOL) (gpushare,
+# hami or none), in a network namespace with no way out. It prints the kubeconfig to use. `make cluster-down`
+# removes it whole. docs/install/one-machine.md: what it is and what to try on it.
+PROTOCOL ?= gpushare
+cluster: $(VENV)/.test node-build
+	$(BIN)/python -m devtools.cluster up --protocol $(PROTOCOL)
+
+cluster-down: $(VENV)/.test
+	$(BIN)/python -m devtools.cluster down
+
+cluster-status: $(VENV)/.test
+	$(BIN)/python -m devtools.cluster status
 
 # The docs site, from docs/ and mkdocs.yml, into site/ (open site/index.html). Strict: a broken link or anchor, or
 # a page missing from the nav, fails the build; tests/test_docs.py builds it the same way in `make test`.

@@ -71,10 +71,14 @@ def missing_images() -> list[str]:
 
 
 def import_images(paths: Paths) -> None:
-    for name, archive in images().items():
+    """Each archive once (one may carry several names), then check that containerd has every name."""
+    built = images()
+    for archive in sorted(set(built.values())):
         ctr(["images", "import", str(archive)])
-        if name not in ctr(["images", "ls", "-q"]).stdout.split():
-            raise ClusterError(f"{archive} imported, but containerd has no image {name}")
+    present = set(ctr(["images", "ls", "-q"]).stdout.split())
+    absent = [f"{name} ({archive})" for name, archive in built.items() if name not in present]
+    if absent:
+        raise ClusterError(f"imported, but containerd has no image {', '.join(absent)}")
 
 
 def apply(paths: Paths) -> None:

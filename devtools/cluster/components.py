@@ -35,8 +35,8 @@ from devtools.cluster.layout import (
     Paths,
 )
 
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
-"""The sandbox image kubelet v1.34 and kubeadm use (image/node-images.sh builds it from kubernetes' pause.c)."""
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
+"""The sandbox image kubeadm v1.34 pins, its PauseVersion; image/node-images.sh builds it from kubernetes' pause.c."""
 
 
 def etcd(paths: Paths) -> list[str]:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The Debian packages the one-node cluster (devtools/cluster) and its images (image/node-images.sh) need, installed
 # when missing: containerd, runc and the CNI plugins run the pods; iptables and conntrack are kube-proxy's;
-# buildah, debootstrap and busybox-static build the images. Nothing is installed when all are there.
+# buildah, debootstrap, busybox-static and libcap2-bin (setcap) build the images. Nothing is installed when all are there.
 # Not root, or not Debian: it says the node tier cannot run here and exits 0 (tests/node skips then).
 set -euo pipefail
 
 packages=(containerd runc containernetworking-plugins iptables conntrack buildah debootstrap busybox-static iproute2
-    util-linux)
+    util-linux libcap2-bin)
 if [[ $EUID -ne 0 ]]; then
     echo "node: not root: the node tier (tests/node, make cluster) needs root and will be skipped"
     exit 0
