@@ -1,5 +1,6 @@
 """What runs on the one-node cluster besides its daemons: the images (imported, since no registry is reachable),
-CoreDNS and the device-plugin double's rights (addons.yaml), and the device-plugin double itself.
+CoreDNS and the device-plugin double's rights (addons.yaml), cert-manager (the install docs' prerequisite), and
+the device-plugin double itself.
 
 The images come from `image/node-images.sh`, which builds each from its source at a pinned version and lists them
 in `<cache>/node-images/index` (one `name<TAB>archive` line each). They are imported into containerd's `k8s.io`
@@ -22,6 +23,9 @@ from devtools.cluster.layout import CLUSTER_DOMAIN, DNS_SERVICE_IP, NODE_NAME, R
 from devtools.cluster.processes import ClusterError
 
 IMAGES_SCRIPT = REPOSITORY / "image" / "node-images.sh"
+CERT_MANAGER_SCRIPT = REPOSITORY / "image" / "cert-manager.sh"
+CERT_MANAGER_MANIFEST = cache_root() / "node-images" / "cert-manager" / "cert-manager.yaml"
+"""cert-manager's install manifest, rendered from its own chart by image/cert-manager.sh."""
 ADDONS = Path(__file__).with_name("addons.yaml")
 REQUIRED = {
     "pause": "registry.k8s.io/pause:",
@@ -29,6 +33,9 @@ REQUIRED = {
     "kube-scheduler": "registry.k8s.io/kube-scheduler:",
     "the extender": "ghcr.io/gpu-extender/gpu-extender:",
     "the GPU pods' workload": "localhost/gpu-workload:",
+    "cert-manager's controller": "quay.io/jetstack/cert-manager-controller:",
+    "cert-manager's webhook": "quay.io/jetstack/cert-manager-webhook:",
+    "cert-manager's CA injector": "quay.io/jetstack/cert-manager-cainjector:",
 }
 """Each image the cluster needs, by the start of its name in the index."""
 RESOURCES = {"gpushare": "aliyun.com/gpu-mem", "hami": "nvidia.com/gpu"}
@@ -40,10 +47,10 @@ DEFAULT_GPUS = {
 
 
 def images() -> dict[str, Path]:
-    """The images image/node-images.sh built: name -> archive."""
-    index = cache_root() / "node-images" / "index"
+    """The images image/node-images.sh and image/cert-manager.sh built (their `index` and `index-cert-manager`):
+    name -> archive."""
     found: dict[str, Path] = {}
-    if index.exists():
+    for index in sorted((cache_root() / "node-images").glob("index*")):
         for line in index.read_text().splitlines():
             if "\t" in line:
                 name, archive = line.split("\t", 1)
@@ -65,8 +72,13 @@ def missing_images() -> list[str]:
         for what, prefix in REQUIRED.items()
         if not any(name.startswith(prefix) and archive.exists() for name, archive in built.items())
     ]
+    if not CERT_MANAGER_MANIFEST.exists():
+        problems.append(f"no {CERT_MANAGER_MANIFEST}")
     if problems:
-        return [f"{'; '.join(problems)}: run `bash {IMAGES_SCRIPT.relative_to(REPOSITORY)}` (make cluster does)"]
+        scripts = (
+            f"`bash {IMAGES_SCRIPT.relative_to(REPOSITORY)}` and `bash {CERT_MANAGER_SCRIPT.relative_to(REPOSITORY)}`"
+        )
+        return [f"{'; '.join(problems)}: run {scripts} (make cluster does)"]
     return []
 
 
@@ -92,6 +104,23 @@ def apply(paths: Paths) -> None:
     except ClusterError as error:
         pods = kubectl(paths, "-n", "kube-system", "describe", "pods", "-l", "k8s-app=kube-dns")
         raise ClusterError(f"CoreDNS did not become Available: {error}\n{pods[-3000:]}") from None
+
+
+def install_cert_manager(paths: Paths) -> None:
+    """cert-manager as its docs install it (its chart's manifest), waited for until its webhook answers: the
+    startupapicheck Job of the chart completes once a Certificate can be created."""
+    kubectl(paths, "apply", "-f", str(CERT_MANAGER_MANIFEST))
+    for deployment in ("cert-manager", "cert-manager-cainjector", "cert-manager-webhook"):
+        kubectl(paths, "-n", "cert-manager", "rollout", "status", f"deployment/{deployment}", "--timeout=180s")
+    kubectl(
+        paths,
+        "-n",
+        "cert-manager",
+        "wait",
+        "--for=condition=complete",
+        "job/cert-manager-startupapicheck",
+        "--timeout=180s",
+    )
 
 
 def start_device_plugin(paths: Paths, protocol: str, gpus: Path | None = None) -> None:

@@ -3,9 +3,9 @@
 `up` makes the network (network.py) and the credentials (pki.py), then starts, each after the one before is up:
 etcd, kube-apiserver (its /readyz), kube-controller-manager (the `default` ServiceAccount and `kube-root-ca.crt`
 made), kube-scheduler (its /readyz), containerd (its socket answers; the images imported), kubelet (the Node
-Ready), kube-proxy (its /healthz), CoreDNS (Available), and the device-plugin double of the protocol asked for (the
-Node shows its resource). A part that does not come up stops `up` with its log's tail; `down` then removes what
-was made.
+Ready), kube-proxy (its /healthz), CoreDNS (Available), cert-manager (its API check passed), and the
+device-plugin double of the protocol asked for (the Node shows its resource). A part that does not come up stops
+`up` with its log's tail; `down` then removes what was made.
 
 `down` stops the containers (every process in kubelet's pod cgroups, then containerd's shims), the daemons newest
 first, unmounts what kubelet and containerd mounted, removes kubelet's cgroups, the network namespace (with every
@@ -84,6 +84,7 @@ def up(paths: Paths, protocol: str | None = "gpushare", gpus: Path | None = None
         _control_plane(paths)
         _node(paths)
         addons.apply(paths)
+        addons.install_cert_manager(paths)
         if protocol is not None:
             addons.start_device_plugin(paths, protocol, gpus)
     except BaseException:

@@ -21,7 +21,17 @@ from typing import Any
 
 import orjson
 
-from devtools.cluster.layout import REPOSITORY, Paths
+from devtools.cluster.layout import REPOSITORY, Paths, cache_root
+
+HELM_BUILD = REPOSITORY / "tests" / "helm" / "build.sh"
+
+
+def helm_dir() -> Path:
+    """Where tests/helm/build.sh puts the helm it pins (its `version=` line)."""
+    version = re.search(r"^version=(v[0-9.]+)$", HELM_BUILD.read_text(), re.M)
+    assert version, f"{HELM_BUILD}: no version= line"
+    return cache_root() / f"helm-{version.group(1)}"
+
 
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>\w*)\s*$")
 
@@ -32,6 +42,15 @@ def commands(page: Path, heading: str | None = None) -> list[str]:
     lines = page.read_text().splitlines()
     if heading is not None:
         lines = _section(lines, heading, page)
+    blocks = commands_in("\n".join(lines))
+    if not blocks:
+        raise AssertionError(f"no sh block in {page}{f' under {heading!r}' if heading else ''}")
+    return blocks
+
+
+def commands_in(text: str) -> list[str]:
+    """The `sh` code blocks of Markdown text, in order, each dedented to its fence's indentation."""
+    lines = text.splitlines()
     blocks: list[str] = []
     inside: list[str] | None = None
     indent = ""
@@ -44,8 +63,6 @@ def commands(page: Path, heading: str | None = None) -> list[str]:
             inside = None
         elif inside is not None:
             inside.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
-    if not blocks:
-        raise AssertionError(f"no sh block in {page}{f' under {heading!r}' if heading else ''}")
     return blocks
 
 
@@ -72,10 +89,11 @@ class Operator:
     @property
     def env(self) -> dict[str, str]:
         venv_bin = str(Path(sys.executable).parent)
+        tools = ":".join(str(folder) for folder in (self.paths.binaries, helm_dir(), venv_bin))
         return {
             **os.environ,
             "KUBECONFIG": str(self.paths.kubeconfig("admin")),
-            "PATH": f"{self.paths.binaries}:{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "PATH": f"{tools}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         }
 
     def run(self, script: str, timeout: float = 180.0, check: bool = True) -> str:

@@ -10,7 +10,6 @@ nothing of ours on it.
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,11 @@ import orjson
 import pytest
 import yaml
 
-from devtools.cluster.layout import REPOSITORY
-from tests.node.operator import Operator, commands
+from devtools.cluster.layout import REPOSITORY, kubernetes_version
+from tests.node.operator import Operator, commands, commands_in
 
 DOCS = REPOSITORY / "docs"
+README = REPOSITORY / "README.md"
 EXAMPLES = REPOSITORY / "manifests" / "examples"
 WORKLOAD_IMAGE = "localhost/gpu-workload:1"
 """Stands for the examples' nvidia/cuda image (no registry here, no GPU): busybox, and an `nvidia-smi` that prints
@@ -55,47 +55,81 @@ def inspect_output(operator: Operator) -> str:
     return operator.run(script)
 
 
-def test_kustomize_gpushare_second_scheduler(cluster: Operator) -> None:
+def readme_block(heading: str) -> str:
+    """The README's first sh block under `heading` (a bold lead such as **With Helm**, or a heading)."""
+    text = README.read_text()
+    at = text.index(heading)
+    return commands_in(text[at:])[0]
+
+
+def gpu_share_demo_runs_on_its_gpu(cluster: Operator) -> None:
+    """The README's example pod for wiring (a), placed by gpu-scheduler through the extender: Running, with the
+    GPU the extender chose in its annotations and in the environment gpushare's device plugin gave it at
+    kubelet's Allocate, and on that GPU in `extender inspect`."""
+    pod = example_pod(cluster, EXAMPLES / "gpu-pod-second-scheduler.yaml")
+    annotations = pod["metadata"]["annotations"]
+    index = annotations["ALIYUN_COM_GPU_MEM_IDX"]
+    assert annotations["ALIYUN_COM_GPU_MEM_POD"] == "4"
+    environment = container_environment(cluster, "gpu-share-demo")
+    # What gpushare's plugin sets at Allocate for the GPU our extender chose (devtools/deviceplugin/gpushare.py).
+    assert environment["ALIYUN_COM_GPU_MEM_IDX"] == index
+    assert environment["ALIYUN_COM_GPU_MEM_POD"] == "4"
+    assert environment["NVIDIA_VISIBLE_DEVICES"] == index
+    assert "gpu-share-demo" in inspect_output(cluster)
+
+
+def ready(cluster: Operator, deployment: str, replicas: int = 2) -> None:
+    cluster.wait(
+        lambda: cluster.get("deployment", deployment, "-n", "gpu-extender")["status"].get("readyReplicas") == replicas,
+        f"{deployment}'s {replicas} replicas Ready",
+    )
+
+
+def test_kustomize_without_cert_manager_and_the_second_scheduler(cluster: Operator) -> None:
     kustomize = DOCS / "install" / "kustomize.md"
     (extender,) = commands(kustomize, "1. The extender")
     certificates = next(b for b in commands(kustomize, "2. Certificates") if "extender certs" in b)
     second_scheduler = commands(DOCS / "install" / "second-scheduler.md")
-    (uninstall,) = commands(DOCS / "install" / "uninstall.md")
     try:
         cluster.run(extender)
         cluster.run(certificates)
-        cluster.wait(
-            lambda: cluster.get("deployment", "gpu-extender", "-n", "gpu-extender")["status"].get("readyReplicas") == 2,
-            "the extender's two replicas Ready",
-        )
+        ready(cluster, "gpu-extender")
         cluster.run(second_scheduler[0])
-        cluster.wait(
-            lambda: (
-                cluster.get("deployment", "gpu-scheduler", "-n", "gpu-extender")["status"].get("readyReplicas") == 2
-            ),
-            "gpu-scheduler's two replicas Ready",
-        )
-        pod = example_pod(cluster, EXAMPLES / "gpu-pod-second-scheduler.yaml")
-        annotations = pod["metadata"]["annotations"]
-        index = annotations["ALIYUN_COM_GPU_MEM_IDX"]
-        assert annotations["ALIYUN_COM_GPU_MEM_POD"] == "4"
-        environment = container_environment(cluster, "gpu-share-demo")
-        # What gpushare's plugin sets at Allocate for the GPU our extender chose (devtools/deviceplugin/gpushare).
-        assert environment["ALIYUN_COM_GPU_MEM_IDX"] == index
-        assert environment["ALIYUN_COM_GPU_MEM_POD"] == "4"
-        assert environment["NVIDIA_VISIBLE_DEVICES"]
-        assert "gpu-share-demo" in inspect_output(cluster)
+        gpu_share_demo_runs_on_its_gpu(cluster)
     finally:
-        cluster.kubectl("delete", "pod", "gpu-share-demo", "--ignore-not-found", "--wait=true", check=False)
-        # uninstall.md, as written for wiring (a) without cert-manager: its other lines are for other wirings.
-        lines = [line for line in uninstall.splitlines() if line.startswith("kubectl delete -k manifests/")]
-        for line in lines:
-            if "cert-manager" not in line:
-                subprocess.run(["bash", "-c", line], cwd=REPOSITORY, env=cluster.env, check=False)
-        cluster.wait(
-            lambda: not cluster.kubectl("get", "namespace", "gpu-extender", "--ignore-not-found"),
-            "the namespace gpu-extender gone",
-        )
+        cluster.kubectl("delete", "pod", "gpu-share-demo", "--ignore-not-found", check=False)
+        uninstall(cluster, ["manifests/second-scheduler/", "manifests/"])
+
+
+def test_the_readmes_kustomize_install_with_cert_manager(cluster: Operator) -> None:
+    install = readme_block("**With kustomize**")
+    try:
+        cluster.run(install)
+        ready(cluster, "gpu-extender")
+        ready(cluster, "gpu-scheduler")
+        gpu_share_demo_runs_on_its_gpu(cluster)
+    finally:
+        cluster.kubectl("delete", "pod", "gpu-share-demo", "--ignore-not-found", check=False)
+        uninstall(cluster, ["manifests/second-scheduler/", "manifests/cert-manager/", "manifests/"])
+
+
+def test_the_readmes_helm_install(cluster: Operator) -> None:
+    install = readme_block("**With Helm**")
+    # The image names aside: ours is built here and imported under the name the chart defaults to; the second
+    # scheduler at the cluster's own version, as the README's "set its image to your Kubernetes version" says.
+    install = install.replace("registry.example.com/gpu-extender", "ghcr.io/gpu-extender/gpu-extender")
+    install = re.sub(
+        r"secondScheduler\.image\.tag=v[0-9.]+", f"secondScheduler.image.tag={kubernetes_version()}", install
+    )
+    try:
+        cluster.run(install)
+        ready(cluster, "gpu-extender")
+        ready(cluster, "gpu-scheduler")
+        gpu_share_demo_runs_on_its_gpu(cluster)
+    finally:
+        cluster.kubectl("delete", "pod", "gpu-share-demo", "--ignore-not-found", check=False)
+        cluster.run("helm uninstall gpu-extender -n gpu-extender --wait", check=False)
+        uninstall(cluster, [])
 
 
 @pytest.fixture
@@ -105,10 +139,13 @@ def plugin_record(cluster: Operator) -> list[dict[str, Any]]:
 
 
 def uninstall(operator: Operator, folders: list[str]) -> None:
-    """`kubectl delete -k` of each folder (uninstall.md's commands, with the folders the test applied), then wait
-    until the namespace is gone, so the next test starts from a node with nothing of ours."""
+    """uninstall.md's `kubectl delete -k` of each folder the test applied, then wait until the namespace is gone,
+    so the next test starts from a node with nothing of ours."""
+    (page,) = commands(DOCS / "install" / "uninstall.md")
     for folder in folders:
+        assert f"kubectl delete -k {folder}" in page, f"uninstall.md does not say how to remove {folder}"
         operator.kubectl("delete", "-k", folder, "--ignore-not-found", "--wait=false", check=False)
+    operator.kubectl("delete", "namespace", "gpu-extender", "--ignore-not-found", "--wait=false", check=False)
     operator.wait(
         lambda: not operator.kubectl("get", "namespace", "gpu-extender", "--ignore-not-found"),
         "the namespace gpu-extender gone",
