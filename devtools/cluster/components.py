@@ -106,25 +106,30 @@ def controller_manager(paths: Paths) -> list[str]:
 
 
 def scheduler(paths: Paths, config: Path | None = None) -> list[str]:
-    """The cluster's default scheduler; with `config`, started with that KubeSchedulerConfiguration (the default
-    scheduler's wiring of the extender), its clientConnection pointed at the scheduler's kubeconfig."""
+    """The cluster's default scheduler; with `config`, started with that KubeSchedulerConfiguration as given (the
+    default scheduler's wiring of the extender: the file names its kubeconfig, /etc/kubernetes/scheduler.conf), and
+    resolving names through the cluster's DNS, as a static pod with `dnsPolicy: ClusterFirstWithHostNet` does (in a
+    mount namespace of its own where /etc/resolv.conf is the cluster's: the host's stays as it is)."""
     kubeconfig = paths.kubeconfig("scheduler")
     argv = [
         str(paths.binaries / "kube-scheduler"),
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
-        "--leader-elect=false",
         "--profiling=false",
         "--v=1",
     ]
     if config is None:
-        return [*argv, f"--kubeconfig={kubeconfig}"]
-    document = yaml.safe_load(config.read_text()) or {}
-    document.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
-    document.setdefault("leaderElection", {})["leaderElect"] = False
-    merged = paths.config / "kube-scheduler-config.yaml"
-    merged.write_text(yaml.safe_dump(document, sort_keys=False))
-    return [*argv, f"--config={merged}"]
+        return [*argv, f"--kubeconfig={kubeconfig}", "--leader-elect=false"]
+    resolv = paths.config / "resolv-cluster-first.conf"
+    resolv.write_text(
+        f"search kube-system.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}\n"
+        f"nameserver {DNS_SERVICE_IP}\noptions ndots:5\n"
+    )
+    with_cluster_dns = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+    return [
+        "unshare", "--mount", "--propagation", "private", "--",
+        "sh", "-c", with_cluster_dns, str(resolv), *argv, f"--config={config}",
+    ]  # fmt: skip
 
 
 def containerd(paths: Paths) -> list[str]:

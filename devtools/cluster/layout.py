@@ -47,6 +47,10 @@ DEVICE_PLUGIN_DIR = KUBELET_ROOT / "device-plugins"
 CNI_BIN = Path("/usr/lib/cni")
 """Debian's containernetworking-plugins."""
 CONTAINERD_SOCKET = RUN / "containerd.sock"
+ETC_KUBERNETES = Path("/etc/kubernetes")
+"""kubeadm's folder: the scheduler's kubeconfig is at /etc/kubernetes/scheduler.conf, as wiring (b)'s docs assume.
+Made (and removed by `down`) only when the machine has none: `ETC_MARKER` says the cluster made it."""
+ETC_MARKER = ETC_KUBERNETES / ".made-by-gpu-extender-cluster"
 
 
 def kubernetes_version() -> str:

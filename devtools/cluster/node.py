@@ -29,6 +29,8 @@ from devtools.cluster.layout import (
     CNI_BIN,
     CONTAINERD_SOCKET,
     DEVICE_PLUGIN_DIR,
+    ETC_KUBERNETES,
+    ETC_MARKER,
     KUBELET_ROOT,
     NODE_IP,
     NODE_NAME,
@@ -81,6 +83,7 @@ def up(paths: Paths, protocol: str | None = "gpushare", gpus: Path | None = None
             folder.mkdir(parents=True, exist_ok=True)
         network.create()
         write_pki(paths)
+        _etc_kubernetes(paths)
         _control_plane(paths)
         _node(paths)
         addons.apply(paths)
@@ -121,8 +124,20 @@ def _control_plane(paths: Paths) -> None:
     start_scheduler(paths)
 
 
+def _etc_kubernetes(paths: Paths) -> None:
+    """/etc/kubernetes/scheduler.conf, the scheduler's kubeconfig where kubeadm keeps it, when the machine has no
+    /etc/kubernetes of its own (then `down` removes the folder)."""
+    if ETC_KUBERNETES.exists() and not ETC_MARKER.exists():
+        return
+    ETC_KUBERNETES.mkdir(mode=0o755, exist_ok=True)
+    ETC_MARKER.write_text("made by devtools/cluster; removed by `make cluster-down`\n")
+    shutil.copyfile(paths.kubeconfig("scheduler"), ETC_KUBERNETES / "scheduler.conf")
+    (ETC_KUBERNETES / "scheduler.conf").chmod(0o600)
+
+
 def start_scheduler(paths: Paths, config: Path | None = None) -> None:
-    """(Re)start the cluster's default scheduler, with `config` if given, as an operator editing its manifest does."""
+    """(Re)start the cluster's default scheduler, with `config` if given (what wiring (b)'s edit of the static
+    pod does: the kubelet restarts the scheduler with the new flag, mounts and DNS policy)."""
     processes.stop(paths, "kube-scheduler")
     processes.start(paths, "kube-scheduler", components.scheduler(paths, config))
     processes.wait_until(
@@ -183,6 +198,8 @@ def down(paths: Paths) -> None:
     network.delete()
     for folder in (paths.state, paths.run, KUBELET_ROOT):
         shutil.rmtree(folder, ignore_errors=True)
+    if ETC_MARKER.exists():
+        shutil.rmtree(ETC_KUBERNETES, ignore_errors=True)
 
 
 def _kill_containers() -> None:

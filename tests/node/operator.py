@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +24,18 @@ from typing import Any
 import orjson
 
 from devtools.cluster.layout import REPOSITORY, Paths, cache_root
+
+
+def _root_sudo() -> Path:
+    """A folder with a `sudo` that runs its command: what sudo does for root, on a machine without sudo (the pages
+    write `sudo` for the steps that need root; the tier runs as root)."""
+    folder = Path(tempfile.gettempdir()) / "gpu-extender-root-sudo"
+    folder.mkdir(exist_ok=True)
+    sudo = folder / "sudo"
+    sudo.write_text('#!/bin/sh\n# sudo as root: run the command (tests/node/operator.py)\nexec "$@"\n')
+    sudo.chmod(0o755)
+    return folder
+
 
 HELM_BUILD = REPOSITORY / "tests" / "helm" / "build.sh"
 
@@ -89,7 +103,10 @@ class Operator:
     @property
     def env(self) -> dict[str, str]:
         venv_bin = str(Path(sys.executable).parent)
-        tools = ":".join(str(folder) for folder in (self.paths.binaries, helm_dir(), venv_bin))
+        folders = [self.paths.binaries, helm_dir(), Path(venv_bin)]
+        if shutil.which("sudo") is None and os.geteuid() == 0:
+            folders.append(_root_sudo())
+        tools = ":".join(str(folder) for folder in folders)
         return {
             **os.environ,
             "KUBECONFIG": str(self.paths.kubeconfig("admin")),
@@ -143,6 +160,13 @@ class Operator:
                 events = self.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False)
                 raise AssertionError(f"not true after {timeout:.0f} s: {what}\nlast events:\n{events[-4000:]}")
             time.sleep(interval)
+
+    def restart_scheduler(self, config: Path | None = None) -> None:
+        """The cluster's default scheduler restarted with `config` (wiring (b)'s step 3: the static pod's edit), or
+        as it was."""
+        from devtools.cluster.node import start_scheduler
+
+        start_scheduler(self.paths, config)
 
     def device_plugin(self, protocol: str) -> None:
         """Run the device-plugin double of `protocol` on the node in place of the one running (the Node then

@@ -132,6 +132,33 @@ def test_the_readmes_helm_install(cluster: Operator) -> None:
         uninstall(cluster, [])
 
 
+def test_the_default_schedulers_wiring(cluster: Operator) -> None:
+    """Wiring (b): the TLS files and the configuration as default-scheduler.md makes them on the control-plane
+    node, then the cluster's own scheduler restarted with them (what its step 3, the static pod's edit, does:
+    this cluster's scheduler is a process, with the cluster's DNS as ClusterFirstWithHostNet gives it)."""
+    page = DOCS / "install" / "default-scheduler.md"
+    tls_files, rendered, _appended = commands(page, "Wiring (b)")[:3]
+    kustomize = DOCS / "install" / "kustomize.md"
+    (extender,) = commands(kustomize, "1. The extender")
+    certificates = next(b for b in commands(kustomize, "2. Certificates") if "extender certs" in b)
+    try:
+        cluster.run(extender)
+        cluster.run(certificates)
+        ready(cluster, "gpu-extender")
+        cluster.run(tls_files)
+        cluster.run(rendered)
+        cluster.restart_scheduler(Path("/etc/kubernetes/kube-scheduler-config.yaml"))
+        pod = example_pod(cluster, EXAMPLES / "gpu-pod.yaml")
+        index = pod["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_IDX"]
+        assert container_environment(cluster, "gpu-share-demo")["ALIYUN_COM_GPU_MEM_IDX"] == index
+    finally:
+        cluster.kubectl("delete", "pod", "gpu-share-demo", "--ignore-not-found", check=False)
+        # uninstall.md for (b): undo the edit, then remove the configuration and the TLS files.
+        cluster.restart_scheduler()
+        cluster.run("rm -rf /etc/kubernetes/kube-scheduler-config.yaml /etc/kubernetes/gpu-extender", check=False)
+        uninstall(cluster, ["manifests/"])
+
+
 @pytest.fixture
 def plugin_record(cluster: Operator) -> list[dict[str, Any]]:
     record = cluster.paths.state / "device-plugin.jsonl"
