@@ -168,6 +168,12 @@ class Operator:
 
         start_scheduler(self.paths, config)
 
+    def restart_kubelet(self) -> None:
+        """kubelet stopped and started again, as `systemctl restart kubelet` does; returns once the Node is Ready."""
+        from devtools.cluster.node import start_kubelet
+
+        start_kubelet(self.paths)
+
     def device_plugin(self, protocol: str) -> None:
         """Run the device-plugin double of `protocol` on the node in place of the one running (the Node then
         advertises that protocol's resource)."""
