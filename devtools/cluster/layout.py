@@ -47,6 +47,9 @@ DEVICE_PLUGIN_DIR = KUBELET_ROOT / "device-plugins"
 CNI_BIN = Path("/usr/lib/cni")
 """Debian's containernetworking-plugins."""
 CONTAINERD_SOCKET = RUN / "containerd.sock"
+USE_LOCK = Path("/tmp/gpu-extender-cluster.lock")
+"""Held (flock, exclusive) by whoever installs things on the cluster for a while (a test session of tests/node, a
+bench): two at once would install into the same namespaces. `processes.cluster_lock()` takes it."""
 ETC_KUBERNETES = Path("/etc/kubernetes")
 """kubeadm's folder: the scheduler's kubeconfig is at /etc/kubernetes/scheduler.conf, as wiring (b)'s docs assume.
 Made (and removed by `down`) only when the machine has none: `ETC_MARKER` says the cluster made it."""

@@ -10,6 +10,7 @@ does not come up says why.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import ssl
@@ -17,11 +18,11 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from devtools.cluster import network
-from devtools.cluster.layout import Paths
+from devtools.cluster.layout import USE_LOCK, Paths
 
 LOG_TAIL_LINES = 40
 STOP_GRACE = 10.0
@@ -29,6 +30,30 @@ STOP_GRACE = 10.0
 
 class ClusterError(RuntimeError):
     """The cluster could not be brought up or down; the message says which part, and why."""
+
+
+@contextlib.contextmanager
+def cluster_lock(wait: float = 1800.0) -> Iterator[None]:
+    """Hold `USE_LOCK` while the block runs; wait for it up to `wait` seconds, saying who waits."""
+    USE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with USE_LOCK.open("a") as handle:
+        deadline = time.monotonic() + wait
+        told = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"the cluster is in use ({USE_LOCK} held) for over {wait:.0f} s") from None
+                if not told:
+                    print(f"cluster: in use by another run ({USE_LOCK}); waiting", flush=True)
+                    told = True
+                time.sleep(1)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
