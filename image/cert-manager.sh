@@ -352,7 +352,7 @@ render_manifest() {
     # As `helm install cert-manager jetstack/cert-manager --namespace cert-manager --create-namespace
     # --version v1.11.5 --set installCRDs=true`, against the cluster's Kubernetes version; the Namespace first.
     {
-        cat "$source_dir/deploy/manifests/base/namespace.yaml"
+        cat "$source_dir/deploy/manifests/namespace.yaml"
         "$helm" template cert-manager "$chart" --namespace cert-manager --kube-version "$k8s_version" \
             --set installCRDs=true \
             --set image.tag="$version" --set image.pullPolicy=IfNotPresent \
