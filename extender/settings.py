@@ -21,7 +21,7 @@ from extender.core.devices import Strategy
 from extender.core.placement.config import Narrowing, Policy, PolicyConfig
 from extender.core.placement.workload import HALF_LIFE
 from extender.core.protocols import DeviceProtocol
-from extender.core.protocols.gpushare import Profile
+from extender.core.protocols.gpushare import Profile, SeveralGpus
 from extender.core.protocols.hami import Hami
 from extender.settings_values import SettingsError, convert, read_config
 
@@ -30,6 +30,8 @@ ENV_PREFIX = "EXTENDER_"
 JITTER = 1.2
 """client-go's JitterFactor: a wait of `retry_period` becomes one in [retry_period, 2.2 x retry_period)."""
 _PROFILE = Profile()
+_NAMED = {field.name for field in dataclasses.fields(Profile)} - {"several_gpus"}
+"""The profile's fields that are settings of the same name (`several_gpus` is `gpushare_several_gpus`)."""
 
 HEALTH_MAX_CONNECTIONS = 64
 """Connections to the health port: the kubelet's probes and Prometheus take one or two each; whoever else
@@ -239,6 +241,15 @@ class Settings:
         "which GPUs they can use. Empty: models unknown.",
         default=_PROFILE.model_label,
     )
+    gpushare_several_gpus: SeveralGpus = _doc(
+        "gpushare: what becomes of a pod asking several GPUs (--count-resource above 1): refuse (at filter on every "
+        "node, as unresolvable, and at bind), or bind (placed, its GPUs recorded in --indexes-annotation alone) for a "
+        "node side of one's own that reads that annotation. Refused by default: the gpushare device plugin gives a pod "
+        "one GPU at most, reading ALIYUN_COM_GPU_MEM_IDX alone, so such a pod's container would start without a GPU "
+        "(under NVIDIA's runtime, not at all) and, never marked assigned, every later pod of its size on the node "
+        "would be matched to it and get no GPU.",
+        default=_PROFILE.several_gpus,
+    )
     # -- quotas
     resource_quotas: bool = _doc(
         "Hold each namespace to the GPU keys of its ResourceQuotas, counted on what its pods are given, per GPU "
@@ -347,7 +358,8 @@ class Settings:
 
     @property
     def profile(self) -> Profile:
-        return Profile(**{field.name: getattr(self, field.name) for field in dataclasses.fields(Profile)})
+        named = {field.name: getattr(self, field.name) for field in dataclasses.fields(Profile) if field.name in _NAMED}
+        return Profile(**named, several_gpus=self.gpushare_several_gpus)
 
     @property
     def policy(self) -> PolicyConfig:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from extender.core.devices import Strategy
+from extender.core.protocols.gpushare import Profile, SeveralGpus
 from extender.settings import Settings, load
 from extender.settings_values import SettingsError
 
@@ -31,6 +32,17 @@ def test_flags_beat_the_environment_which_beats_the_config_file(tmp_path: Path) 
     )
 
 
+def test_pods_asking_several_gpus_are_refused_in_gpushare_unless_bind_is_set(tmp_path: Path) -> None:
+    """The profile the protocol is built from carries the setting (`Settings.device_protocol`)."""
+    protocol = load(TLS, env={}).device_protocol
+    assert isinstance(protocol, Profile) and protocol.several_gpus is SeveralGpus.REFUSE
+    config = tmp_path / "extender.yaml"
+    config.write_text("gpushare-several-gpus: bind\n")
+    bound = load(TLS, env={}, config=str(config))
+    assert bound.gpushare_several_gpus is SeveralGpus.BIND and bound.profile.several_gpus is SeveralGpus.BIND
+    assert load({**TLS, "gpushare_several_gpus": "bind"}, env={}).profile.several_gpus is SeveralGpus.BIND
+
+
 def test_the_config_file_can_come_from_the_environment(tmp_path: Path) -> None:
     config = tmp_path / "c.json"
     config.write_text('{"insecure_http": true}')
@@ -46,6 +58,7 @@ def test_the_config_file_can_come_from_the_environment(tmp_path: Path) -> None:
         ({"health_port": "8443"}, {}, "health_port and port are both 8443: the health listener needs its own port"),
         ({"insecure_http": "maybe"}, {}, "--insecure-http='maybe': expected true or false"),
         ({"node_strategy": "random"}, {}, "(one of: binpack, spread)"),
+        ({"gpushare_several_gpus": "split"}, {}, "--gpushare-several-gpus='split': 'split' is not a valid SeveralGpus"),
         ({"reservation_ttl": "0"}, {}, "reservation_ttl must be positive"),
         ({"weight": "0"}, {}, "weight must be > 0"),
         ({"lease_duration": "10"}, {}, "lease_duration (10.0) must be greater than renew_deadline (10.0)"),

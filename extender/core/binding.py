@@ -4,7 +4,8 @@ This is where the ledger's rules meet I/O (DESIGN §3). Under the node's lock, i
 1. **Known?** The pod must be one the cache or a recent filter has seen, under the UID, namespace and name the
    bind names, and the node one the cache knows (for every pod, whatever it asks).
 2. **Already settled?** A pod the API shows bound, or whose binding the API accepted, is success when it is
-   bound to this node (bind is idempotent) and an error otherwise.
+   bound to this node (bind is idempotent) and an error otherwise. **Runnable?** A pod the nodes' device plugin
+   could run nowhere (`DeviceProtocol.refusal`: gpushare and several GPUs) is refused, as its filter was.
 3. **An earlier decision?** A reservation from before a restart, or from a binding that failed uncertainly:
    to the same node, the same allocation is written again, so whichever binding lands carries the devices the
    cache counts; to another node, it is released and the pod decided afresh, unless that binding may still
@@ -260,6 +261,9 @@ def _decide(request: BindRequest, context: BindContext) -> BindOutcome | Write:
         return _refused(f"pod {request.key}: {record.unreadable}")
     if record.demand.is_zero:
         return Write(pod, None, state)
+    refusal = context.cache.protocol.refusal(record.demand)
+    if refusal is not None:  # as its filter refused it on every node
+        return _refused(f"pod {request.key}: {refusal}")
     hold = context.cache.hold_of(request.uid)
     if hold is not None and hold.state is HoldState.ASSUMED:  # its filter's assumption: now decided for real
         taken = context.ledger.take_assumed(request.uid, request.node, context.placer.build())

@@ -20,6 +20,7 @@ from extender.core.binding import (
 from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
 from extender.core.placement.config import PolicyConfig
+from extender.core.protocols.gpushare import Profile, SeveralGpus
 from extender.sources.file import FileBinder
 from tests.builders import FakeClock, bind_error, make_cluster, make_node, make_pod, placer_for
 
@@ -199,6 +200,35 @@ async def test_a_pod_without_gpu_demand_is_bound_without_annotations() -> None:
     assert await run_bind(cluster, binder, request_for(pod)) == ""
     assert binder.calls == [(pod["metadata"]["uid"], "n1", {})]
     assert cluster.nodes["n1"].used == [0, 0]
+
+
+async def test_a_gpushare_pod_asking_several_gpus_is_refused_and_nothing_is_written_or_reserved() -> None:
+    """Its filter refused every node; a bind that comes all the same is refused for the same reason."""
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16))
+    pod = make_pod("wide", gpu_mem=20, gpus=2)
+    cluster.apply_pod(pod)
+    binder = RecordingBinder()
+    error = await run_bind(cluster, binder, request_for(pod))
+    assert error == (
+        "pod default/wide: asks 2 GPUs (aliyun.com/gpu-count: 2); gpushare's device plugin gives a pod one GPU at "
+        "most: its container would start without a GPU"
+    )
+    assert binder.calls == [] and not cluster.reserved
+    assert cluster.nodes["n1"].used == [0, 0]
+
+
+async def test_with_bind_a_gpushare_pod_asking_several_gpus_is_bound_on_them_recorded_in_the_indexes_alone() -> None:
+    """20 GiB over 2 GPUs: ceil(20 / 2) = 10 on each; no ALIYUN_COM_GPU_MEM_IDX, which names one GPU."""
+    profile = Profile(several_gpus=SeveralGpus.BIND)
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), profile=profile)
+    pod = make_pod("wide", gpu_mem=20, gpus=2)
+    cluster.apply_pod(pod)
+    binder = RecordingBinder()
+    assert await run_bind(cluster, binder, request_for(pod)) == ""
+    [(_, _, annotations)] = binder.calls
+    assert annotations["gpu-extender.io/device-indexes"] == "0,1"
+    assert "ALIYUN_COM_GPU_MEM_IDX" not in annotations
+    assert cluster.nodes["n1"].used == [10, 10]
 
 
 def test_recent_pods_forget_the_oldest_beyond_their_limit() -> None:

@@ -109,7 +109,7 @@ def test_demo_places_pods_and_exits_zero(capsys: pytest.CaptureFixture[str], rec
     assert run_demo(pods=12, seed=7) == 0
     output = capsys.readouterr().out
     assert "-> gpu-" in output
-    assert "placed    11 of 12 pods" in output
+    assert "placed    10 of 12 pods" in output  # of 12: one never fits, and one asks 2 GPUs, refused in gpushare
     assert "no GPU holds more memory than it has" in output
     gc.collect()
     assert [str(warning.message) for warning in recwarn if issubclass(warning.category, ResourceWarning)] == []

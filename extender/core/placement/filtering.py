@@ -3,7 +3,9 @@ kube-scheduler's message stays short (`summarized`).
 
 The common case costs one C-speed set probe per name (the cache's `FitIndex` for one-GPU demands); the rest are
 judged (`judge.py`) with the cache's memo of verdicts, so a burst of same-sized pods formats each node's reason
-once. The quota's refusals and the policy's narrowing come after, in `placer.Placer.filter`.
+once. A pod the nodes' device plugin could run nowhere (`DeviceProtocol.refusal`) is refused on every node, for
+that one reason, before any is judged. The quota's refusals and the policy's narrowing come after, in
+`placer.Placer.filter`.
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ def filter_cached(
     judged with the cache's memo of verdicts. `states` is `cache.nodes`, or views of whole nodes the scheduler
     sent (which have no indexes).
     """
+    refusal = cache.protocol.refusal(demand)
+    if refusal is not None:
+        return refused_everywhere(checked_names(names), refusal)
     own_cache = states is cache.nodes and not demand.is_zero
     plain_one = own_cache and demand.plain and demand.devices == 1
     fitting = cache.fit_index.fitting(demand.per_device, states) if plain_one else None
@@ -109,6 +114,14 @@ def filter_cached(
         return FilterOutcome(passed=names)
     memo = cache.memo.table(judged(demand, unit)) if own_cache else None
     return filter_nodes(demand, checked_names(names), states, unit, fitting, memo, pod)
+
+
+def refused_everywhere(names: list[str], reason: str) -> FilterOutcome:
+    """Every node unresolvable for the same reason: the device plugin could run the pod on none of them, so no
+    eviction can help. Counted as `too_few`: fewer GPUs than it asks could ever serve it."""
+    outcome = FilterOutcome(unresolvable=dict.fromkeys(names, reason))
+    outcome.causes[Cause.TOO_FEW] += len(names)
+    return outcome
 
 
 def filter_nodes(

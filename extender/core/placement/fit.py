@@ -51,7 +51,7 @@ class Cause(enum.StrEnum):
     TOO_SMALL = "too_small"
     """No GPU here is that large (memory or compute)."""
     TOO_FEW = "too_few"
-    """Fewer GPUs here than asked could ever serve."""
+    """Fewer GPUs here than asked could ever serve (or than the device plugin gives a pod: gpushare's, one)."""
     NO_MATCH = "no_match"
     """No GPU here matches the pod's selectors (or none is usable)."""
     MEMORY = "memory"

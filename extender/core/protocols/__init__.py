@@ -5,7 +5,8 @@ A protocol turns a node into `Device`s, a pod into a `Demand`, an `Allocation` i
 plugin reads (written in the Binding), and those annotations back into an allocation after a restart. The
 cache, the ledger and the policy work on devices, demands and allocations and know no annotation key.
 
-- `gpushare.py`: the gpushare device plugin (`aliyun.com/gpu-mem`), memory only, one GPU per pod for its plugin.
+- `gpushare.py`: the gpushare device plugin (`aliyun.com/gpu-mem`), memory only, one GPU per pod for its plugin
+  (a pod asking several is refused, unless a setting says the node side reads our annotation of every index).
 - `hami.py`: HAMi's device plugin and HAMi-core (`nvidia.com/gpu`, `gpumem`, `gpucores`), which enforce memory
   and compute in the container and run multi-GPU and multi-container pods, with a node lock.
 """
@@ -88,6 +89,10 @@ class DeviceProtocol(Protocol):
 
     def pod_demand(self, pod: Raw) -> Demand:
         """What the pod asks; raises `InvalidPod` naming the container and value that cannot be read."""
+
+    def refusal(self, demand: Demand) -> str | None:
+        """Why the device plugin could run a pod of this demand on no node, in words for the pod's owner (None: it
+        could). The filter refuses such a pod on every node as unresolvable, and the bind refuses it."""
 
     def allocation_annotations(self, allocation: Allocation, devices: Sequence[Device], since: float) -> dict[str, str]:
         """The annotations that record the allocation for the plugin and for our recovery; the same

@@ -7,11 +7,13 @@ our per-device annotation (heterogeneous or unhealthy GPUs). A pod's demand is i
 containers as kubelet does (the largest init container when larger), over `aliyun.com/gpu-count` GPUs (1 when
 absent). The annotations travel in the Binding, so the API server writes them and `spec.nodeName` in one
 update: they are the durable record of every decision. The plugin reads the index only, so it runs pods on one
-GPU; our own annotations keep multi-GPU allocations and the node of a decision made before a restart.
+GPU: a pod asking several is refused (`refusal`) unless `several_gpus` says the node side reads our own annotation
+of every index; our own annotations keep multi-GPU allocations and the node of a decision made before a restart.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,6 +30,22 @@ from extender.core.resources import MAX_DEVICES, InvalidQuantity, check_pod_shap
 UNHEALTHY_NAMESPACE = "kube-system"
 UNHEALTHY_PREFIX = "unhealthy-gpu-"
 """`kube-system/unhealthy-gpu-<node>` lists a node's unhealthy GPUs (the gpushare extender's drop-in)."""
+
+
+class SeveralGpus(enum.StrEnum):
+    """What becomes of a pod asking several GPUs (`count_resource` > 1 in its limits)."""
+
+    REFUSE = "refuse"
+    """Refused on every node, at filter (unresolvable) and at bind: the gpushare device plugin gives a pod one GPU
+    at most (AliyunContainerService/gpushare-device-plugin at 45fb8b88, `nv/` = pkg/gpu/nvidia/). At Allocate it
+    matches the pod by its total memory, reads `ALIYUN_COM_GPU_MEM_IDX` alone (absent: -1, nv/podutils.go:37-61)
+    and answers `NVIDIA_VISIBLE_DEVICES=no-gpu-has-<N>GiB-to-run` (nv/allocate.go:24-39, :90-110): the container
+    fails to start or runs without a GPU, and the pod, never assigned, stays the oldest candidate of its size, so
+    every later pod of that size on the node is matched to it and gets no GPU (nv/podmanager.go:240-262).
+    gpushare-scheduler-extender refuses these pods too."""
+    BIND = "bind"
+    """Placed and bound like any pod, its GPUs recorded in `indexes_annotation` alone: for a node side of one's
+    own that reads it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +79,8 @@ class Profile:
     """Node: the label naming its GPUs' model (NVIDIA GPU feature discovery's by default; ACK's is
     `aliyun.accelerator/nvidia_name`). Pods restricted to models by a node affinity or nodeSelector on it are
     told apart by the placement policy; empty: models unknown."""
+    several_gpus: SeveralGpus = SeveralGpus.REFUSE
+    """A pod asking several GPUs: refused (the gpushare plugin cannot run it) or bound (`SeveralGpus`)."""
 
     # -- the protocol
 
@@ -153,6 +173,15 @@ class Profile:
             return NO_DEMAND
         devices = pod_amount(pod, self.count_resource) or 1
         return Demand(memory=memory, devices=devices)
+
+    def refusal(self, demand: Demand) -> str | None:
+        """Why no node can take a pod asking several GPUs, unless `several_gpus` is `bind` (`SeveralGpus`)."""
+        if demand.devices <= 1 or self.several_gpus is SeveralGpus.BIND:
+            return None
+        return (
+            f"asks {demand.devices} GPUs ({self.count_resource}: {demand.devices}); gpushare's device plugin gives a "
+            "pod one GPU at most: its container would start without a GPU"
+        )
 
     def allocation_annotations(self, allocation: Allocation, devices: Sequence[Device], since: float) -> dict[str, str]:
         """The pod annotations that record an allocation durably (DESIGN §4)."""

@@ -212,6 +212,10 @@ class Hami:
             device_strategy=device_strategy,
         )
 
+    def refusal(self, demand: Demand) -> str | None:
+        """None: HAMi's device plugin runs every demand it can read, several GPUs and containers included."""
+        return None
+
     def _request(self, found: tuple[Raw, str], pod: Raw) -> Request | None:
         container, kind = found
         gpus = container_amount(pod, container, GPU, kind)

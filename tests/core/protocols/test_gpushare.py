@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from extender.core.devices import NO_DEMAND, Demand, Device
+from extender.core.protocols.gpushare import Profile, SeveralGpus
 from extender.core.resources import InvalidPod
 from tests.builders import PROFILE, make_node, make_pod
 
@@ -31,6 +32,42 @@ def test_demand_reads_requests_when_limits_lack_the_resource() -> None:
 def test_demand_spans_the_requested_gpu_count_rounding_up_per_device() -> None:
     demand = PROFILE.pod_demand(make_pod(gpu_mem=10, gpus=3))
     assert (demand.memory, demand.devices, demand.per_device) == (10, 3, 4)  # ceil(10 / 3)
+
+
+def test_a_pod_asking_several_gpus_is_refused_saying_the_plugin_gives_one_at_most() -> None:
+    demand = PROFILE.pod_demand(make_pod(gpu_mem=16, gpus=2))
+    assert PROFILE.refusal(demand) == (
+        "asks 2 GPUs (aliyun.com/gpu-count: 2); gpushare's device plugin gives a pod one GPU at most: "
+        "its container would start without a GPU"
+    )
+
+
+def test_the_refusal_names_the_count_resource_of_the_profile() -> None:
+    profile = Profile(memory_resource="example.com/gpu-mem", count_resource="example.com/gpu-count")
+    refusal = profile.refusal(profile.pod_demand(make_pod(gpu_mem=30, gpus=3, profile=profile)))
+    assert refusal is not None and refusal.startswith("asks 3 GPUs (example.com/gpu-count: 3); ")
+
+
+@pytest.mark.parametrize(
+    ("several_gpus", "gpus", "refused"),
+    [
+        (SeveralGpus.REFUSE, None, False),  # no count: one GPU
+        (SeveralGpus.REFUSE, 1, False),
+        (SeveralGpus.REFUSE, 2, True),
+        (SeveralGpus.BIND, 2, False),  # a node side that reads gpu-extender.io/device-indexes
+        (SeveralGpus.BIND, 8, False),
+    ],
+)
+def test_only_several_gpus_are_refused_and_only_unless_told_to_bind(
+    several_gpus: SeveralGpus, gpus: int | None, refused: bool
+) -> None:
+    profile = Profile(several_gpus=several_gpus)
+    demand = profile.pod_demand(make_pod(gpu_mem=16, gpus=gpus))
+    assert (profile.refusal(demand) is not None) is refused
+
+
+def test_the_default_profile_refuses_several_gpus() -> None:
+    assert Profile().several_gpus is SeveralGpus.REFUSE
 
 
 def test_a_pod_without_the_resource_has_no_demand() -> None:

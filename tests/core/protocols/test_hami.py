@@ -171,6 +171,12 @@ def test_a_plain_memory_request_is_a_plain_demand_for_the_fast_path() -> None:
     assert demand == Demand(8000, 2) and demand.plain and demand.per_device == 4000
 
 
+def test_a_pod_on_several_gpus_is_never_refused_since_hamis_plugin_runs_it() -> None:
+    """HAMi's device plugin gives each container every GPU its allocation lists (not gpushare's one GPU a pod)."""
+    several = HAMI.pod_demand(hami_pod(container(gpu="4", gpumem="4000"), container("side", gpu="2")))
+    assert several.devices == 6 and HAMI.refusal(several) is None
+
+
 def test_memory_without_a_gpu_count_is_refused_naming_the_webhook() -> None:
     """R8: HAMi's webhook adds nvidia.com/gpu (nv/device.go:398-415); without it kubelet never calls the plugin."""
     with pytest.raises(InvalidPod, match=r"container main asks .* without nvidia\.com/gpu.*webhook"):
