@@ -33,6 +33,7 @@ from bench.placement.trace import (
     synthetic,
     synthetic_workload,
 )
+from extender.core.protocols.gpushare import SeveralGpus
 from extender.core.resources import parse_count, parse_milli, pod_request, required_values
 
 NODES_CSV = "sn,cpu_milli,memory_mib,gpu,model\nn-0,96000,393216,8,G2\nn-1,104000,524288,2,T4\nn-2,32000,131072,0,\n"
@@ -260,8 +261,9 @@ def test_the_search_starts_where_the_last_one_stopped() -> None:
 
 
 def fast_run(seed: int = 5, *flags: str) -> ReplayResult:
+    """The fast mode as `python -m bench.placement --synthetic --mode fast` runs it: the multi-GPU pods bound."""
     workload = synthetic_workload(seed)
-    served, _ = cli.command_settings("serve", ["--scheduler-name=gpu-scheduler", *flags])
+    served, _ = cli.command_settings("serve", [*cli.GPUSHARE_FLAGS, "--scheduler-name=gpu-scheduler", *flags])
     return fast.replay(workload, served, cli.config_text(["--scheduler-name=gpu-scheduler", *flags]), seed)
 
 
@@ -344,6 +346,40 @@ def test_without_a_trace_the_command_says_how_to_get_it(capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         cli.arguments(["--mode", "fast"])
     assert "clusterdata" in capsys.readouterr().err
+
+
+def test_the_extender_binds_pods_asking_several_gpus_in_gpushare_as_the_figures_were_measured() -> None:
+    """Every mode (fast, real, burst, churn) serves with these flags; a flag of the run's own comes after them."""
+    parsed = cli.arguments(["--synthetic", "--mode", "fast", "--extender-flag=--placement=fill"])
+    assert parsed.extender_flag == [
+        "--gpushare-several-gpus=bind",
+        "--scheduler-name=gpu-scheduler",
+        "--placement=fill",
+    ]
+    served, _ = cli.command_settings("serve", parsed.extender_flag)
+    assert served.gpushare_several_gpus is SeveralGpus.BIND
+    measured = cli.arguments(["--synthetic", "--mode", "fast", "--extender-flag=--gpushare-several-gpus=refuse"])
+    served, _ = cli.command_settings("serve", measured.extender_flag)
+    assert served.gpushare_several_gpus is SeveralGpus.REFUSE
+
+
+@pytest.mark.parametrize("protocol", [["--protocol", "hami"], ["--mig"]], ids=["hami", "mig"])
+def test_the_gpushare_flags_are_not_given_in_hamis_protocol(protocol: list[str]) -> None:
+    parsed = cli.arguments(["--synthetic", "--mode", "real", *protocol])
+    assert not any(flag.startswith("--gpushare") for flag in parsed.extender_flag)
+
+
+def test_the_fast_mode_with_the_shipped_default_places_no_pod_asking_several_gpus() -> None:
+    """What `--extender-flag=--gpushare-several-gpus=refuse` measures: no multi-GPU pod placed, those that reach
+    the extender (kube-scheduler's own filters leave it a node) refused by gpushare's reason."""
+    workload = synthetic_workload(5)
+    flags = ["--scheduler-name=gpu-scheduler"]
+    served, _ = cli.command_settings("serve", flags)
+    result = fast.replay(workload, served, cli.config_text(flags), 5)
+    several = [outcome for outcome in result.outcomes if outcome.pod.gpus > 1]
+    assert several and not any(outcome.node for outcome in several)
+    said = [reason for outcome in several for reason in outcome.reasons if "gpushare's device plugin" in reason]
+    assert said and result.problems == []
 
 
 def test_a_sample_of_the_trace_keeps_the_papers_ratio_for_its_own_capacity(trace: Path) -> None:

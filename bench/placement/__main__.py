@@ -32,7 +32,9 @@ policy of the table: built from its source in DIR (`peers.py`: gpushare-schedule
 
 `--extender-flag` and `--config-flag` (repeatable) pass flags to `extender serve` and `extender scheduler-config`
 (the fast mode reads both too), so another policy or wiring can be measured the same way: e.g.
-`--extender-flag=--placement=fill` for the fill policy. It prints the figures of each run and, for several
+`--extender-flag=--placement=fill` for the fill policy. In gpushare's protocol `extender serve` is first given
+`GPUSHARE_FLAGS` (pods asking several GPUs bound, as the published figures were measured), which a flag given
+here overrides. It prints the figures of each run and, for several
 seeds, their summary beside the paper's; it exits non-zero when a run fails or an end check finds a GPU, cpu or
 memory over capacity, never for a figure.
 """
@@ -81,6 +83,10 @@ PAPER = {
     },
 }
 MODES = ("real", "burst", "fast")
+GPUSHARE_FLAGS = ("--gpushare-several-gpus=bind",)
+"""Given to our extender in gpushare's protocol, in every mode, before the run's own flags: the trace has pods
+asking several GPUs, and the published figures were measured with them bound, before the extender refused them
+by default (gpushare's device plugin gives a pod one GPU at most). `--gpushare-several-gpus=refuse` measures that."""
 POLICIES = {"shipped": (), "fill": ("--placement=fill",)}
 """Named policies for --policies: the extender flags each adds to the run's own."""
 Result = ReplayResult | ChurnResult
@@ -174,7 +180,8 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--protocol hami runs the real modes (real, burst; --churn too), not the fast one")
     parsed.policy_list += list(parsed.peers)
     common = [f"--scheduler-name={parsed.scheduler_name}", *parsed.flag]
-    parsed.extender_flag = [*common, *parsed.extender_flag]
+    protocol = list(GPUSHARE_FLAGS) if parsed.protocol == "gpushare" and not parsed.mig else []
+    parsed.extender_flag = [*protocol, *common, *parsed.extender_flag]
     parsed.config_flag = [*common, *parsed.config_flag]
     try:
         parsed.seed_list = [int(seed) for seed in parsed.seeds.split(",") if seed.strip()]

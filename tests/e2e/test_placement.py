@@ -29,7 +29,8 @@ from tests.e2e.controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 
-FLAGS = ["--scheduler-name=gpu-scheduler", "--workload-half-life=1e12"]
+FLAGS = [*cli.GPUSHARE_FLAGS, "--scheduler-name=gpu-scheduler", "--workload-half-life=1e12"]
+"""As the bench runs our extender in gpushare's protocol: its pods asking several GPUs bound."""
 
 
 def gpu_workload(seed: int) -> Workload:
