@@ -151,8 +151,8 @@ async def _drive(
     used_after = sum(node["used"] for node in after["nodes"] if node["known"])
     requests = sum(len(times) for times in scheduler.latency.values())
     print("Summary:")
-    spread = "on more than one GPU" if hami else "on 2 GPUs each"
-    print(f"  placed    {len(placed)} of {len(burst)} pods, {split} of them {spread}")
+    spread = f", {split} of them on more than one GPU" if hami else ""
+    print(f"  placed    {len(placed)} of {len(burst)} pods{spread}")
     print(f"  unplaced  {len(unplaced)}: {never} fit no node ever, {len(unplaced) - never} found no room now")
     binds = len(scheduler.latency.get("bind", ()))
     print(f"  binds     {binds} sent, {scheduler.lost_races} retried after losing a race for the last room on a GPU")
