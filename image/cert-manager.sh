@@ -45,6 +45,9 @@
 # Needs root (buildah, chroot, mounts), buildah, Go, apt-get and dpkg-deb, and, for the import check, containerd
 # and ctr. Not root: it says so and exits 0. Settings (environment): GPU_EXTENDER_CACHE (the cache root),
 # STORAGE_DRIVER (overlay; vfs where overlay fails).
+#
+# The building blocks (the buildah storage, the distroless-like base, running an image, writing an archive, the
+# import check) are image/lib.sh's, shared with image/node-images.sh; the stamp covers that file too.
 set -euo pipefail
 
 # The pin: the release, and the commit its tag names (the Makefile's GITCOMMIT is `git rev-parse HEAD`).
@@ -64,76 +67,32 @@ commands=(controller webhook cainjector ctl)
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=../tests/cache_dir.sh
 source "$repo/tests/cache_dir.sh"
+# shellcheck source=lib.sh
+source "$repo/image/lib.sh"
 
-action="${1:-build}"
-case "$action" in
-build | check | clean) ;;
-*)
-    echo "usage: $0 [build|check|clean]" >&2
-    exit 2
-    ;;
-esac
-if [[ $EUID -ne 0 ]]; then
-    echo "cert-manager: not root: the images are built with buildah and chroot as root; nothing is built"
-    exit 0
-fi
+read_action "nothing is built" "$@"
 
 node_images="${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/node-images"
 open_cache_dir node-images/cert-manager
 index="$node_images/index-cert-manager"
 manifest="$cache/cert-manager.yaml"
-buildah_dir="$cache/buildah"
-storage=(--root "$buildah_dir/storage" --runroot "$buildah_dir/run" --storage-driver "${STORAGE_DRIVER:-overlay}")
-bah() { buildah "${storage[@]}" "$@"; }
-
-unmount_under() { # every mount below $1, deepest first
-    awk -v dir="$1/" 'index($2, dir) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n 1 umount -l
-}
+use_buildah_storage "$cache/buildah"
 
 if [[ "$action" == clean ]]; then
-    if [[ -d "$buildah_dir" ]]; then
-        bah rm --all >/dev/null 2>&1 || true
-        bah rmi --all --force >/dev/null 2>&1 || true
-        unmount_under "$buildah_dir"
-    fi
+    remove_buildah_storage
     rm -rf "$cache" "$index"
     echo "cert-manager: removed $cache and $index"
     exit 0
 fi
 
-for tool in buildah apt-get dpkg-deb unshare chroot; do
-    command -v "$tool" >/dev/null || {
-        echo "cert-manager: $tool is missing" >&2
-        exit 2
-    }
-done
-find_go
-if [[ -z "$go_bin" ]]; then
-    echo "cert-manager: no Go toolchain (go is not on PATH): cert-manager cannot be built" >&2
-    exit 2
-fi
-
-containerd_dir=""
-containerd_pid=""
-cleanup() {
-    if [[ -n "$containerd_pid" ]]; then
-        kill "$containerd_pid" 2>/dev/null || true
-        wait "$containerd_pid" 2>/dev/null || true
-    fi
-    if [[ -n "$containerd_dir" ]]; then
-        unmount_under "$containerd_dir"
-        rm -rf "$containerd_dir"
-    fi
-    # A build that failed leaves its working containers (and their mounts) behind.
-    bah rm --all >/dev/null 2>&1 || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+need_tools buildah apt-get dpkg-deb unshare chroot
+need_go cert-manager
+trap clean_up EXIT
 
 helm_version="$(sed -n 's/^version=//p' "$repo/tests/helm/build.sh")"
 helm="${GPU_EXTENDER_CACHE:-$HOME/.cache/gpu-extender}/helm-$helm_version/helm"
 stamp="$cache/cert-manager.stamp"
-stamp_value="$({ cat "${BASH_SOURCE[0]}"; echo "helm $helm_version"; } | sha256sum | cut -d' ' -f1)"
+stamp_value="$({ cat "${BASH_SOURCE[0]}" "$repo/image/lib.sh"; echo "helm $helm_version"; } | sha256sum | cut -d' ' -f1)"
 k8s_version="$(grep -oE 'k8s\.io/kubernetes v[0-9]+\.[0-9]+\.[0-9]+' "$repo/tests/e2e/k8s/go.mod" | head -n 1 | cut -d' ' -f2)"
 image_of() { echo "${repositories[$1]}:$version"; }
 
@@ -203,90 +162,32 @@ build_binaries() {
 }
 
 # --- The images --------------------------------------------------------------------------------------------------
-debs_into() { # unpack Debian packages (downloaded, never installed) into $1
-    local into="$1" package deb apt_options=(-o APT::Sandbox::User=root)
-    shift
-    mkdir -p "$work/deb"
-    for package in "$@"; do
-        if ! (cd "$work/deb" && apt-get download -q "${apt_options[@]}" "$package" >/dev/null 2>&1); then
-            echo "cert-manager: apt-get download $package failed; running apt-get update once and retrying" >&2
-            apt-get update -q >/dev/null
-            (cd "$work/deb" && apt-get download -q "${apt_options[@]}" "$package" >/dev/null)
-        fi
-        deb="$(compgen -G "$work/deb/${package}_*.deb" | head -n 1)"
-        dpkg-deb -x "$deb" "$into"
-        echo "$package $(dpkg-deb -f "$deb" Version)"
-    done
-}
-
 # What distroless static (upstream's base, make/base_images.mk) holds, from the same Debian packages: /etc/passwd
 # and /etc/group with root, nobody and nonroot (65532), the CA bundle and SSL_CERT_FILE, /etc/services and friends,
 # /usr/share/zoneinfo, /tmp (1777), /home/nonroot and /root. Committed once, the layer every image starts from.
 base_image="localhost/cert-manager-static-base:$version"
 build_base() {
-    local root="$work/base" unpacked="$work/base-debs" cert container mountpoint packages
-    packages="$(debs_into "$unpacked" ca-certificates netbase tzdata | paste -sd, | sed 's/,/, /g')"
-    install -d -m 755 "$root/etc/ssl/certs" "$root/usr/share"
-    install -d -m 1777 "$root/tmp"
-    install -d -m 700 "$root/root"
-    install -d -m 700 -o 65532 -g 65532 "$root/home/nonroot"
-    # The bundle update-ca-certificates would write: every Mozilla certificate the package ships, in its order.
-    (cd "$unpacked/usr/share/ca-certificates" && find mozilla -name '*.crt' | LC_ALL=C sort) | while read -r cert; do
-        sed -e '$a\' "$unpacked/usr/share/ca-certificates/$cert"
-    done >"$root/etc/ssl/certs/ca-certificates.crt"
-    chmod 644 "$root/etc/ssl/certs/ca-certificates.crt"
-    cp -a "$unpacked/etc/services" "$unpacked/etc/protocols" "$unpacked/etc/rpc" "$unpacked/etc/ethertypes" "$root/etc/"
-    cp -a "$unpacked/usr/share/zoneinfo" "$root/usr/share/"
-    cat >"$root/etc/passwd" <<'EOF'
-root:x:0:0:root:/root:/sbin/nologin
-nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin
-nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin
-EOF
-    cat >"$root/etc/group" <<'EOF'
-root:x:0:
-tty:x:5:
-staff:x:50:
-nobody:x:65534:
-nonroot:x:65532:
-EOF
-    echo "hosts: files dns" >"$root/etc/nsswitch.conf"
-    chmod 644 "$root/etc/passwd" "$root/etc/group" "$root/etc/nsswitch.conf"
-    container="$(bah from scratch)"
-    mountpoint="$(bah mount "$container")"
-    tar -C "$root" -cf - . | tar -C "$mountpoint" -xpf -
-    bah umount "$container" >/dev/null
-    bah config --os linux --arch amd64 --workingdir / \
-        --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-        --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
-        --label "org.opencontainers.image.description=distroless static's files from Debian ($packages)" \
-        "$container"
+    local container
+    static_base "$work/base"
+    container="$(from_tree "$work/base")"
+    static_config "$container" \
+        --label "org.opencontainers.image.description=distroless static's files from Debian ($static_base_packages)"
     bah commit --quiet --rm "$container" "$base_image" >/dev/null
 }
 
-# Run image $1's entrypoint with the arguments after it, without an OCI runtime: chroot as 1000:1000 (the image's
-# user) with the image's environment, its root read-only, in private mount and network namespaces.
+# Run image $1's entrypoint with the arguments after it, as the image's user 1000 (in_image).
 run_image() {
-    local image="$1" container root status=0 env=() entrypoint=()
+    local image="$1" entrypoint=()
     shift
-    mapfile -t env < <(bah inspect --type image --format '{{range .OCIv1.Config.Env}}{{println .}}{{end}}' "$image" \
-        | sed '/^$/d')
     mapfile -t entrypoint < <(bah inspect --type image --format '{{range .OCIv1.Config.Entrypoint}}{{println .}}{{end}}' \
         "$image" | sed '/^$/d')
-    container="$(bah from --pull=never --quiet "$image")"
-    root="$(bah mount "$container")"
-    unshare --mount --net --propagation private -- sh -c \
-        'root="$1"; shift; mount --bind "$root" "$root" && mount -o remount,bind,ro "$root" && exec "$@"' sh "$root" \
-        env -i "${env[@]}" "$(command -v chroot)" --userspec=1000:1000 --groups=1000 "$root" \
-        "${entrypoint[@]}" "$@" || status=$?
-    bah umount "$container" >/dev/null
-    bah rm "$container" >/dev/null
-    return "$status"
+    in_image "$image" 1000:1000 -- "${entrypoint[@]}" "$@"
 }
 
 # hack/containers/Containerfile.<command>: FROM the base, USER 1000, the binary at /app/cmd/<command>/<command>,
 # LICENSE and LICENSES under /licenses, ENTRYPOINT the binary; written as the docker-archive <command>.tar.
 build_image() {
-    local command="$1" image started=$SECONDS container mountpoint got
+    local command="$1" image started=$SECONDS container mountpoint
     image="$(image_of "$command")"
     container="$(bah from --pull=never --quiet "$base_image")"
     mountpoint="$(bah mount "$container")"
@@ -301,11 +202,8 @@ build_image() {
         --label "org.opencontainers.image.description=cert-manager $command $version from $module_path@$version, built by gpu-extender's image/cert-manager.sh" \
         "$container"
     bah commit --quiet --rm "$container" "$image" >/dev/null
-    got="$(bah inspect --type image --format '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$image")"
-    if [[ "$got" != "1000 [/app/cmd/$command/$command]" ]]; then
-        echo "cert-manager: $image has user and entrypoint $got" >&2
-        return 1
-    fi
+    expect_config "$image" '{{.OCIv1.Config.User}}' 1000
+    expect_config "$image" '{{.OCIv1.Config.Entrypoint}}' "[/app/cmd/$command/$command]"
     # Each command answers as itself from inside its image: --help (exit 0), and the version where it prints one.
     case "$command" in
     ctl) run_image "$image" version --client >"$work/$command.out" 2>&1 ;;
@@ -324,9 +222,7 @@ build_image() {
         cat "$work/$command.out" >&2
         return 1
     }
-    rm -f "$work/$command.tar"
-    bah push --quiet "$image" "docker-archive:$work/$command.tar:$image" >/dev/null
-    mv -f "$work/$command.tar" "$cache/$command.tar"
+    export_archive "$image" "$command"
     echo "cert-manager: $image -> $cache/$command.tar ($(du -h "$cache/$command.tar" | cut -f1)) in" \
         "$((SECONDS - started)) s"
 }
@@ -383,44 +279,11 @@ render_manifest() {
 
 # --- Import every archive into a throwaway containerd: the names must be there as the index says --------------------
 check_imports() {
-    local name archive started=$SECONDS listed
-    if ! command -v containerd >/dev/null || ! command -v ctr >/dev/null; then
-        echo "cert-manager: no containerd/ctr: the import check is skipped"
-        return
-    fi
-    containerd_dir="$(mktemp -d /tmp/cert-manager-containerd.XXXXXX)"
-    cat >"$containerd_dir/config.toml" <<EOF
-version = 2
-root = "$containerd_dir/root"
-state = "$containerd_dir/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "$containerd_dir/containerd.sock"
-[ttrpc]
-  address = "$containerd_dir/containerd.sock.ttrpc"
-[debug]
-  address = "$containerd_dir/debug.sock"
-EOF
-    containerd --config "$containerd_dir/config.toml" >"$containerd_dir/containerd.log" 2>&1 9>&- &
-    containerd_pid=$!
-    local c=(ctr --address "$containerd_dir/containerd.sock" -n k8s.io)
-    for _ in $(seq 50); do
-        "${c[@]}" version >/dev/null 2>&1 && break
-        sleep 0.2
-    done
-    while IFS=$'\t' read -r name archive; do
-        "${c[@]}" images import "$archive" >/dev/null
-    done <"$index"
-    listed="$("${c[@]}" images ls -q)"
-    while IFS=$'\t' read -r name archive; do
-        grep -qxF "$name" <<<"$listed" || {
-            echo "cert-manager: $archive imported, but containerd has no image $name (it has: $listed)" >&2
-            return 1
-        }
-    done <"$index"
-    kill "$containerd_pid"
-    wait "$containerd_pid" 2>/dev/null || true
-    containerd_pid=""
+    local started=$SECONDS
+    have_containerd || return 0
+    start_containerd
+    import_index "$index"
+    stop_containerd
     echo "cert-manager: containerd $(containerd --version | cut -d' ' -f3) imported all $(wc -l <"$index") images" \
         "with their names in $((SECONDS - started)) s"
 }
@@ -451,8 +314,7 @@ rm -f "$stamp" "$index"
 build_binaries
 started=$SECONDS
 # Everything is rebuilt: start from empty storage, so no untagged image of an earlier build stays behind.
-bah rm --all >/dev/null 2>&1 || true
-bah rmi --all --force >/dev/null 2>&1 || true
+empty_buildah_storage
 build_base
 echo "cert-manager: base layer (Debian's ca-certificates, netbase, tzdata) in $((SECONDS - started)) s"
 for command in "${commands[@]}"; do

@@ -34,80 +34,39 @@
 #
 # Settings (environment): GPU_EXTENDER_CACHE (the cache root), STORAGE_DRIVER (overlay; vfs where overlay fails),
 # SKIP_RUN (passed to image/build.sh; 1 unless set: its checks need podman, the checks here do not).
+#
+# The building blocks (the buildah storage, the distroless-like base, running an image, writing an archive, the
+# import check) are image/lib.sh's, shared with image/cert-manager.sh.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=../tests/cache_dir.sh
 source "$repo/tests/cache_dir.sh"
+# shellcheck source=lib.sh
+source "$repo/image/lib.sh"
 
-action="${1:-build}"
-case "$action" in
-build | check | clean) ;;
-*)
-    echo "usage: $0 [build|check|clean]" >&2
-    exit 2
-    ;;
-esac
-if [[ $EUID -ne 0 ]]; then
-    echo "node-images: not root: the images are built with buildah and chroot as root; the node tier will be skipped"
-    exit 0
-fi
+read_action "the node tier will be skipped" "$@"
 
 open_cache_dir node-images
-buildah_dir="$cache/buildah"
-storage=(--root "$buildah_dir/storage" --runroot "$buildah_dir/run" --storage-driver "${STORAGE_DRIVER:-overlay}")
-bah() { buildah "${storage[@]}" "$@"; }
+use_buildah_storage "$cache/buildah"
 
 archives=(pause kube-scheduler coredns gpu-workload gpu-extender) # <archive>.tar and <archive>.stamp in $cache
 
-unmount_under() { # every mount below $1, deepest first
-    awk -v dir="$1/" 'index($2, dir) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n 1 umount -l
-}
-
 if [[ "$action" == clean ]]; then
-    if [[ -d "$buildah_dir" ]]; then
-        bah rm --all >/dev/null 2>&1 || true
-        bah rmi --all --force >/dev/null 2>&1 || true
-        unmount_under "$buildah_dir"
-    fi
+    remove_buildah_storage
     # Only what this script wrote: other scripts keep their own files in this folder (image/cert-manager.sh).
     for archive in "${archives[@]}"; do
         rm -f "$cache/$archive.tar" "$cache/$archive.stamp"
     done
-    rm -rf "$buildah_dir" "$cache/logs" "$cache/index" "$cache/.lock" "$work"
+    rm -rf "$cache/logs" "$cache/index" "$cache/.lock" "$work"
     rmdir --ignore-fail-on-non-empty "$cache"
     echo "node-images: removed its archives, index and buildah storage from $cache"
     exit 0
 fi
 
-for tool in buildah gcc strip apt-get dpkg-deb setcap getcap python3 unshare; do
-    command -v "$tool" >/dev/null || {
-        echo "node-images: $tool is missing" >&2
-        exit 2
-    }
-done
-find_go
-if [[ -z "$go_bin" ]]; then
-    echo "node-images: no Go toolchain (go is not on PATH): CoreDNS cannot be built" >&2
-    exit 2
-fi
-
-containerd_dir=""
-containerd_pid=""
-cleanup() {
-    if [[ -n "$containerd_pid" ]]; then
-        kill "$containerd_pid" 2>/dev/null || true
-        wait "$containerd_pid" 2>/dev/null || true
-    fi
-    if [[ -n "$containerd_dir" ]]; then
-        unmount_under "$containerd_dir"
-        rm -rf "$containerd_dir"
-    fi
-    # A build that failed leaves its working containers (and their mounts) behind.
-    bah rm --all >/dev/null 2>&1 || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+need_tools buildah gcc strip apt-get dpkg-deb setcap getcap python3 unshare
+need_go CoreDNS
+trap clean_up EXIT
 
 mkdir -p "$cache/logs"
 chroot_bin="$(command -v chroot)"
@@ -144,135 +103,8 @@ done < <(apt-cache policy busybox-static ca-certificates netbase tzdata \
     | awk '/^[^ ].*:$/ {p = substr($0, 1, length($0) - 1)} /^  Candidate:/ {print p, $2}')
 apt_version() { echo "${apt_versions[$1]:-}"; }
 
-# Unpack Debian packages (downloaded, never installed) into $1.
-debs_into() {
-    local into="$1" package deb apt_options=(-o APT::Sandbox::User=root)
-    shift
-    mkdir -p "$work/deb"
-    for package in "$@"; do
-        if ! compgen -G "$work/deb/${package}_*.deb" >/dev/null; then
-            if ! (cd "$work/deb" && apt-get download -q "${apt_options[@]}" "$package" >/dev/null 2>&1); then
-                echo "node-images: apt-get download $package failed; running apt-get update once and retrying"
-                apt-get update -q >/dev/null
-                (cd "$work/deb" && apt-get download -q "${apt_options[@]}" "$package" >/dev/null)
-            fi
-        fi
-        deb="$(compgen -G "$work/deb/${package}_*.deb" | head -n 1)"
-        dpkg-deb -x "$deb" "$into"
-    done
-}
-
-# What upstream's distroless static base (gcr.io/distroless/static-debian12) holds, from the same Debian packages:
-# /etc/passwd and /etc/group with root, nobody and nonroot (65532), the CA bundle (ca-certificates), /etc/services
-# and friends (netbase), /usr/share/zoneinfo (tzdata), /tmp (1777), /home/nonroot and /root.
-static_base() {
-    local root="$1" unpacked="$work/static-base-debs" cert
-    rm -rf "$unpacked"
-    debs_into "$unpacked" ca-certificates netbase tzdata
-    install -d -m 755 "$root/etc/ssl/certs" "$root/usr/share"
-    install -d -m 1777 "$root/tmp"
-    install -d -m 700 "$root/root"
-    install -d -m 700 -o 65532 -g 65532 "$root/home/nonroot"
-    # The bundle update-ca-certificates would write: every Mozilla certificate the package ships, in its order.
-    (cd "$unpacked/usr/share/ca-certificates" && find mozilla -name '*.crt' | LC_ALL=C sort) | while read -r cert; do
-        sed -e '$a\' "$unpacked/usr/share/ca-certificates/$cert"
-    done >"$root/etc/ssl/certs/ca-certificates.crt"
-    chmod 644 "$root/etc/ssl/certs/ca-certificates.crt"
-    cp -a "$unpacked/etc/services" "$unpacked/etc/protocols" "$unpacked/etc/rpc" "$unpacked/etc/ethertypes" "$root/etc/"
-    cp -a "$unpacked/usr/share/zoneinfo" "$root/usr/share/"
-    cat >"$root/etc/passwd" <<'EOF'
-root:x:0:0:root:/root:/sbin/nologin
-nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin
-nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin
-EOF
-    cat >"$root/etc/group" <<'EOF'
-root:x:0:
-tty:x:5:
-staff:x:50:
-nobody:x:65534:
-nonroot:x:65532:
-EOF
-    echo "hosts: files dns" >"$root/etc/nsswitch.conf"
-    chmod 644 "$root/etc/passwd" "$root/etc/group" "$root/etc/nsswitch.conf"
-}
-
-# A working container from scratch holding the tree $1; prints its id.
-from_tree() {
-    local tree="$1" container mountpoint
-    container="$(bah from scratch)"
-    mountpoint="$(bah mount "$container")"
-    tar -C "$tree" -cf - . | tar -C "$mountpoint" -xpf -
-    echo "$container"
-}
-
-# Run argv in image $1's root filesystem without an OCI runtime: chroot as $2 (uid:gid), with the image's
-# environment plus any VAR=value before `--`, its root read-only (readOnlyRootFilesystem), in private mount and
-# network namespaces (only a loopback, down). The working container is removed afterwards.
-in_image() {
-    local image="$1" user="$2" container root status=0 env=()
-    shift 2
-    mapfile -t env < <(bah inspect --type image --format '{{range .OCIv1.Config.Env}}{{println .}}{{end}}' "$image" \
-        | sed '/^$/d')
-    while [[ $# -gt 0 && "$1" != -- ]]; do
-        env+=("$1")
-        shift
-    done
-    shift
-    container="$(bah from --pull=never --quiet "$image")"
-    root="$(bah mount "$container")"
-    unshare --mount --net --propagation private -- sh -c \
-        'root="$1"; shift; mount --bind "$root" "$root" && mount -o remount,bind,ro "$root" && exec "$@"' sh "$root" \
-        env -i "${env[@]}" "$chroot_bin" --userspec="$user" --groups="${user#*:}" "$root" "$@" || status=$?
-    bah umount "$container" >/dev/null
-    bah rm "$container" >/dev/null
-    return "$status"
-}
-
-# Check one field of image $1's configuration (a Go template on buildah inspect) against $2.
-expect_config() {
-    local image="$1" template="$2" want="$3" got
-    got="$(bah inspect --type image --format "$template" "$image")"
-    if [[ "$got" != "$want" ]]; then
-        echo "node-images: $image: $template is $got, not $want" >&2
-        return 1
-    fi
-}
-
-# Write image $1 as the docker-archive $cache/$2.tar under its name and the further names $3...; buildah push
-# writes one name, so the others are added to the archive's manifest.json (and its legacy `repositories`).
-export_archive() {
-    local image="$1" file="$cache/$2.tar" unpacked="$work/archive-$2"
-    shift 2
-    rm -rf "$unpacked" "$work/$(basename "$file")"
-    bah push --quiet "$image" "docker-archive:$work/$(basename "$file"):$image" >/dev/null
-    if [[ $# -gt 0 ]]; then
-        mkdir -p "$unpacked"
-        tar -C "$unpacked" -xf "$work/$(basename "$file")"
-        python3 - "$unpacked" "$image" "$@" <<'EOF'
-import json, sys
-from pathlib import Path
-root, first, more = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
-manifest = json.loads((root / "manifest.json").read_text())
-assert len(manifest) == 1 and manifest[0]["RepoTags"] == [first], manifest
-manifest[0]["RepoTags"] += more
-(root / "manifest.json").write_text(json.dumps(manifest, separators=(",", ":")))
-repositories = json.loads((root / "repositories").read_text())
-repository, tag = first.rsplit(":", 1)
-layer = repositories[repository][tag]
-for name in more:
-    repository, tag = name.rsplit(":", 1)
-    repositories.setdefault(repository, {})[tag] = layer
-(root / "repositories").write_text(json.dumps(repositories, separators=(",", ":")))
-EOF
-        (cd "$unpacked" && tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 \
-            -cf "$work/$(basename "$file")" -- *)
-        rm -rf "$unpacked"
-    fi
-    mv -f "$work/$(basename "$file")" "$file"
-}
-
 # --- The images: each a function; its stamp hashes its text (declare -f) with its inputs --------------------------
-common="$(declare -f sha debs_into static_base from_tree in_image expect_config export_archive)"
+common="$(declare -f sha debs_into deb_version static_base static_config from_tree in_image expect_config export_archive)"
 
 pause_source="$k8s_module/build/pause/linux/pause.c"
 pause_cflags="-Os -Wall -Werror -static -DVERSION=v$pause_version-$k8s_version"
@@ -307,13 +139,10 @@ build_kube_scheduler() {
     static_base "$tree"
     install -D -m 755 "$work/kube-scheduler.bin" "$tree/usr/local/bin/kube-scheduler"
     container="$(from_tree "$tree")"
-    bah config --os linux --arch amd64 --workingdir / \
-        --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-        --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    static_config "$container" \
         --label "org.opencontainers.image.source=https://github.com/kubernetes/kubernetes/tree/$k8s_version/cmd/kube-scheduler" \
         --label "org.opencontainers.image.version=$k8s_version" \
-        --label "org.opencontainers.image.description=kube-scheduler $k8s_version (tests/e2e/build.sh, CGO_ENABLED=0), built by image/node-images.sh" \
-        "$container"
+        --label "org.opencontainers.image.description=kube-scheduler $k8s_version (tests/e2e/build.sh, CGO_ENABLED=0), built by image/node-images.sh"
     bah commit --quiet --rm "$container" "$image" >/dev/null
     # As manifests/second-scheduler runs it: user 65532, read-only root, found on PATH.
     grep -qx "Kubernetes $k8s_version" <<<"$(in_image "$image" 65532:65532 -- kube-scheduler --version)"
@@ -345,14 +174,10 @@ build_coredns() {
     container="$(from_tree "$tree")"
     root="$(bah mount "$container")"
     setcap cap_net_bind_service=+ep "$root/coredns"
-    bah config --os linux --arch amd64 --user nonroot:nonroot --workingdir / --port 53 --port 53/udp \
-        --entrypoint '["/coredns"]' \
-        --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-        --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    static_config "$container" --user nonroot:nonroot --port 53 --port 53/udp --entrypoint '["/coredns"]' \
         --label "org.opencontainers.image.source=https://github.com/coredns/coredns/tree/$coredns_version" \
         --label "org.opencontainers.image.version=$coredns_version" \
-        --label "org.opencontainers.image.description=CoreDNS $coredns_version ($go_version, CGO_ENABLED=0), built by image/node-images.sh" \
-        "$container"
+        --label "org.opencontainers.image.description=CoreDNS $coredns_version ($go_version, CGO_ENABLED=0), built by image/node-images.sh"
     bah commit --quiet --rm "$container" "$image" >/dev/null
     grep -q "CoreDNS-${coredns_version#v}" <<<"$(in_image "$image" 65532:65532 -- /coredns -version)"
     # The file capability survived the commit: as 65532, with no Corefile (its default: whoami on :53), CoreDNS
@@ -513,53 +338,20 @@ printf '%s\n' "${index_lines[@]}" >"$cache/index.tmp" && mv -f "$cache/index.tmp
 
 # --- Import every archive into a throwaway containerd: the names must be there as the index says ------------------
 check_imports() {
-    local line name archive started=$SECONDS listed mnt
-    if ! command -v containerd >/dev/null || ! command -v ctr >/dev/null; then
-        echo "node-images: no containerd/ctr: the import check is skipped"
-        return
-    fi
-    containerd_dir="$(mktemp -d /tmp/node-images-containerd.XXXXXX)"
-    cat >"$containerd_dir/config.toml" <<EOF
-version = 2
-root = "$containerd_dir/root"
-state = "$containerd_dir/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "$containerd_dir/containerd.sock"
-[ttrpc]
-  address = "$containerd_dir/containerd.sock.ttrpc"
-[debug]
-  address = "$containerd_dir/debug.sock"
-EOF
-    containerd --config "$containerd_dir/config.toml" >"$containerd_dir/containerd.log" 2>&1 9>&- &
-    containerd_pid=$!
-    local c=(ctr --address "$containerd_dir/containerd.sock" -n k8s.io)
-    for _ in $(seq 50); do
-        "${c[@]}" version >/dev/null 2>&1 && break
-        sleep 0.2
-    done
-    for archive in $(cut -f2 "$cache/index" | sort -u); do
-        "${c[@]}" images import "$archive" >/dev/null
-    done
-    listed="$("${c[@]}" images ls -q)"
-    while IFS=$'\t' read -r name archive; do
-        grep -qxF "$name" <<<"$listed" || {
-            echo "node-images: $archive imported, but containerd has no image $name" >&2
-            return 1
-        }
-    done <"$cache/index"
+    local started=$SECONDS mnt
+    have_containerd || return 0
+    start_containerd
+    import_index "$cache/index"
     # CoreDNS' file capability, as containerd unpacked it (the layer's security.capability xattr).
     mnt="$containerd_dir/mnt"
     mkdir -p "$mnt"
-    "${c[@]}" images mount "registry.k8s.io/coredns/coredns:$coredns_version" "$mnt" >/dev/null
+    "${ctr_k8s[@]}" images mount "registry.k8s.io/coredns/coredns:$coredns_version" "$mnt" >/dev/null
     getcap "$mnt/coredns" | grep -q 'cap_net_bind_service[=+]ep' || {
         echo "node-images: containerd unpacked /coredns without its cap_net_bind_service" >&2
         return 1
     }
-    "${c[@]}" images unmount --rm "$mnt" >/dev/null
-    kill "$containerd_pid"
-    wait "$containerd_pid" 2>/dev/null || true
-    containerd_pid=""
+    "${ctr_k8s[@]}" images unmount --rm "$mnt" >/dev/null
+    stop_containerd
     echo "node-images: containerd $(containerd --version | cut -d' ' -f3) imported all $(wc -l <"$cache/index") names" \
         "in $((SECONDS - started)) s"
 }
