@@ -185,7 +185,7 @@ def test_the_plugin_double_drops_a_pod_deleted_while_kubelet_admits_it(
 
     plane = SimpleNamespace(users={"admin": SimpleNamespace(token="t")}, url="https://api")
     double = DevicePluginDouble(plane, ["n1"], delay=0)  # type: ignore[arg-type]
-    double._call = call  # type: ignore[method-assign]
+    double._call = double.allocator.call = call  # type: ignore[method-assign]
     asyncio.run(double._admit("n1", short, 0.0))
     assert writes == [], "the lock stays, as HAMi's Allocate leaves it when GetPendingPod fails"
     assert double.violations == []

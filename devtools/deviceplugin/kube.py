@@ -27,17 +27,17 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 
 
 class ApiError(Exception):
-    """A non-2xx answer of the API server."""
+    """A non-2xx answer of the API server, built from its Status body (the e2e tier's client raises it too)."""
 
     def __init__(self, method: str, path: str, status: int, body: bytes) -> None:
         try:
             decoded = orjson.loads(body)
         except orjson.JSONDecodeError:
             decoded = {}
-        status_body = decoded if isinstance(decoded, dict) else {}
         self.status = status
-        self.reason: str = str(status_body.get("reason", ""))
-        self.message: str = str(status_body.get("message") or body.decode(errors="replace")[:500])
+        self.status_body: Obj = decoded if isinstance(decoded, dict) else {}
+        self.reason: str = str(self.status_body.get("reason", ""))
+        self.message: str = str(self.status_body.get("message") or body.decode(errors="replace")[:500])
         super().__init__(f"{method} {path}: {status} {self.reason}: {self.message}")
 
 

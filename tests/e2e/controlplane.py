@@ -10,7 +10,9 @@ here. Three users authenticate with static tokens: `admin` (system:masters), `sc
 rights the extender needs, see `EXTENDER_RULES`).
 
 This module talks to the API with aiohttp (and the standard library for start-up): it must never import
-`extender`, so the tier checks the extender's own Kubernetes client against an independent one.
+`extender`, so the tier checks the extender's own Kubernetes client against an independent one. Its refusals are
+the device-plugin doubles' `ApiError` (devtools/deviceplugin/kube.py), so the tier's plugin double and the Allocate
+procedure it shares with them raise and catch one class.
 
 What the real v1.34.1 API server does that one might not expect (measured here):
 - Creating a Node keeps the `status` sent (nodeStrategy.PrepareForCreate only drops disabled fields), so no
@@ -49,6 +51,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from devtools.deviceplugin.kube import ApiError
 from devtools.harness import stop_process
 
 MODULE = Path(__file__).parent / "k8s"
@@ -193,21 +196,6 @@ def node_manifest(
 
 class ControlPlaneError(RuntimeError):
     """A control-plane process did not start, or stopped; the message ends with the tail of its log."""
-
-
-class ApiError(Exception):
-    """A non-2xx answer of the API server, built from its Status body."""
-
-    def __init__(self, method: str, path: str, status: int, body: bytes) -> None:
-        try:
-            decoded = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            decoded = {}
-        self.status = status
-        self.status_body: dict[str, Any] = decoded if isinstance(decoded, dict) else {}
-        self.reason: str = self.status_body.get("reason", "")
-        self.message: str = self.status_body.get("message") or body.decode(errors="replace")[:500]
-        super().__init__(f"{method} {path}: {status} {self.reason}: {self.message}")
 
 
 @dataclass(frozen=True, slots=True)

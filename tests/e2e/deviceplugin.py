@@ -97,7 +97,6 @@ from devtools.deviceplugin.hami_protocol import (
     pod_key,
     registered_gpus,
 )
-from devtools.deviceplugin.kube import ApiError as PluginApiError
 from tests.e2e.controlplane import ApiError, ControlPlane
 
 __all__ = [
@@ -133,8 +132,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-API_ERRORS = (ApiError, PluginApiError)
-"""The API's refusals, as the tier's client raises them and as the shared Allocate procedure does."""
 
 
 def gpu_calls(pod: Obj) -> list[int]:
@@ -205,7 +202,7 @@ class DevicePluginDouble:
         self.allocations: list[Allocation] = []
         self.violations: list[str] = []
         self.locks = Stats()
-        self.allocator = HamiAllocator(self._api, strict=True, violations=self.violations)
+        self.allocator = HamiAllocator(self._call, strict=True, violations=self.violations)
         """HAMi's Allocate procedure (devtools/deviceplugin/hami_allocate.py), checking entries strictly."""
         self.refuse: dict[str, str] = self.allocator.refuse
         """Pod names whose allocation the plugin refuses on purpose, with the reason it gives."""
@@ -308,13 +305,6 @@ class DevicePluginDouble:
             if answer.status >= 300:
                 raise ApiError(method, path, answer.status, raw)
             return dict(orjson.loads(raw or b"{}"))
-
-    async def _api(self, method: str, path: str, body: Obj | None = None) -> Obj:
-        """`_call` for the shared Allocate procedure, whose API errors are devtools' own (same status, same body)."""
-        try:
-            return await self._call(method, path, body)
-        except ApiError as error:
-            raise PluginApiError(method, path, error.status, orjson.dumps(error.status_body)) from None
 
     async def _follow(self, path: str, handle: Any, ready: asyncio.Event) -> None:
         """List then watch `path` for ever (relisting after an ERROR event, such as a 410 or an API server whose
@@ -422,7 +412,7 @@ class DevicePluginDouble:
                 await self._admit(node, pod, bound_at)
             except asyncio.CancelledError:
                 raise
-            except API_ERRORS as error:
+            except ApiError as error:
                 if error.status == 404:
                     continue  # deleted while being admitted: kubelet drops it
                 self.violations.append(f"the double failed on {pod_key(pod)} on {node}: {error}")
