@@ -1,6 +1,9 @@
 """charts/gpu-extender/: linted and rendered by a real helm (tests/helm/build.sh), every object valid for the
 Kubernetes versions manifests/ is checked for, and, with default values in the namespace gpu-extender, the same
-objects as manifests/ but for the labels Helm adds, so the chart and the manifests cannot drift apart.
+objects as manifests/ but for the labels Helm adds, so the chart and the manifests cannot drift apart; with
+protocol=hami, the same objects as kustomize builds from manifests/hami/ (and hami/second-scheduler/), the hami
+values as the extender's flags, and the second scheduler's configuration what `extender scheduler-config` renders
+for the extender's settings.
 
 Without the helm binary these tests are skipped when there is no Go toolchain to build it, and fail when there is
 one (as the e2e tier does), so CI cannot pass by skipping them.
@@ -8,6 +11,7 @@ one (as the e2e tier does), so CI cannot pass by skipping them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -22,15 +26,24 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from extender import cli
+from extender import settings as settings_module
+from extender.core.devices import Strategy
+from extender.core.placement.config import Policy
 from extender.service.pages import build_health_server
+from extender.settings import Protocol, Settings
 from extender.sources.kube.writes import LEADER_LABEL
+from extender.tools.schedconfig import render as scheduler_config
 from tests.builders import make_cluster
 from tests.conftest import make_service
 from tests.e2e.controlplane import go_toolchain
 from tests.test_manifests import (
+    ANY_NAME,
     CERT_MANAGER_SCHEMAS,
     CLUSTER,
     EXTENDER_GRANTS,
+    KUBECTL,
+    MANIFESTS,
     NAMESPACE,
     VALIDATED_VERSIONS,
     Grant,
@@ -92,6 +105,29 @@ EVERYTHING = {
     **MANIFESTS_ALL,
     "monitoring": {**POD_MONITOR["monitoring"], **SERVICE_MONITOR["monitoring"], **DASHBOARD["monitoring"]},
 }
+OWN_SCHEDULER_NAME = {"secondScheduler": {"enabled": True, "schedulerName": "gpu-share"}}
+HAMI: Values = {"protocol": "hami"}
+HAMI_SECOND_SCHEDULER: Values = {**HAMI, **SECOND_SCHEDULER}
+HAMI_ALL = {**MANIFESTS_ALL, **HAMI}
+"""What `kubectl apply -k` of manifests/hami/, manifests/cert-manager/ and manifests/hami/second-scheduler/ makes."""
+HAMI_OWN_SCHEDULER_NAME = {**HAMI, **OWN_SCHEDULER_NAME}
+HAMI_SETTINGS: Values = {
+    **HAMI_SECOND_SCHEDULER,
+    "hami": {
+        "defaultMemory": 1024,
+        "defaultCores": 30,
+        "memoryFactor": 1024,
+        "nodeLockTimeout": 2.5,
+        "topologyAll": True,
+        "defaultSchedulerPolicy": {"gpuSchedulerPolicy": "binpack"},
+    },
+}
+"""Every hami value away from its default: HAMi's GPU policy binpack, its node policy left at HAMi's binpack."""
+HAMI_NODE_SPREAD: Values = {
+    **HAMI_SECOND_SCHEDULER,
+    "hami": {"defaultSchedulerPolicy": {"nodeSchedulerPolicy": "spread"}},
+}
+"""HAMi's node policy spread, its GPU policy left at HAMi's spread."""
 
 SCENARIOS: dict[str, Values] = {
     "defaults": DEFAULTS,
@@ -111,6 +147,13 @@ SCENARIOS: dict[str, Values] = {
     "own-scheduler-config": OWN_SCHEDULER_CONFIG,
     "manifests-all": MANIFESTS_ALL,
     "everything": EVERYTHING,
+    "own-scheduler-name": OWN_SCHEDULER_NAME,
+    "hami": HAMI,
+    "hami-second-scheduler": HAMI_SECOND_SCHEDULER,
+    "hami-all": HAMI_ALL,
+    "hami-own-scheduler-name": HAMI_OWN_SCHEDULER_NAME,
+    "hami-settings": HAMI_SETTINGS,
+    "hami-node-spread": HAMI_NODE_SPREAD,
 }
 
 
@@ -234,6 +277,45 @@ def test_a_network_policy_opening_the_health_port_to_all_is_refused() -> None:
     result = run_helm("template", RELEASE, str(CHART), *value_flags({"networkPolicy": {"healthPortFrom": []}}))
     assert result.returncode != 0
     assert "healthPortFrom" in result.stderr
+
+
+REFUSED: dict[str, tuple[Values, str]] = {
+    "an unknown protocol": ({"protocol": "nvidia"}, "/protocol"),
+    "a memory factor of 0": ({**HAMI, "hami": {"memoryFactor": 0}}, "/hami/memoryFactor"),
+    "more than 100 % of compute": ({**HAMI, "hami": {"defaultCores": 101}}, "/hami/defaultCores"),
+    "a negative default memory": ({**HAMI, "hami": {"defaultMemory": -1}}, "/hami/defaultMemory"),
+    "HAMi's Go duration for the node lock (ours is seconds)": (
+        {**HAMI, "hami": {"nodeLockTimeout": "5m"}},
+        "/hami/nodeLockTimeout",
+    ),
+    "a node lock that never lasts": ({**HAMI, "hami": {"nodeLockTimeout": 0}}, "/hami/nodeLockTimeout"),
+    "a GPU policy chain (pods annotate their own)": (
+        {**HAMI, "hami": {"defaultSchedulerPolicy": {"gpuSchedulerPolicy": "binpack,numa"}}},
+        "/hami/defaultSchedulerPolicy/gpuSchedulerPolicy",
+    ),
+    "a misspelt hami value": ({**HAMI, "hami": {"memoryFactr": 1024}}, "memoryFactr"),
+    "a hami value with gpushare, which would ignore it": ({"hami": {"memoryFactor": 1024}}, "/hami/memoryFactor"),
+    "a HAMi policy with gpushare": (
+        {"hami": {"defaultSchedulerPolicy": {"nodeSchedulerPolicy": "spread"}}},
+        "/hami/defaultSchedulerPolicy/nodeSchedulerPolicy",
+    ),
+    "a second scheduler named as the cluster's own": (
+        {"secondScheduler": {"enabled": True, "schedulerName": "default-scheduler"}},
+        "/secondScheduler/schedulerName",
+    ),
+    "a scheduler name no pod can give": (
+        {"secondScheduler": {"enabled": True, "schedulerName": "HAMi_Scheduler"}},
+        "/secondScheduler/schedulerName",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_the_schema_refuses(case: str) -> None:
+    values, named = REFUSED[case]
+    result = run_helm("template", RELEASE, str(CHART), *value_flags(values))
+    assert result.returncode != 0
+    assert named in result.stderr, result.stderr
 
 
 @functools.cache
@@ -561,3 +643,192 @@ def test_a_changed_scheduler_configuration_rolls_gpu_scheduler() -> None:
     data = find(own, "ConfigMap", "gpu-scheduler-config")["data"]
     assert data == {"kube-scheduler-config.yaml": OWN_SCHEDULER_CONFIG["secondScheduler"]["config"]}
     assert checksum(own) != checksum(render("second-scheduler"))
+
+
+# ---- protocol hami: the objects of manifests/hami/ -----------------------------------------------------------
+
+
+def kubectl() -> str:
+    """kubectl for `kubectl kustomize` (manifests/hami/ is patches): skip without it when Go is absent, fail when
+    Go is there (make test builds it with the control plane)."""
+    if KUBECTL is not None:
+        return KUBECTL
+    if go_toolchain() is None:
+        pytest.skip("HAMi chart tests skipped: no kubectl to build manifests/hami/, and no Go toolchain to build it")
+    pytest.fail("HAMi chart tests: no kubectl; run `bash tests/e2e/build.sh` (or `make test`)", pytrace=False)
+
+
+@functools.cache
+def kustomized(folder: str) -> tuple[dict[str, Any], ...]:
+    """The objects `kubectl kustomize manifests/<folder>` builds, generated ConfigMaps before their hash."""
+    built = subprocess.run(
+        [kubectl(), "kustomize", str(MANIFESTS / folder)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    unhashed = re.sub(r"\b(gpu-scheduler-config)-[a-z0-9]{10}\b", r"\1", built)
+    return tuple(body for body in yaml.safe_load_all(unhashed) if body)
+
+
+HAMI_FOLDERS = ("hami", "hami/second-scheduler", "cert-manager")
+
+
+@functools.cache
+def hami_manifest_objects() -> dict[Identity, dict[str, Any]]:
+    return {identity(body): body for folder in HAMI_FOLDERS for body in kustomized(folder)}
+
+
+DELETED_BY_HAMI = {
+    ("Role", "gpu-extender-unhealthy-gpus", "kube-system"),
+    ("RoleBinding", "gpu-extender-unhealthy-gpus", "kube-system"),
+}
+"""What manifests/hami/ deletes from manifests/: the read of kube-system's ConfigMaps, gpushare's alone."""
+HAMI_MANIFESTS = sorted(set(MANIFEST_OBJECTS) - DELETED_BY_HAMI, key=str)
+"""The objects of manifests/hami/, hami/second-scheduler/ and cert-manager/, as named (their patches change some)."""
+HAMI_GRANTS = {grant for grant in EXTENDER_GRANTS if grant[0] != "kube-system"} | {
+    (CLUSTER, "", "nodes", "patch", ANY_NAME)  # HAMi's node lock, hami.io/mutex.lock
+}
+
+
+def test_kustomize_builds_from_the_hami_folders_the_objects_of_manifests_less_what_hami_deletes() -> None:
+    assert set(hami_manifest_objects()) == set(HAMI_MANIFESTS)
+
+
+def test_hami_renders_the_objects_of_manifests_hami_but_the_namespace() -> None:
+    expected = identities(list(kustomized("hami"))) - {("Namespace", NAMESPACE, None)}
+    assert identities(render("hami")) == expected
+
+
+def test_with_hami_the_second_scheduler_adds_the_objects_of_hami_second_scheduler() -> None:
+    added = identities(render("hami-second-scheduler")) - identities(render("hami"))
+    assert added == identities(list(kustomized("hami/second-scheduler")))
+
+
+@pytest.mark.parametrize("manifest", HAMI_MANIFESTS, ids=lambda key: "/".join(filter(None, key)))
+def test_hami_object_is_the_one_kustomize_builds(manifest: Identity) -> None:
+    """Field by field, as test_object_is_the_one_in_manifests: the extender's --protocol=hami, the ClusterRole's
+    nodes patch, the second scheduler's configuration for hami-scheduler."""
+    (chart,) = (body for body in render("hami-all") if identity(body) == manifest)
+    assert without_helm_additions(chart) == hami_manifest_objects()[manifest]
+
+
+def test_hami_grants_the_node_lock_and_no_read_of_kube_system() -> None:
+    assert granted(render("hami-all"), "gpu-extender", NAMESPACE) == HAMI_GRANTS
+
+
+# ---- protocol hami: HAMi's settings as the extender's flags -------------------------------------------------
+
+
+def extender_settings(bodies: list[dict[str, Any]]) -> Settings:
+    """The settings the rendered extender runs with: its arguments through the real `extender` parser, and its
+    variables, the downward API resolved for a pod in the namespace."""
+    extender = container(bodies, "gpu-extender")
+    arguments = cli.parser().parse_args(extender["args"])
+    assert arguments.command == "serve"
+    resolved = {"metadata.namespace": NAMESPACE, "metadata.name": "gpu-extender-7d9f8b6c5-x2x4q"}
+    env = {
+        variable["name"]: variable["value"]
+        if "value" in variable
+        else resolved[variable["valueFrom"]["fieldRef"]["fieldPath"]]
+        for variable in extender.get("env", [])
+    }
+    flags = {field.name: getattr(arguments, field.name) for field in settings_module.fields()}
+    return settings_module.load(flags, env=env, config=arguments.config)
+
+
+HAMI_VALUES = {
+    "defaultMemory": "hami_default_memory",
+    "defaultCores": "hami_default_cores",
+    "memoryFactor": "hami_memory_factor",
+    "nodeLockTimeout": "node_lock_timeout",
+    "topologyAll": "hami_topology_all",
+}
+"""The chart's hami values and the settings they set (the default policies: test_hamis_default_policies_...)."""
+
+
+def chart_values() -> Values:
+    loaded: Values = yaml.safe_load((CHART / "values.yaml").read_text())
+    return loaded
+
+
+def test_the_hami_defaults_are_the_extenders_so_they_add_no_flag() -> None:
+    hami = chart_values()["hami"]
+    settings = extender_settings(render("hami"))
+    assert settings.protocol is Protocol.HAMI
+    for value, field in HAMI_VALUES.items():
+        assert hami[value] == getattr(settings, field) == getattr(Settings(), field), value
+    assert hami["defaultSchedulerPolicy"] == {"nodeSchedulerPolicy": "", "gpuSchedulerPolicy": ""}
+    assert settings.placement is Settings().placement is Policy.FRAGMENTATION
+
+
+def test_the_hami_values_land_as_the_extenders_flags() -> None:
+    extender = container(render("hami-settings"), "gpu-extender")
+    settings = extender_settings(render("hami-settings"))
+    for value, field in HAMI_VALUES.items():
+        assert getattr(settings, field) == HAMI_SETTINGS["hami"][value], value
+    flags = {argument.split("=")[0] for argument in extender["args"]}
+    assert {"--hami-default-memory", "--hami-default-cores", "--hami-memory-factor"} <= flags
+    assert {
+        "--node-lock-timeout",
+        "--hami-topology-all",
+        "--placement",
+        "--node-strategy",
+        "--device-strategy",
+    } <= flags
+
+
+@pytest.mark.parametrize(
+    ("scenario", "node", "gpu"),
+    [
+        ("hami-settings", Strategy.BINPACK, Strategy.BINPACK),  # GPU binpack asked; node at HAMi's binpack
+        ("hami-node-spread", Strategy.SPREAD, Strategy.SPREAD),  # node spread asked; GPU at HAMi's spread
+    ],
+)
+def test_hamis_default_policies_place_by_fill_the_one_left_empty_at_hamis_default(
+    scenario: str, node: Strategy, gpu: Strategy
+) -> None:
+    settings = extender_settings(render(scenario))
+    assert (settings.placement, settings.node_strategy, settings.device_strategy) == (Policy.FILL, node, gpu)
+
+
+# ---- the second scheduler's configuration ---------------------------------------------------------------------
+
+
+def scheduler_name(values: Values) -> str:
+    """The name the second scheduler answers to: the value, else HAMi's webhook's name, else gpu-scheduler."""
+    given = str(values["secondScheduler"].get("schedulerName", ""))
+    return given or ("hami-scheduler" if values.get("protocol") == "hami" else "gpu-scheduler")
+
+
+def uncommented(text: str) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
+
+
+BUILT_IN_CONFIGURATION = [
+    scenario
+    for scenario, values in SCENARIOS.items()
+    if values.get("secondScheduler", {}).get("enabled") and not values["secondScheduler"].get("config")
+]
+
+
+@pytest.mark.parametrize("scenario", BUILT_IN_CONFIGURATION)
+def test_the_second_schedulers_configuration_is_what_scheduler_config_renders_for_the_extender(scenario: str) -> None:
+    """Line for line but the leading comments (the manifests' tests compare those too, for the defaults): the
+    extender's own settings, flags and variables as rendered, under the second scheduler's name."""
+    bodies = render(scenario)
+    text = find(bodies, "ConfigMap", "gpu-scheduler-config")["data"]["kube-scheduler-config.yaml"]
+    settings = dataclasses.replace(extender_settings(bodies), scheduler_name=scheduler_name(SCENARIOS[scenario]))
+    assert uncommented(text) == uncommented(scheduler_config(settings, "1.34"))
+
+
+@pytest.mark.parametrize(
+    ("scenario", "name"),
+    [
+        ("second-scheduler", "gpu-scheduler"),
+        ("hami-second-scheduler", "hami-scheduler"),
+        ("own-scheduler-name", "gpu-share"),
+        ("hami-own-scheduler-name", "gpu-share"),
+    ],
+)
+def test_the_second_scheduler_answers_to(scenario: str, name: str) -> None:
+    configuration = find(render(scenario), "ConfigMap", "gpu-scheduler-config")["data"]["kube-scheduler-config.yaml"]
+    (profile,) = yaml.safe_load(configuration)["profiles"]
+    assert profile["schedulerName"] == name

@@ -67,3 +67,28 @@ app.kubernetes.io/part-of: gpu-extender
 {{- define "gpu-extender.url" -}}
 https://gpu-extender.{{ .Release.Namespace }}.svc:443
 {{- end }}
+
+{{/*
+The name the second scheduler answers to: secondScheduler.schedulerName, else gpu-scheduler, or with protocol hami
+hami-scheduler, the name HAMi's admission webhook gives GPU pods (manifests/hami/second-scheduler/).
+*/}}
+{{- define "gpu-extender.schedulerName" -}}
+{{- if .Values.secondScheduler.schedulerName -}}
+{{ .Values.secondScheduler.schedulerName }}
+{{- else if eq .Values.protocol "hami" -}}
+hami-scheduler
+{{- else -}}
+gpu-scheduler
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when the extender places by fill, HAMi's way (protocol hami with a default scheduler policy set), else
+empty: the extender's flags and the second scheduler's configuration both follow it.
+*/}}
+{{- define "gpu-extender.placesByFill" -}}
+{{- $policy := .Values.hami.defaultSchedulerPolicy }}
+{{- if and (eq .Values.protocol "hami") (or $policy.nodeSchedulerPolicy $policy.gpuSchedulerPolicy) -}}
+true
+{{- end }}
+{{- end }}
