@@ -17,6 +17,7 @@ import json
 import os
 import posixpath
 import re
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -832,3 +833,49 @@ def test_the_second_scheduler_answers_to(scenario: str, name: str) -> None:
     configuration = find(render(scenario), "ConfigMap", "gpu-scheduler-config")["data"]["kube-scheduler-config.yaml"]
     (profile,) = yaml.safe_load(configuration)["profiles"]
     assert profile["schedulerName"] == name
+
+
+# ---- docs/protocols/hami.md's install with Helm ---------------------------------------------------------------
+
+
+HAMI_PAGE = ROOT / "docs" / "protocols" / "hami.md"
+HELM_PAGE = ROOT / "docs" / "install" / "helm.md"
+
+
+def sh_blocks(text: str) -> list[str]:
+    """The ```sh blocks of Markdown text, each dedented to its fence, with backslash continuations joined."""
+    blocks = re.findall(r"^( *)```sh\n(.*?)^\1```", text, re.MULTILINE | re.DOTALL)
+    dedented = ["".join(line[len(indent) :] for line in body.splitlines(keepends=True)) for indent, body in blocks]
+    return [block.replace("\\\n", " ") for block in dedented]
+
+
+def hami_helm_install() -> list[str]:
+    """The commands of the first sh block after "With Helm" in hami.md's "Install in place of hami-scheduler"."""
+    text = HAMI_PAGE.read_text()
+    section = text[text.index("## Install in place of hami-scheduler\n") :]
+    section = section[: section.index("\n## ", 1)]
+    block = sh_blocks(section[section.index("With Helm") :])[0]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_hamis_page_installs_with_helm_what_its_kustomize_steps_apply() -> None:
+    """Steps 1 and 3 as one Helm release: the objects of manifests/hami/, hami/second-scheduler/ and cert-manager/
+    (the namespace made by --create-namespace and labelled as helm.md does), the images aside."""
+    install, label = hami_helm_install()
+    words = shlex.split(install)
+    assert words[:4] == ["helm", "install", RELEASE, "charts/gpu-extender"]
+    result = run_helm("template", RELEASE, str(CHART), *words[4:])
+    assert result.returncode == 0, result.stderr
+    rendered = [body for body in yaml.safe_load_all(result.stdout) if body]
+    expected = {key: body for key, body in hami_manifest_objects().items() if key != ("Namespace", NAMESPACE, None)}
+    assert identities(rendered) == set(expected)
+    for body in rendered:
+        assert without_images(without_helm_additions(body)) == without_images(expected[identity(body)]), identity(body)
+    assert label in sh_blocks(HELM_PAGE.read_text())[0].splitlines(), "labelled as helm.md labels it"
+
+
+def without_images(body: dict[str, Any]) -> dict[str, Any]:
+    copy: dict[str, Any] = json.loads(json.dumps(body))
+    for each in copy.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+        each.pop("image")
+    return copy
