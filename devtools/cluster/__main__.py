@@ -6,6 +6,8 @@
     scheduler [--config FILE]                          restart the default scheduler (with a KubeSchedulerConfiguration)
     device-plugin --protocol P [--gpus FILE]           replace the device-plugin double
     kubelet-restart                                    restart kubelet, as `systemctl restart kubelet` would
+    images                                             import the images again (after `make node-build` rebuilt
+                                                       one: a pod started after it gets the new one)
 
 Errors (something missing, a part that does not come up) are printed as one message, with the log's tail, and exit 1.
 """
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     plugin.add_argument("--protocol", choices=("gpushare", "hami"), required=True)
     plugin.add_argument("--gpus", type=Path)
     commands.add_parser("kubelet-restart", help="restart kubelet")
+    commands.add_parser("images", help="import the images again")
     options = parser.parse_args(argv)
     paths = Paths()
     # Imported here: `down` and `status` need none of what `up` imports (trustme, cryptography).
@@ -61,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             addons.start_device_plugin(paths, options.protocol, options.gpus)
         elif options.command == "kubelet-restart":
             node.start_kubelet(paths)
+        elif options.command == "images":
+            addons.import_images(paths)
     except ClusterError as error:
         print(f"cluster: {error}", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import string
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from devtools.cluster import processes
@@ -123,9 +124,10 @@ def install_cert_manager(paths: Paths) -> None:
     )
 
 
-def start_device_plugin(paths: Paths, protocol: str, gpus: Path | None = None) -> None:
+def start_device_plugin(paths: Paths, protocol: str, gpus: Path | None = None, refuse: Sequence[str] = ()) -> None:
     """Start the device-plugin double of `protocol` (replacing the one running) and wait until the Node
-    advertises its resource."""
+    advertises its resource. `refuse`: pods (namespace/name) whose Allocate it fails on purpose, as a plugin
+    that cannot allocate does (HAMi's: a gRPC error, so kubelet fails the pod)."""
     if protocol not in RESOURCES:
         raise ClusterError(f"unknown protocol {protocol!r}: gpushare or hami")
     processes.stop(paths, "device-plugin")
@@ -138,14 +140,21 @@ def start_device_plugin(paths: Paths, protocol: str, gpus: Path | None = None) -
         f"--kubeconfig={paths.kubeconfig('device-plugin')}",
         f"--gpus={gpus or DEFAULT_GPUS[protocol]}",
         f"--record={paths.state / 'device-plugin.jsonl'}",
+        *(f"--refuse={pod}" for pod in refuse),
     ]
-    processes.start(paths, "device-plugin", argv, in_node=False)
     resource = RESOURCES[protocol]
 
     def advertised() -> bool:
+        # Registered by this start (its log since the start's header line says so: a resource advertised by an
+        # earlier plugin may linger a moment on the Node), and the Node advertises it.
+        log = (paths.logs / "device-plugin.log").read_text(errors="replace")
+        if "registered" not in log.rsplit("\n==== ", 1)[-1]:
+            return False
         found = api_get(paths, f"/api/v1/nodes/{NODE_NAME}")
         allocatable = (found or {}).get("status", {}).get("allocatable", {})
         return str(allocatable.get(resource, "0")) not in ("0", "")
 
-    processes.wait_until(paths, "device-plugin", advertised, f"registered (the Node advertises {resource})")
+    processes.start_and_wait(
+        paths, "device-plugin", argv, advertised, f"registered (the Node advertises {resource})", in_node=False
+    )
     (paths.state / "protocol").write_text(f"{protocol}\n")

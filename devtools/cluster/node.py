@@ -111,10 +111,10 @@ def _control_plane(paths: Paths) -> None:
         lambda: processes.https_ok(f"{api_url()}/readyz", api_context(paths), token),
         "ready (/readyz)",
     )
-    processes.start(paths, "kube-controller-manager", components.controller_manager(paths))
-    processes.wait_until(
+    processes.start_and_wait(
         paths,
         "kube-controller-manager",
+        components.controller_manager(paths),
         lambda: (
             api_get(paths, "/api/v1/namespaces/default/configmaps/kube-root-ca.crt") is not None
             and api_get(paths, "/api/v1/namespaces/default/serviceaccounts/default") is not None
@@ -139,29 +139,29 @@ def start_scheduler(paths: Paths, config: Path | None = None) -> None:
     """(Re)start the cluster's default scheduler, with `config` if given (what wiring (b)'s edit of the static
     pod does: the kubelet restarts the scheduler with the new flag, mounts and DNS policy)."""
     processes.stop(paths, "kube-scheduler")
-    processes.start(paths, "kube-scheduler", components.scheduler(paths, config))
-    processes.wait_until(
+    processes.start_and_wait(
         paths,
         "kube-scheduler",
+        components.scheduler(paths, config),
         lambda: processes.https_ok(f"https://{NODE_IP}:10259/readyz", processes.unverified()),
         "ready (/readyz)",
     )
 
 
 def _node(paths: Paths) -> None:
-    processes.start(paths, "containerd", components.containerd(paths))
-    processes.wait_until(
+    processes.start_and_wait(
         paths,
         "containerd",
+        components.containerd(paths),
         lambda: CONTAINERD_SOCKET.exists() and ctr(["version"], check=False).returncode == 0,
         "serving on its socket",
     )
     addons.import_images(paths)
     start_kubelet(paths)
-    processes.start(paths, "kube-proxy", components.proxy(paths))
-    processes.wait_until(
+    processes.start_and_wait(
         paths,
         "kube-proxy",
+        components.proxy(paths),
         lambda: processes.https_ok(f"http://{NODE_IP}:10256/healthz", processes.unverified()),
         "healthy (its rules synced, /healthz)",
     )
@@ -170,8 +170,10 @@ def _node(paths: Paths) -> None:
 def start_kubelet(paths: Paths) -> None:
     """(Re)start kubelet and wait until the Node is Ready: what `up` does, and what a kubelet restart does."""
     processes.stop(paths, "kubelet")
-    processes.start(paths, "kubelet", components.kubelet(paths))
-    processes.wait_until(paths, "kubelet", lambda: node_ready(paths), f"Ready (the Node {NODE_NAME})", timeout=120)
+    processes.start_and_wait(
+        paths, "kubelet", components.kubelet(paths), lambda: node_ready(paths), f"Ready (the Node {NODE_NAME})",
+        timeout=120,
+    )  # fmt: skip
 
 
 def node_ready(paths: Paths) -> bool:

@@ -114,6 +114,21 @@ def running(paths: Paths) -> list[str]:
     return sorted(names, key=started)
 
 
+def start_and_wait(
+    paths: Paths,
+    name: str,
+    argv: Sequence[str],
+    check: Callable[[], bool],
+    what: str,
+    *,
+    timeout: float = 90.0,
+    in_node: bool = True,
+) -> None:
+    """`start` the daemon, then `wait_until` it is `what` (its check true)."""
+    start(paths, name, argv, in_node=in_node)
+    wait_until(paths, name, check, what, timeout)
+
+
 def wait_until(paths: Paths, name: str, check: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
     """Poll `check()` until it is true; fail with the daemon's log if it exits first or `timeout` passes."""
     deadline = time.monotonic() + timeout

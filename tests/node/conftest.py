@@ -1,6 +1,7 @@
 """The node tier's fixture: the one-node cluster of `make cluster` (devtools/cluster), one per test session.
 
-A cluster already up (a developer's `make cluster`) is used as it is and left up; otherwise the session brings one
+A cluster already up (a developer's `make cluster`) is used as it is (its images imported again, so a rebuilt one
+is what the tests run) and left up; otherwise the session brings one
 up and removes it at the end. The session holds the cluster's lock (`processes.cluster_lock`), so a second session
 or a bench waits for it rather than installing into the same namespaces. The tier needs root (network namespace,
 cgroups, mounts) and the tools `make test` installs and builds (`make node-build`): without root or without Go it
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from devtools.cluster import network, node
+from devtools.cluster import addons, network, node
 from devtools.cluster.layout import Paths
 from devtools.cluster.processes import ClusterError, cluster_lock
 from tests.e2e.controlplane import go_toolchain
@@ -31,7 +32,10 @@ def cluster() -> Iterator[Operator]:
     paths = Paths()
     with cluster_lock():
         brought_up = False
-        if not node.is_up(paths):
+        if node.is_up(paths):
+            addons.import_images(paths)  # what `make node-build` rebuilt since the cluster came up
+            addons.start_device_plugin(paths, "gpushare")  # the tests start from gpushare's, as `up` does
+        else:
             if network.exists() or paths.state.exists():
                 node.down(paths)  # what an interrupted session left
             try:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,12 +174,12 @@ class Operator:
 
         start_kubelet(self.paths)
 
-    def device_plugin(self, protocol: str) -> None:
+    def device_plugin(self, protocol: str, refuse: Sequence[str] = ()) -> None:
         """Run the device-plugin double of `protocol` on the node in place of the one running (the Node then
-        advertises that protocol's resource)."""
+        advertises that protocol's resource); it fails the Allocate of the pods in `refuse` on purpose."""
         from devtools.cluster.addons import start_device_plugin
 
-        start_device_plugin(self.paths, protocol)
+        start_device_plugin(self.paths, protocol, refuse=refuse)
 
     def pod_phase(self, name: str, namespace: str = "default") -> str:
         pod = self.get("pod", name, "-n", namespace)

@@ -10,11 +10,10 @@ nothing of ours on it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-import pytest
 import yaml
 
 from devtools.cluster.layout import REPOSITORY, kubernetes_version
@@ -101,8 +100,9 @@ def test_kustomize_without_cert_manager_and_the_second_scheduler(cluster: Operat
         uninstall(cluster, ["manifests/second-scheduler/", "manifests/"])
 
 
-def test_the_readmes_kustomize_install_with_cert_manager(cluster: Operator) -> None:
-    install = readme_block("**With kustomize**")
+def installed_and_placing(cluster: Operator, install: str, remove: Callable[[], None]) -> None:
+    """`install` (the README's block), then both Deployments Ready and the example pod Running on its GPU;
+    `remove` undoes the install, whatever happened."""
     try:
         cluster.run(install)
         ready(cluster, "gpu-extender")
@@ -110,7 +110,15 @@ def test_the_readmes_kustomize_install_with_cert_manager(cluster: Operator) -> N
         gpu_share_demo_runs_on_its_gpu(cluster)
     finally:
         cluster.kubectl("delete", "pod", "gpu-share-demo", "--ignore-not-found", check=False)
-        uninstall(cluster, ["manifests/second-scheduler/", "manifests/cert-manager/", "manifests/"])
+        remove()
+
+
+def test_the_readmes_kustomize_install_with_cert_manager(cluster: Operator) -> None:
+    installed_and_placing(
+        cluster,
+        readme_block("**With kustomize**"),
+        lambda: uninstall(cluster, ["manifests/second-scheduler/", "manifests/cert-manager/", "manifests/"]),
+    )
 
 
 def test_the_readmes_helm_install(cluster: Operator) -> None:
@@ -121,15 +129,12 @@ def test_the_readmes_helm_install(cluster: Operator) -> None:
     install = re.sub(
         r"secondScheduler\.image\.tag=v[0-9.]+", f"secondScheduler.image.tag={kubernetes_version()}", install
     )
-    try:
-        cluster.run(install)
-        ready(cluster, "gpu-extender")
-        ready(cluster, "gpu-scheduler")
-        gpu_share_demo_runs_on_its_gpu(cluster)
-    finally:
-        cluster.kubectl("delete", "pod", "gpu-share-demo", "--ignore-not-found", check=False)
+
+    def remove() -> None:
         cluster.run("helm uninstall gpu-extender -n gpu-extender --wait", check=False)
         uninstall(cluster, [])
+
+    installed_and_placing(cluster, install, remove)
 
 
 def test_the_default_schedulers_wiring(cluster: Operator) -> None:
@@ -159,12 +164,6 @@ def test_the_default_schedulers_wiring(cluster: Operator) -> None:
         uninstall(cluster, ["manifests/"])
 
 
-@pytest.fixture
-def plugin_record(cluster: Operator) -> list[dict[str, Any]]:
-    record = cluster.paths.state / "device-plugin.jsonl"
-    return [orjson.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
-
-
 def uninstall(operator: Operator, folders: list[str]) -> None:
     """uninstall.md's `kubectl delete -k` of each folder the test applied, then wait until the namespace is gone,
     so the next test starts from a node with nothing of ours."""
@@ -179,32 +178,57 @@ def uninstall(operator: Operator, folders: list[str]) -> None:
     )
 
 
+def hami_share_demo_runs_on_its_gpu(cluster: Operator) -> None:
+    """manifests/examples/hami-gpu-pod.yaml placed by hami-scheduler (ours): Running, HAMi's device plugin has
+    written bind-phase success and released the node lock, and the container has HAMi-core's limits for the GPU
+    the extender chose."""
+    pod = example_pod(cluster, EXAMPLES / "hami-gpu-pod.yaml")
+    allocated = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
+    # HAMi's encoding: containers by ";", a container's GPUs by ":", a GPU's UUID,type,memory,cores by ",".
+    uuid, _, memory, cores = allocated.split(";")[0].split(":")[0].split(",")[:4]
+    cluster.wait(
+        lambda: cluster.get("pod", "hami-share-demo")["metadata"]["annotations"].get("hami.io/bind-phase") == "success",
+        "hami.io/bind-phase: success, written by the device plugin at Allocate",
+    )
+    environment = container_environment(cluster, "hami-share-demo")
+    # HAMi-core's limits, as HAMi's device plugin sets them at Allocate (devtools/deviceplugin).
+    assert environment["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert environment["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{memory}m"
+    assert environment["CUDA_DEVICE_SM_LIMIT"] == cores
+    node = cluster.get("node", "gpu-node")
+    assert "hami.io/mutex.lock" not in node["metadata"].get("annotations", {}), "the node lock was not released"
+
+
 def test_kustomize_hami_second_scheduler(cluster: Operator) -> None:
-    hami = DOCS / "protocols" / "hami.md"
-    install, scheduler = commands(hami, "Install in place of hami-scheduler")
+    install, scheduler = commands(DOCS / "protocols" / "hami.md", "Install in place of hami-scheduler")[:2]
     cluster.device_plugin("hami")
     try:
         cluster.run(install.replace("    # or: kubectl apply -k manifests/cert-manager/", ""))
         cluster.run(scheduler)
-        pod = example_pod(cluster, EXAMPLES / "hami-gpu-pod.yaml")
-        annotations = pod["metadata"]["annotations"]
-        allocated = annotations["hami.io/vgpu-devices-allocated"]
-        # HAMi's encoding: containers by ";", a container's GPUs by ":", a GPU's UUID,type,memory,cores by ",".
-        uuid, _, memory, cores = allocated.split(";")[0].split(":")[0].split(",")[:4]
-        cluster.wait(
-            lambda: (
-                cluster.get("pod", "hami-share-demo")["metadata"]["annotations"].get("hami.io/bind-phase") == "success"
-            ),
-            "hami.io/bind-phase: success, written by the device plugin at Allocate",
-        )
-        environment = container_environment(cluster, "hami-share-demo")
-        # HAMi-core's limits, as HAMi's device plugin sets them at Allocate (devtools/deviceplugin).
-        assert environment["NVIDIA_VISIBLE_DEVICES"] == uuid
-        assert environment["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{memory}m"
-        assert environment["CUDA_DEVICE_SM_LIMIT"] == cores
-        node = cluster.get("node", "gpu-node")
-        assert "hami.io/mutex.lock" not in node["metadata"].get("annotations", {}), "the node lock was not released"
+        hami_share_demo_runs_on_its_gpu(cluster)
     finally:
         cluster.kubectl("delete", "pod", "hami-share-demo", "--ignore-not-found", check=False)
         uninstall(cluster, ["manifests/hami/second-scheduler/", "manifests/hami/"])
+        cluster.device_plugin("gpushare")
+
+
+def test_helm_hami(cluster: Operator) -> None:
+    """hami.md's Helm install (the image names aside, as in the README's), with cert-manager."""
+    (install,) = [
+        b for b in commands(DOCS / "protocols" / "hami.md", "Install in place of hami-scheduler") if "helm" in b
+    ]
+    install = install.replace("registry.example.com/gpu-extender", "ghcr.io/gpu-extender/gpu-extender")
+    install = re.sub(
+        r"secondScheduler\.image\.tag=v[0-9.]+", f"secondScheduler.image.tag={kubernetes_version()}", install
+    )
+    cluster.device_plugin("hami")
+    try:
+        cluster.run(install)
+        ready(cluster, "gpu-extender")
+        ready(cluster, "gpu-scheduler")
+        hami_share_demo_runs_on_its_gpu(cluster)
+    finally:
+        cluster.kubectl("delete", "pod", "hami-share-demo", "--ignore-not-found", check=False)
+        cluster.run("helm uninstall gpu-extender -n gpu-extender --wait", check=False)
+        uninstall(cluster, [])
         cluster.device_plugin("gpushare")
