@@ -261,7 +261,7 @@ def _config_api(settings: Settings, minor: int, api_version: str, wiring: Wiring
         # Global, not the profile's (which 1.23 and 1.24 lack): kube-scheduler stops filtering once it has found
         # this share of the nodes, and we choose among those only.
         document["percentageOfNodesToScore"] = settings.nodes_to_score
-    resource, url = settings.memory_resource, settings.url
+    resource, url = " or ".join(settings.device_protocol.managed_resources), settings.url
     pods = "Every pod (--cpu-pods) is" if every_pod(settings) else f"Pods asking for {resource} are"
     if wiring is Wiring.FILTER_BIND:
         profile = node_scoring_profile(settings)
