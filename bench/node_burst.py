@@ -70,8 +70,9 @@ POD_MIB = 1024
 """What each pod asks: 1 GiB (gpushare: one unit of aliyun.com/gpu-mem, its unit being GiB)."""
 SCHEDULER_NAME = {"gpushare": "gpu-scheduler", "hami": "hami-scheduler"}
 LABEL = "gpu-extender.io/node-burst"
-RUN_TIMEOUT = 300.0
-"""Seconds for every pod of a run to be Running before the run is called failed."""
+RUN_TIMEOUT = 900.0
+"""Seconds for every pod of a run to be Running before the run is called failed (`--timeout`): hami-scheduler's
+binds wait for its node lock, up to kube-scheduler's 30 s for the call, so its runs take minutes on one node."""
 NODE_WAIT = 60.0
 """Seconds for hami-scheduler to listen and handshake, and for its kube-scheduler to be ready."""
 HAMI_LOCK = "hami.io/mutex.lock"
@@ -178,6 +179,8 @@ class RunFigures:
     failed_scheduling: int
     """FailedScheduling events of the run's pods (their counts summed): tries that did not bind."""
     problems: tuple[str, ...] = ()
+    load: float = 0.0
+    """The machine's 1-minute load average just before the pods were created: other work on its cores."""
 
     @property
     def p50(self) -> float:
@@ -293,7 +296,7 @@ class PodWatch:
     """A watch on the pods of one run, from the resourceVersion of a list made before they are created, each event
     stamped on arrival (`note`). Mutable: its thread fills `times` until `stop`."""
 
-    def __init__(self, paths: Any, run: str) -> None:
+    def __init__(self, paths: Any, run: str, timeout: float) -> None:
         from devtools.cluster.clients import admin_token, api_context
         from devtools.cluster.pki import api_url
 
@@ -303,7 +306,7 @@ class PodWatch:
         context = api_context(paths)
         with urllib.request.urlopen(urllib.request.Request(base, headers=headers), context=context) as answer:
             version = orjson.loads(answer.read())["metadata"]["resourceVersion"]
-        watch = f"{base}&watch=1&resourceVersion={version}&timeoutSeconds={RUN_TIMEOUT + 120:.0f}"
+        watch = f"{base}&watch=1&resourceVersion={version}&timeoutSeconds={timeout + 120:.0f}"
         self.times: dict[str, PodTimes] = {}
         self.lock = threading.Lock()
         self._stopped = False
@@ -312,8 +315,9 @@ class PodWatch:
         self._thread.start()
 
     def _read(self) -> None:
-        # The answer closed by `stop` from another thread ends the read with any of these.
-        with contextlib.suppress(OSError, ValueError, AttributeError):
+        """Until `stop` and the next event (deleting the run's pods brings one at once), or the watch's end. The
+        answer is closed here: closed from another thread, it would wait for the read in progress to return."""
+        with self._answer, contextlib.suppress(OSError, ValueError):
             for line in self._answer:
                 at = time.monotonic()
                 if self._stopped:
@@ -329,8 +333,6 @@ class PodWatch:
 
     def stop(self) -> None:
         self._stopped = True
-        with contextlib.suppress(OSError):
-            self._answer.close()
 
 
 def in_node_ports(count: int) -> list[int]:
@@ -380,8 +382,9 @@ class NodeHamiScheduler(peers.HamiProcess):
 class Bench:
     """One invocation's runs on the cluster. Mutable: what it installed or started, to remove at the end."""
 
-    def __init__(self, operator: Any, protocol: str, count: int, workdir: Path) -> None:
+    def __init__(self, operator: Any, protocol: str, count: int, workdir: Path, timeout: float = RUN_TIMEOUT) -> None:
         self.operator = operator
+        self.timeout = timeout
         self.paths = operator.paths
         self.protocol = protocol
         self.count = count
@@ -395,24 +398,27 @@ class Bench:
         name = f"burst-{scheduler}-{self.protocol}-{number}"
         say(f"{name}: {self.count} pods")
         pods = burst_pods(self.protocol, name, self.count, WORKLOAD_IMAGE)
-        watch = PodWatch(self.paths, name)
+        watch = PodWatch(self.paths, name, self.timeout)
         try:
+            load = os.getloadavg()[0]
             started = time.monotonic()
             self.operator.kubectl("create", "-f", "-", input_text=yaml.safe_dump({"kind": "List", "apiVersion": "v1",
                                                                                    "items": pods}))  # fmt: skip
             create_seconds = time.monotonic() - started
-            deadline = started + RUN_TIMEOUT
+            deadline = started + self.timeout
             while watch.running() < self.count:
                 if time.monotonic() > deadline:
-                    raise BurstError(f"{watch.running()} of {self.count} pods Running after {RUN_TIMEOUT:.0f} s")
+                    raise BurstError(f"{watch.running()} of {self.count} pods Running after {self.timeout:.0f} s")
                 time.sleep(0.05)
             with watch.lock:
                 all_bound, all_running, each = figures(started, dict(watch.times), self.count)
         finally:
             watch.stop()
         problems = self.judge(name)
-        line = RunFigures(scheduler, self.protocol, number, self.count, create_seconds, all_bound, all_running, each,
-                          self.failed_scheduling(name), tuple(problems))  # fmt: skip
+        line = RunFigures(
+            scheduler, self.protocol, number, self.count, create_seconds, all_bound, all_running, each,
+            self.failed_scheduling(name), tuple(problems), load,
+        )  # fmt: skip
         self.delete(name)
         return line
 
@@ -556,8 +562,8 @@ def node_prepared(operator: Any, protocol: str, workdir: Path) -> Iterator[None]
 
 HEADER = (
     "| scheduler | protocol | run | pods | kubectl create, s | all bound, s | all Running, s "
-    "| pod to Running p50, s | p90, s | FailedScheduling | check |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    "| pod to Running p50, s | p90, s | FailedScheduling | load | check |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 )
 
 
@@ -566,7 +572,7 @@ def run_line(run: RunFigures) -> str:
     return (
         f"| {run.scheduler} | {run.protocol} | {run.number} | {run.pods} | {run.create_seconds:.2f} "
         f"| {run.all_bound:.2f} | {run.all_running:.2f} | {run.p50:.2f} | {run.p90:.2f} "
-        f"| {run.failed_scheduling} | {check} |"
+        f"| {run.failed_scheduling} | {run.load:.1f} | {check} |"
     )
 
 
@@ -594,6 +600,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--peer", action="append", default=[], help="hami=DIR: hami-scheduler built from DIR too.")
     parser.add_argument("--pods", type=int, default=64, help="Pods per run, created at once.")
     parser.add_argument("--runs", type=int, default=3, help="Runs per scheduler.")
+    parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="Seconds for a run's pods to be Running.")
     parser.add_argument("--workdir", type=Path, help="Keep the logs here (default: a temporary directory).")
     arguments = parser.parse_args(argv)
     try:
@@ -645,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             operator = Operator(paths)
             if operator.kubectl("get", "namespace", "gpu-extender", "--ignore-not-found"):
                 raise BurstError("the namespace gpu-extender exists: something of ours is installed already")
-            bench = Bench(operator, arguments.protocol, arguments.pods, workdir)
+            bench = Bench(operator, arguments.protocol, arguments.pods, workdir, arguments.timeout)
             schedulers: list[tuple[str, contextlib.AbstractContextManager[None]]] = [("ours", bench.ours())]
             if "hami" in built:
                 schedulers.append(("hami-scheduler", bench.hami_scheduler(built["hami"])))

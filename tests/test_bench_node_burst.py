@@ -166,9 +166,9 @@ def test_the_summary_gives_the_median_and_range_over_runs_and_pooled_per_pod_per
 
 
 def test_a_run_line_says_whether_the_check_passed() -> None:
-    run = RunFigures("hami-scheduler", "hami", 2, 64, 7.5, 8.0, 20.25, (10.0,), 3, ("x",))
+    run = RunFigures("hami-scheduler", "hami", 2, 64, 7.5, 8.0, 20.25, (10.0,), 3, ("x",), 0.42)
     assert burst.run_line(run) == (
-        "| hami-scheduler | hami | 2 | 64 | 7.50 | 8.00 | 20.25 | 10.00 | 10.00 | 3 | FAILED (1 problems) |"
+        "| hami-scheduler | hami | 2 | 64 | 7.50 | 8.00 | 20.25 | 10.00 | 10.00 | 3 | 0.4 | FAILED (1 problems) |"
     )
     assert burst.HEADER.splitlines()[0].count("|") == burst.run_line(run).count("|")
 
