@@ -126,7 +126,7 @@ def install_cert_manager(paths: Paths) -> None:
 
 def start_device_plugin(paths: Paths, protocol: str, gpus: Path | None = None, refuse: Sequence[str] = ()) -> None:
     """Start the device-plugin double of `protocol` (replacing the one running) and wait until the Node
-    advertises its resource. `refuse`: pods (namespace/name) whose Allocate it fails on purpose, as a plugin
+    advertises its resource. `refuse`: pods (by name) whose Allocate it fails on purpose, as a plugin
     that cannot allocate does (HAMi's: a gRPC error, so kubelet fails the pod)."""
     if protocol not in RESOURCES:
         raise ClusterError(f"unknown protocol {protocol!r}: gpushare or hami")

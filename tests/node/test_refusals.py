@@ -20,7 +20,8 @@ from tests.node.test_install import DOCS, WORKLOAD_IMAGE, ready, uninstall
 
 
 def events_of(cluster: Operator, pod: str) -> str:
-    return cluster.kubectl("get", "events", "--field-selector", f"involvedObject.name={pod}", "-o", "yaml")
+    """The pod's events as JSON text (not YAML, which folds long messages and doubles their apostrophes)."""
+    return cluster.kubectl("get", "events", "--field-selector", f"involvedObject.name={pod}", "-o", "json")
 
 
 def pod_asking(name: str, scheduler: str, limits: dict[str, str]) -> str:
@@ -69,7 +70,7 @@ def test_a_pod_asking_two_gpus_waits_in_gpushares_protocol_saying_why(cluster: O
 
 def test_a_pod_hamis_plugin_refuses_fails_at_admission_and_frees_its_gpu(cluster: Operator) -> None:
     install, scheduler = commands(DOCS / "protocols" / "hami.md", "Install in place of hami-scheduler")[:2]
-    cluster.device_plugin("hami", refuse=["default/refused"])
+    cluster.device_plugin("hami", refuse=["refused"])
     try:
         cluster.run(install.replace("    # or: kubectl apply -k manifests/cert-manager/", ""))
         cluster.run(scheduler)
