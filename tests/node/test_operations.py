@@ -24,6 +24,7 @@ from devtools.cluster.clients import ctr
 from devtools.cluster.layout import NODE_NAME
 from tests.node.operator import Operator, commands
 from tests.node.test_install import DOCS, WORKLOAD_IMAGE, ready, uninstall
+from tests.node.test_refusals import events_of, pod_asking
 
 GPUS = 2
 GPU_UNITS = 16
@@ -264,3 +265,19 @@ def test_the_node_drained_and_uncordoned(installed: Operator) -> None:
     all_running(installed, "cordoned", 2)
     judge(installed)
     delete_bursts(installed)
+
+
+def test_a_pod_asking_two_gpus_waits_saying_why(installed: Operator) -> None:
+    """gpushare's device plugin gives a pod one GPU at most, so such a pod is never bound: it waits Pending, and
+    its events say why (tests/node/test_refusals.py has the other protocol's refusals)."""
+    limits = {"aliyun.com/gpu-mem": "8", "aliyun.com/gpu-count": "2"}
+    installed.kubectl("apply", "-f", "-", input_text=pod_asking("two-gpus", "gpu-scheduler", limits))
+    try:
+        installed.wait(
+            lambda: "gpushare's device plugin gives a pod one GPU at most" in events_of(installed, "two-gpus"),
+            "FailedScheduling with the reason in the pod's events",
+        )
+        assert installed.pod_phase("two-gpus") == "Pending"
+        assert not installed.get("pod", "two-gpus")["spec"].get("nodeName")
+    finally:
+        installed.kubectl("delete", "pod", "two-gpus", "--ignore-not-found", check=False)

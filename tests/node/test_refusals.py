@@ -1,8 +1,9 @@
 """What a pod sees on a real node when the node side cannot run it, in each protocol, as the peers' users meet it
 (their issues: pods bound but never started, `UnexpectedAdmissionError`, HAMi's `bind-phase: failed`):
 
-- gpushare's protocol: a pod asking several GPUs, which gpushare's device plugin cannot give (it would start the
-  container without a GPU), is never bound; it waits Pending with the reason in its events.
+- gpushare's protocol (test_operations.py, on its install): a pod asking several GPUs, which gpushare's device
+  plugin cannot give (it would start the container without a GPU), is never bound; it waits Pending with the
+  reason in its events.
 - HAMi's protocol: a pod whose `Allocate` HAMi's device plugin fails (here on purpose, as a plugin that lost a GPU
   does) is failed by kubelet at admission (`UnexpectedAdmissionError`, the plugin's error in its events), HAMi's
   `bind-phase: failed` is written and the node lock released, and the GPUs it was given are free again: the next
@@ -16,7 +17,7 @@ from typing import Any
 import yaml
 
 from tests.node.operator import Operator, commands
-from tests.node.test_install import DOCS, WORKLOAD_IMAGE, ready, uninstall
+from tests.node.test_install import DOCS, WORKLOAD_IMAGE, uninstall
 
 
 def events_of(cluster: Operator, pod: str) -> str:
@@ -44,28 +45,6 @@ def pod_asking(name: str, scheduler: str, limits: dict[str, str]) -> str:
         },
     }
     return yaml.safe_dump(pod)
-
-
-def test_a_pod_asking_two_gpus_waits_in_gpushares_protocol_saying_why(cluster: Operator) -> None:
-    kustomize = DOCS / "install" / "kustomize.md"
-    (extender,) = commands(kustomize, "1. The extender")
-    certificates = next(b for b in commands(kustomize, "2. Certificates") if "extender certs" in b)
-    try:
-        cluster.run(extender)
-        cluster.run(certificates)
-        ready(cluster, "gpu-extender")
-        cluster.run(commands(DOCS / "install" / "second-scheduler.md")[0])
-        limits = {"aliyun.com/gpu-mem": "8", "aliyun.com/gpu-count": "2"}
-        cluster.kubectl("apply", "-f", "-", input_text=pod_asking("two-gpus", "gpu-scheduler", limits))
-        cluster.wait(
-            lambda: "gpushare's device plugin gives a pod one GPU at most" in events_of(cluster, "two-gpus"),
-            "FailedScheduling with the reason in the pod's events",
-        )
-        assert cluster.pod_phase("two-gpus") == "Pending"
-        assert not cluster.get("pod", "two-gpus")["spec"].get("nodeName")
-    finally:
-        cluster.kubectl("delete", "pod", "two-gpus", "--ignore-not-found", check=False)
-        uninstall(cluster, ["manifests/second-scheduler/", "manifests/"])
 
 
 def test_a_pod_hamis_plugin_refuses_fails_at_admission_and_frees_its_gpu(cluster: Operator) -> None:
