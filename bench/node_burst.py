@@ -13,20 +13,22 @@ scheduler takes at bind and the device plugin releases at `Allocate`, which seri
   `kubectl apply -k manifests/` (or `manifests/hami/`), `extender certs --secrets`, the second scheduler
   (`manifests/second-scheduler/`, profile `gpu-scheduler`; or `manifests/hami/second-scheduler/`, profile
   `hami-scheduler`), all removed again at the end.
-- **hami-scheduler** (`--peer hami=DIR`, with `--protocol hami`): built from HAMi's source in DIR by `peers.build`,
-  run by `peers.HamiProcess` (its flags, device configuration and handshake), inside the node's network namespace
-  on 127.0.0.1 with the admin's kubeconfig, and a second kube-scheduler there (profile `hami-scheduler`, the
-  extender wired exactly as `HamiProcess.config` renders it, `--leader-elect=false`, ports of its own). Ours, when
-  also run, runs first, and is uninstalled before it starts: the two never answer to `hami-scheduler` at once.
+- **hami-scheduler** (`--peer hami=DIR`, with `--protocol hami`), in place of ours: built from HAMi's source in DIR
+  by `peers.build`, run by `peers.HamiProcess` (its flags, device configuration and handshake), inside the node's
+  network namespace on 127.0.0.1 with the admin's kubeconfig, and a second kube-scheduler there (profile
+  `hami-scheduler`, the extender wired exactly as `HamiProcess.config` renders it, `--leader-elect=false`, ports of
+  its own). One invocation measures one of them, so ours and it never answer to `hami-scheduler` at once, and the
+  cluster's lock is not held for both (a run of hami-scheduler takes minutes: its binds wait for its node lock).
 
 The node gets `GPUS` GPUs of `GPU_MIB` MiB from a GPUs file written here (the default files' two GPUs do not hold
 64 pods: gpushare's units are whole GiB, HAMi's split count is 10 a GPU); each pod asks 1 GiB (gpushare: 1 unit of
-`aliyun.com/gpu-mem`; HAMi: `nvidia.com/gpu: 1`, `nvidia.com/gpumem: 1024`). The pods are created by one
-`kubectl create -f` of a List. A watch on them (stamped on arrival, `time.monotonic`) gives, per run: the seconds
-from just before `kubectl create` until every pod is bound and until every pod is Running, each pod's own seconds
-from its creation (its ADDED event) to Running (median, p90), and the FailedScheduling events of its pods. Each
-run is then judged as tests/node/test_operations.py's `judge` does, from the API and from the device plugin's own
-record (adapted to HAMi's annotations), and its pods deleted.
+`aliyun.com/gpu-mem`; HAMi: `nvidia.com/gpu: 1`, `nvidia.com/gpumem: 1024`). Each run waits for the machine to
+settle (`SETTLE_LOAD`), then creates its pods by one `kubectl create -f` of a List. A watch on them (stamped on
+arrival, `time.monotonic`) gives, per run: the seconds from just before `kubectl create` until every pod is bound
+and until every pod is Running, each pod's own seconds from its creation (its ADDED event) to Running (median,
+p90), and the FailedScheduling events of its pods. Each run is then judged as tests/node/test_operations.py's
+`judge` does, from the API and from the device plugin's own record (adapted to HAMi's annotations), and its pods
+deleted.
 
 It holds the cluster's lock throughout (`processes.cluster_lock`), brings the cluster up if it is not (and down
 again at the end), and leaves the node as it found it: the device-plugin double it had, and the node's `hami.io/`
@@ -73,6 +75,11 @@ LABEL = "gpu-extender.io/node-burst"
 RUN_TIMEOUT = 900.0
 """Seconds for every pod of a run to be Running before the run is called failed (`--timeout`): hami-scheduler's
 binds wait for its node lock, up to kube-scheduler's 30 s for the call, so its runs take minutes on one node."""
+SETTLE_LOAD = float(os.cpu_count() or 1)
+SETTLE_MAX = 240.0
+"""Before each run, wait until the 1-minute load average is below the number of cores (the last run's containers
+torn down, the install's pods started), at most `SETTLE_MAX` seconds: runs then begin on a machine about as
+quiet, and each run line says the load it began at."""
 NODE_WAIT = 60.0
 """Seconds for hami-scheduler to listen and handshake, and for its kube-scheduler to be ready."""
 HAMI_LOCK = "hami.io/mutex.lock"
@@ -396,6 +403,9 @@ class Bench:
         from tests.node.test_install import WORKLOAD_IMAGE
 
         name = f"burst-{scheduler}-{self.protocol}-{number}"
+        settle = time.monotonic() + SETTLE_MAX
+        while os.getloadavg()[0] >= SETTLE_LOAD and time.monotonic() < settle:
+            time.sleep(5)
         say(f"{name}: {self.count} pods")
         pods = burst_pods(self.protocol, name, self.count, WORKLOAD_IMAGE)
         watch = PodWatch(self.paths, name, self.timeout)
@@ -597,7 +607,9 @@ def summary(runs: Sequence[RunFigures]) -> str:
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.node_burst", description=__doc__.split("\n", 1)[0])
     parser.add_argument("--protocol", choices=sorted(SCHEDULER_NAME), required=True)
-    parser.add_argument("--peer", action="append", default=[], help="hami=DIR: hami-scheduler built from DIR too.")
+    parser.add_argument(
+        "--peer", action="append", default=[], help="hami=DIR: hami-scheduler built from DIR, in place of ours."
+    )
     parser.add_argument("--pods", type=int, default=64, help="Pods per run, created at once.")
     parser.add_argument("--runs", type=int, default=3, help="Runs per scheduler.")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="Seconds for a run's pods to be Running.")
@@ -653,9 +665,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if operator.kubectl("get", "namespace", "gpu-extender", "--ignore-not-found"):
                 raise BurstError("the namespace gpu-extender exists: something of ours is installed already")
             bench = Bench(operator, arguments.protocol, arguments.pods, workdir, arguments.timeout)
-            schedulers: list[tuple[str, contextlib.AbstractContextManager[None]]] = [("ours", bench.ours())]
-            if "hami" in built:
-                schedulers.append(("hami-scheduler", bench.hami_scheduler(built["hami"])))
+            schedulers = (
+                [("hami-scheduler", bench.hami_scheduler(built["hami"]))] if built else [("ours", bench.ours())]
+            )
             print(HEADER, flush=True)
             with node_prepared(operator, arguments.protocol, workdir):
                 for scheduler, installed in schedulers:
@@ -670,6 +682,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 continue
                             runs.append(run)
                             failures += [f"{scheduler}, run {number}: {problem}" for problem in run.problems]
+                            for problem in run.problems:
+                                say(f"{scheduler}, run {number}: {problem}")
                             print(run_line(run), flush=True)
         except (BurstError, ClusterError, AssertionError, peers.PeerError, subprocess.SubprocessError) as error:
             failures.append(str(error))
