@@ -204,11 +204,21 @@ def down(paths: Paths) -> None:
         shutil.rmtree(ETC_KUBERNETES, ignore_errors=True)
 
 
+def _pod_cgroups() -> list[Path]:
+    """kubelet's pod cgroups in every v1 controller, leaves last; cgroups that vanish while walked are skipped
+    (containers exit while `down` runs: a glob would fail on them)."""
+    found = []
+    for controller in CGROUP_ROOT.iterdir():
+        for folder, _, _ in os.walk(controller / "kubepods", onerror=lambda _error: None):
+            found.append(Path(folder))
+    return found
+
+
 def _kill_containers() -> None:
     """SIGKILL every process in kubelet's pod cgroups (the containers and their sandboxes), then the shims."""
-    for procs in CGROUP_ROOT.glob("*/kubepods/**/cgroup.procs"):
+    for cgroup in _pod_cgroups():
         with contextlib.suppress(OSError):
-            processes.kill_all([int(pid) for pid in procs.read_text().split()])
+            processes.kill_all([int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()])
     processes.kill_all(_shims())
 
 
@@ -242,15 +252,9 @@ def _unmount_under(roots: Sequence[Path]) -> None:
 
 def _remove_cgroups() -> None:
     """kubelet's `kubepods` hierarchy in every cgroup v1 controller, leaves first (a cgroup goes when empty)."""
-    for controller in CGROUP_ROOT.iterdir():
-        top = controller / "kubepods"
-        if not top.is_dir():
-            continue
-        for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+    for folder in sorted(_pod_cgroups(), key=lambda path: len(path.parts), reverse=True):
         with contextlib.suppress(OSError):
-            top.rmdir()
+            folder.rmdir()
 
 
 def status(paths: Paths) -> list[str]:
