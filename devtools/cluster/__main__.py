@@ -10,6 +10,8 @@
                                                        one: a pod started after it gets the new one)
 
 Errors (something missing, a part that does not come up) are printed as one message, with the log's tail, and exit 1.
+Every command but `status` holds the cluster's lock (processes.cluster_lock): it waits for a test session or a
+bench using the cluster to end.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 
 from devtools.cluster.layout import Paths
-from devtools.cluster.processes import ClusterError
+from devtools.cluster.processes import ClusterError, cluster_lock
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,36 +42,45 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     paths = Paths()
     # Imported here: `down` and `status` need none of what `up` imports (trustme, cryptography).
-    from devtools.cluster import addons, node
+    from devtools.cluster import node
 
     try:
-        if options.command == "up":
-            if node.is_up(paths):
-                print(f"cluster: already up ({paths.state}); `make cluster-down` removes it")
-            else:
-                took = node.up(paths, None if options.protocol == "none" else options.protocol, options.gpus)
-                print(f"cluster: up in {took:.0f} s")
-            print("\n".join(node.status(paths)))
-            print(f"\nexport KUBECONFIG={paths.kubeconfig('admin')}\nexport PATH={paths.binaries}:$PATH   # kubectl")
-        elif options.command == "down":
-            node.down(paths)
-            print("cluster: removed (containers, daemons, mounts, cgroups, network namespace, files)")
-        elif options.command == "status":
+        if options.command == "status":
             lines = node.status(paths)
             print("\n".join(lines) if lines else "cluster: not up")
             return 0 if node.is_up(paths) else 1
-        elif options.command == "scheduler":
-            node.start_scheduler(paths, options.config)
-        elif options.command == "device-plugin":
-            addons.start_device_plugin(paths, options.protocol, options.gpus)
-        elif options.command == "kubelet-restart":
-            node.start_kubelet(paths)
-        elif options.command == "images":
-            addons.import_images(paths)
+        # Every other command changes the cluster: it waits for a test session or a bench using it to end.
+        with cluster_lock():
+            _change(options, paths)
     except ClusterError as error:
         print(f"cluster: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _change(options: argparse.Namespace, paths: Paths) -> None:
+    """The commands that change the cluster, run while holding its lock."""
+    from devtools.cluster import addons, node
+
+    if options.command == "up":
+        if node.is_up(paths):
+            print(f"cluster: already up ({paths.state}); `make cluster-down` removes it")
+        else:
+            took = node.up(paths, None if options.protocol == "none" else options.protocol, options.gpus)
+            print(f"cluster: up in {took:.0f} s")
+        print("\n".join(node.status(paths)))
+        print(f"\nexport KUBECONFIG={paths.kubeconfig('admin')}\nexport PATH={paths.binaries}:$PATH   # kubectl")
+    elif options.command == "down":
+        node.down(paths)
+        print("cluster: removed (containers, daemons, mounts, cgroups, network namespace, files)")
+    elif options.command == "scheduler":
+        node.start_scheduler(paths, options.config)
+    elif options.command == "device-plugin":
+        addons.start_device_plugin(paths, options.protocol, options.gpus)
+    elif options.command == "kubelet-restart":
+        node.start_kubelet(paths)
+    elif options.command == "images":
+        addons.import_images(paths)
 
 
 if __name__ == "__main__":
