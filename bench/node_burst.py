@@ -689,7 +689,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             failures.append(str(error))
         finally:
             if brought_up:
-                node.down(paths)
+                try:
+                    node.down(paths)
+                except (ClusterError, OSError) as error:  # the report is printed all the same
+                    failures.append(f"taking down the cluster brought up here: {error!r}; `make cluster-down` ends it")
     from devtools.cluster.layout import kubernetes_version
 
     kubelet = kubernetes_version()
