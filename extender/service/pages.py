@@ -151,6 +151,7 @@ def _inspect(service: Service, request: Request) -> Response:
             "pods": len(cache.pods),
             "reservations": len(cache.reserved),
             "ready": service.ready(),
+            "why_not_ready": service.source.why_not_ready(),
             "workload": inspect_workload(service),
             "quotas": service.quotas.report(),
         }

@@ -308,6 +308,14 @@ def _quota_lines(quotas: list[dict[str, Any]], unit: str) -> list[str]:
     return lines
 
 
+def _readiness(report: dict[str, Any]) -> str:
+    """The replica's state in the words of its /readyz: a standby says it is not the leader, with a full cache."""
+    if report.get("ready", True):
+        return "extender ready"
+    reason = report.get("why_not_ready")
+    return str(reason) if reason else "extender NOT READY"  # a server older than `why_not_ready` says no more
+
+
 def render_table(report: dict[str, Any]) -> str:
     """The report as text: per node a header line, per GPU a line with its pods and reservations."""
     unit = str(report.get("unit", ""))
@@ -315,11 +323,10 @@ def render_table(report: dict[str, Any]) -> str:
         return "\n".join(_lines([report], unit)) + "\n"
     nodes: list[dict[str, Any]] = [node for node in report.get("nodes") or [] if isinstance(node, dict)]
     gpus = sum(len(node.get("devices") or []) for node in nodes)
-    readiness = "ready" if report.get("ready", True) else "NOT READY (cache not filled yet)"
     summary = (
         f"{count(len(nodes), 'node')}, {count(gpus, 'GPU')}, "
         f"{_whole(report.get('pods'))} pods in the cache, {_whole(report.get('reservations'))} reserved; "
-        f"extender {readiness}"
+        f"{_readiness(report)}"
     )
     quotas = [quota for quota in report.get("quotas") or [] if isinstance(quota, dict)]
     quota_lines = ["", *_quota_lines(quotas, unit)] if quotas else []

@@ -22,7 +22,7 @@ from extender.service.tls import server_context
 from extender.service.transport import HttpServer
 from extender.service.verbs import build_server
 from extender.settings import Protocol, Settings
-from extender.tools.inspect import InspectError, bar, fetch_and_render, short_model
+from extender.tools.inspect import InspectError, bar, fetch_and_render, render_table, short_model
 from tests.builders import bound_pod, make_hami_node, make_node, make_quota, running_hami_pod
 from tests.conftest import Pki, serve
 
@@ -80,6 +80,26 @@ async def test_table_names_nodes_gpus_pods_and_reservations(https_url: str, pki:
     assert "8/16 GiB" in gpu1 and "default/waiting 8 GiB reserved 10m ago" in gpu1
     assert any(line.startswith("gpu-node-2  NOT READY  0/16 GiB used  1 GPU") for line in lines)
     assert lines[-1] == "2 nodes, 3 GPUs, 2 pods in the cache, 1 reserved; extender ready"
+
+
+STANDBY = "extender is not the leader: lease gpu-extender/gpu-extender is held by gpu-extender-0"
+"""What a standby's source says (`KubeSource.why_not_ready`): its cache is full, it only does not lead."""
+
+
+async def test_a_standby_says_it_is_not_the_leader_not_that_its_cache_is_empty(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = file_service(Settings(), write_cluster(tmp_path))
+    monkeypatch.setattr(service.source, "why_not_ready", lambda: STANDBY)
+    async for url in serve(build_server(service), server_context(pki.server_cert, pki.server_key)):
+        lines = (await inspect(url, ca=pki.ca)).splitlines()
+        assert lines[-1] == f"2 nodes, 3 GPUs, 2 pods in the cache, 0 reserved; {STANDBY}"
+        report = json.loads(await inspect(url, ca=pki.ca, as_json=True))
+        assert report["ready"] is False and report["why_not_ready"] == STANDBY
+
+
+def test_a_report_without_the_reason_says_not_ready_alone() -> None:
+    assert render_table({"nodes": [], "pods": 0, "reservations": 0, "ready": False}).endswith("; extender NOT READY\n")
 
 
 async def test_one_node_shows_only_that_node(https_url: str, pki: Pki) -> None:
