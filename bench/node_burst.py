@@ -2,7 +2,7 @@
 (devtools/cluster), created at once, timed from its creation until every pod is Running, through the schedulers
 users install: ours as the docs install it, and hami-scheduler (HAMi v2.10.0) as `bench/placement/peers.py` runs it.
 
-    python -m bench.node_burst --protocol hami|gpushare [--peer hami=DIR] [--pods 64] [--runs 3]
+    python -m bench.node_burst --protocol hami|gpushare [--peer hami=DIR] [--pods 64] [--runs 3] [--record DIR]
 
 Why it exists: `make bench-e2e` and `make bench-placement` stop at the Binding; a user waits until the pods run.
 Here kubelet admits each pod, calls the device-plugin double's `Allocate` (devtools/deviceplugin) and starts its
@@ -60,6 +60,7 @@ from typing import Any
 import orjson
 import yaml
 
+from bench import record as recording
 from bench.placement import peers
 from devtools.harness import die_with_parent, machine, percentile, stop_process
 
@@ -586,6 +587,16 @@ def run_line(run: RunFigures) -> str:
     )
 
 
+def as_record(run: RunFigures) -> dict[str, Any]:
+    """A run as its record holds it: every figure of its line, and each pod's seconds to Running."""
+    return {
+        "scheduler": run.scheduler, "protocol": run.protocol, "run": run.number, "pods": run.pods,
+        "create_seconds": run.create_seconds, "all_bound": run.all_bound, "all_running": run.all_running,
+        "p50": run.p50, "p90": run.p90, "failed_scheduling": run.failed_scheduling, "load": run.load,
+        "problems": list(run.problems), "to_running": list(run.to_running),
+    }  # fmt: skip
+
+
 def summary(runs: Sequence[RunFigures]) -> str:
     """Per scheduler and protocol: the median over runs of all Running (its range), and each pod's creation to
     Running over all runs' pods (p50, p90)."""
@@ -614,6 +625,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3, help="Runs per scheduler.")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="Seconds for a run's pods to be Running.")
     parser.add_argument("--workdir", type=Path, help="Keep the logs here (default: a temporary directory).")
+    recording.add_option(parser)
     arguments = parser.parse_args(argv)
     try:
         arguments.peer = peers.parse(arguments.peer)
@@ -633,6 +645,7 @@ def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse(argv)
+    recording.settings(arguments, gpus=GPUS, gpu_mib=GPU_MIB, pod_mib=POD_MIB)
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     if os.geteuid() != 0:
         print("node-burst: needs root (the cluster's network namespace)", file=sys.stderr)
@@ -696,6 +709,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from devtools.cluster.layout import kubernetes_version
 
     kubelet = kubernetes_version()
+    recording.settings({}, kubelet=kubelet)
+    recording.result("runs", [as_record(run) for run in runs])
+    recording.result("failures", failures)
     print(f"\n## Burst to Running: {arguments.pods} GPU pods created at once on one node (kubelet {kubelet})")
     print(f"\nMachine: {machine()}.\n\nNode: {GPUS} GPUs x {GPU_MIB // 1024} GiB, pods of {POD_MIB} MiB each.\n")
     if runs:
@@ -710,4 +726,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recording.run(main, "bench.node_burst"))
