@@ -1,6 +1,10 @@
 """The docs site's MkDocs hook (mkdocs.yml, `hooks:`): writes the configuration reference into
 docs/configuration.md at build time, from the `Settings` fields themselves (name, help text, default, flag,
-environment variable), so a new setting is documented the moment it exists and no page can say otherwise.
+environment variable), so a new setting is documented the moment it exists and no page can say otherwise; and the
+benchmark pages' tables from the benches' run records (bench/records/, bench/record.py), so a figure is what its
+run measured. The README is outside the site: its figures rows that come from records are checked at each build
+(the build fails when they differ from the records) and rewritten by `python -m devtools.docs_hooks`; docs/index.md
+shows the README's figures table.
 
 It lives in devtools/, not docs/: MkDocs copies every file of docs/ that is not a page into the site, and
 devtools/ is linted and type-checked by `make lint` like the rest. Never imported by the service; it must
@@ -13,10 +17,16 @@ import ast
 import dataclasses
 import enum
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from extender import settings
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # MkDocs loads this file by its path, and bench/ is the repository's, not installed
+    sys.path.insert(0, str(ROOT))
+
+from bench import figures, record  # noqa: E402
+from extender import settings  # noqa: E402
 
 if TYPE_CHECKING:
     from mkdocs.config.defaults import MkDocsConfig
@@ -24,6 +34,8 @@ if TYPE_CHECKING:
     from mkdocs.structure.pages import Page
 
 REFERENCE_PAGE = "configuration.md"
+INDEX_PAGE = "index.md"
+README = ROOT / "README.md"
 MARKER = "<!-- the settings reference: generated from extender/settings.py by devtools/docs_hooks.py -->"
 """Where in REFERENCE_PAGE the tables go; the build fails when the page lacks it."""
 
@@ -126,13 +138,28 @@ def fill(markdown: str) -> str:
     return markdown.replace(MARKER, settings_reference())
 
 
+def on_pre_build(*, config: MkDocsConfig) -> None:
+    """MkDocs' event before anything is built: the README's figures from records must be the records'."""
+    stale = figures.stale_readme_rows(README.read_text())
+    if stale:
+        from mkdocs.exceptions import PluginError
+
+        raise PluginError(f"README.md's figures differ from bench/records ({stale}): run python -m devtools.docs_hooks")
+
+
 def on_page_markdown(markdown: str, /, *, page: Page, config: MkDocsConfig, files: Files) -> str:
     """MkDocs' event for each page's Markdown before it is rendered."""
-    if page.file.src_uri != REFERENCE_PAGE:
-        return markdown
     try:
-        return fill(markdown)
-    except SettingsReferenceError as error:
+        if page.file.src_uri == REFERENCE_PAGE:
+            markdown = fill(markdown)
+        if page.file.src_uri == INDEX_PAGE:
+            markdown = markdown.replace(figures.INDEX_MARKER, figures.readme_table_for_site(README.read_text()))
+        return figures.fill_tables(markdown)
+    except (SettingsReferenceError, figures.FiguresError, record.RecordError) as error:
         from mkdocs.exceptions import PluginError
 
         raise PluginError(str(error)) from None
+
+
+if __name__ == "__main__":  # python -m devtools.docs_hooks: the README's figures from records, rewritten
+    README.write_text(figures.fill_readme(README.read_text()))
