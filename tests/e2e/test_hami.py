@@ -12,7 +12,8 @@ burst is placed, not only at the end.
 
 Usage per GPU is HAMi's (`CollapseInitContainerUsage`, NOTES.md §3): init containers count at their peak, app
 containers add up, a pod takes the larger of the two, field by field; a pod whose plugin refused it
-(`bind-phase: failed`) counts nothing (it never runs).
+(`bind-phase: failed`) counts until it ends, as hami-scheduler counts it (kubelet fails it at admission; here,
+without a kubelet, the test writes that status).
 
 The module shares one extender, one kube-scheduler (its own schedulerName) and four nodes of two GPU models
 (A100 40 GB, V100 32 GB; one node has both), 2 to 4 GPUs each, split count 4: 14 GPUs. Each test deletes its
@@ -491,6 +492,11 @@ def failed(pod: dict[str, Any]) -> bool:
     return annotations_of(pod).get(BIND_PHASE) == "failed"
 
 
+def ended(pod: dict[str, Any]) -> bool:
+    """Succeeded or Failed: it holds nothing (HAMi's `IsPodInTerminatedState`, pkg/util/util.go:300-305)."""
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 def allocation_problems(pod: dict[str, Any]) -> tuple[list[list[tuple[str, int, int]]], int, list[str]]:
     """A bound pod's allocation read from its annotations and checked against its spec and its node's GPUs:
     (entries as (uuid, MiB, %) per GPU container, how many are init containers, problems)."""
@@ -542,14 +548,14 @@ def allocation_problems(pod: dict[str, Any]) -> tuple[list[list[tuple[str, int, 
 
 
 def state_of(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> State:
-    """Sum what the bound pods hold per GPU (their plugin's refusals excepted), checking each on the way."""
+    """Sum what the bound pods hold per GPU (those that ended excepted), checking each on the way."""
     used: Usage = {}
     holders: dict[str, set[str]] = {}
     exclusive: dict[str, str] = {}
     problems: list[str] = []
     for pod in pods:
         node = pod["spec"].get("nodeName")
-        if node not in NODE_MODELS or pod["metadata"].get("deletionTimestamp") or failed(pod):
+        if node not in NODE_MODELS or pod["metadata"].get("deletionTimestamp") or ended(pod):
             continue
         if not any(containers_of(pod)):
             continue  # no GPU container: no allocation (the extender's own pod is bound to a node of ours)
@@ -940,16 +946,18 @@ async def _kill_and_restart(
     )
 
 
-async def test_a_pod_its_plugin_could_not_allocate_frees_its_gpu_at_once(
+async def test_a_pod_its_plugin_could_not_allocate_holds_its_gpu_until_it_ends(
     control_plane: ControlPlane,
     extender: ExtenderProcess,
     scheduler: Scheduler,
     plugin: DevicePluginDouble,
     workload: Workload,
 ) -> None:
-    """The plugin refuses a pod that holds a whole GPU (`bind-phase: failed`): the extender frees the GPU at once,
-    though the pod stays bound with its allocation recorded (kubelet, absent here, would fail it later), and a pod
-    that needs that very GPU is placed on it. hami-scheduler keeps counting the pod until it ends."""
+    """The plugin refuses a pod that holds a whole GPU (`bind-phase: failed`): the pod stays bound with its
+    allocation recorded and, as hami-scheduler counts it (sch/scheduler.go:144-153, 185-190: bind-phase is never
+    read), its GPU stays taken until the pod ends, for HAMi's plugin keeps what it made for a pod not yet ended
+    (plug/server.go:358-378). A pod that needs that very GPU is refused meanwhile; once the first is Failed
+    (kubelet's UnexpectedAdmissionError, written by the test as kubelet, absent here, would), it is placed there."""
     await start_clean(extender)
     target = gpus_of("e2e-hami-2")[0]
     plugin.refuse["doomed"] = "e2e: the GPU vanished from NVML"
@@ -964,15 +972,21 @@ async def test_a_pod_its_plugin_could_not_allocate_frees_its_gpu_at_once(
     assert annotations_of(doomed)[ALLOCATED] == f"{target.uuid},NVIDIA,{target.memory},100:;"
     assert [allocation.reason for allocation in plugin.refused] == ["e2e: the GPU vanished from NVML"]
     assert LOCK not in annotations_of(await control_plane.api("GET", f"/api/v1/nodes/{target.node}"))
-
-    async def freed() -> bool:
-        report = await extender.inspect()
-        (node,) = [node for node in report["nodes"] if node["name"] == target.node]
-        device = next(device for device in node["devices"] if device["uuid"] == target.uuid)
-        return device["used"] == 0 and not device["pods"] and device["used_slots"] == 0
-
-    await eventually(freed, timeout=10, what="the extender freeing the refused pod's GPU")
     await workload.create(one("heir", 1, None, None, 100, **{USE_UUID: target.uuid}))
+
+    async def waiting() -> bool:
+        pod = await workload.get("heir")
+        conditions = (pod.get("status") or {}).get("conditions") or ()
+        unschedulable = any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
+        return unschedulable and not pod["spec"].get("nodeName")
+
+    await eventually(waiting, timeout=20, what="the pod needing the refused pod's GPU refused while it is Pending")
+    report = await extender.inspect()
+    (node,) = [node for node in report["nodes"] if node["name"] == target.node]
+    device = next(device for device in node["devices"] if device["uuid"] == target.uuid)
+    assert device["used"] == target.memory, device
+    path = "/api/v1/namespaces/default/pods/doomed/status"
+    await control_plane.api("PATCH", path, {"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}})
     state = await settle(control_plane, workload, extender, scheduler, plugin)
     heir = next(pod for pod in state.mine(workload.test) if pod["metadata"]["name"] == "heir")
     assert heir["spec"].get("nodeName") == target.node, describe(state, workload.test)

@@ -80,6 +80,7 @@ from tests.e2e.test_hami import (
     assert_allocated_once,
     collapse,
     containers_of,
+    ended,
     failed,
     gpu_uuid,
     hami_extender,
@@ -444,7 +445,7 @@ def _instance_problems(
 
 
 def state_of(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> Placed:
-    """Sum what the bound pods hold per GPU (their plugin's refusals excepted), checking each on the way."""
+    """Sum what the bound pods hold per GPU (those that ended excepted), checking each on the way."""
     used: Usage = {}
     holders: dict[str, set[str]] = {}
     exclusive: dict[str, str] = {}
@@ -452,7 +453,7 @@ def state_of(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> Placed:
     problems: list[str] = []
     for pod in pods:
         node = pod["spec"].get("nodeName")
-        if node not in NODE_MODES or pod["metadata"].get("deletionTimestamp") or failed(pod):
+        if node not in NODE_MODES or pod["metadata"].get("deletionTimestamp") or ended(pod):
             continue
         if not any(containers_of(pod)):
             continue  # no GPU container: no allocation (the extender's own pod)

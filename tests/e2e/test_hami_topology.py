@@ -85,7 +85,7 @@ from tests.e2e.test_hami import (
     assert_allocated_once,
     collapse,
     containers_of,
-    failed,
+    ended,
     gpu_uuid,
     hami_extender,
     key_of,
@@ -356,14 +356,14 @@ def allocation_of(pod: dict[str, Any]) -> tuple[list[list[tuple[str, int, int]]]
 
 
 def state_of(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> State:
-    """Sum what the bound pods hold per GPU (their plugin's refusals excepted), checking each on the way."""
+    """Sum what the bound pods hold per GPU (those that ended excepted), checking each on the way."""
     used: Usage = {}
     holders: dict[str, set[str]] = {}
     exclusive: dict[str, str] = {}
     problems: list[str] = []
     for pod in pods:
         node = pod["spec"].get("nodeName")
-        if node not in BOXES or pod["metadata"].get("deletionTimestamp") or failed(pod) or not any(containers_of(pod)):
+        if node not in BOXES or pod["metadata"].get("deletionTimestamp") or ended(pod) or not any(containers_of(pod)):
             continue  # the extender's own pod has no GPU container
         entries, init, found = allocation_of(pod)
         problems += found

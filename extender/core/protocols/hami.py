@@ -26,8 +26,9 @@ in `shared/protocols/hami.md` and verified in `tests/fixtures/hami/NOTES.md` (fi
   `<uuid>,NVIDIA,<MiB>,<compute>:` per GPU and `;` after each container; `hami.io/vgpu-node`,
   `hami.io/vgpu-time`, `hami.io/bind-phase: allocating`, `hami.io/bind-time`. We write them all in the Binding,
   so they are on the pod the moment `spec.nodeName` is; HAMi's label `hami.io/vgpu-node` is not (a Binding
-  carries annotations only, and the plugin reads the annotation). `bind-phase: failed` (the plugin could not
-  allocate) frees the allocation at once; HAMi keeps counting it until the pod ends.
+  carries annotations only, and the plugin reads the annotation). A pod whose `bind-phase` is `failed` (the plugin
+  could not allocate) is counted until it ends, as HAMi counts it (pkg/scheduler/scheduler.go:144-153, 185-190):
+  the plugin keeps its MIG instances while it is Pending (`activeMigAllocationKeys`, plugin/server.go:358-378).
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ class Hami:
     def recorded(self, pod: Raw, demand: Demand | None) -> Recorded:
         annotations = objects.annotations_of(pod)
         node = str(as_object(pod.get("spec")).get("nodeName") or "") or str(annotations.get(VGPU_NODE) or "")
-        if not node or annotations.get(BIND_PHASE) == "failed":
+        if not node:
             return NOTHING_RECORDED
         try:
             entries = decode(str(annotations.get(ALLOCATED) or ""))

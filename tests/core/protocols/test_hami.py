@@ -326,13 +326,15 @@ def test_an_allocation_is_read_back_from_the_pod_for_recovery() -> None:
     assert (use.uuid, use.memory, use.cores, use.slots) == (A, 2000, 20, 1), "the init container at its peak"
 
 
-def test_a_failed_allocation_frees_what_it_held() -> None:
-    """The plugin sets bind-phase=failed when it cannot allocate (plug/util.go:407-414); HAMi keeps counting."""
+def test_a_failed_allocation_is_still_recorded() -> None:
+    """The plugin sets bind-phase=failed when it cannot allocate (plug/util.go:407-414); HAMi's scheduler never
+    reads bind-phase and counts the pod until it ends (sch/scheduler.go:144-153, 185-190): so do we."""
     pod = hami_pod(
         container(gpu="1", gpumem="2000"),
         **{"hami.io/vgpu-node": "gpu-1", "hami.io/bind-phase": "failed", ALLOCATED: f"{A},NVIDIA,2000,0:;"},
     )
-    assert HAMI.recorded(pod, HAMI.pod_demand(pod)).allocation is None
+    allocation = HAMI.recorded(pod, HAMI.pod_demand(pod)).allocation
+    assert allocation is not None and [(use.uuid, use.memory) for use in allocation.uses] == [(A, 2000)]
 
 
 def test_registration_json_round_trips_through_orjson() -> None:
