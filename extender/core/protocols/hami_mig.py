@@ -30,10 +30,16 @@ MAX_RESERVATIONS = MAX_DEVICES * 16
 
 def read_profiles(value: object) -> tuple[MigProfile, ...]:
     """A GPU's `migProfiles` (HAMi's `[{name, memoryMB, core, sliceCount, placements:[{start, size}]}]`,
-    pkg/device/devices.go:50-90 at v2.10.0), bounded. A profile without a name, a name given twice, or a placement
-    of no slices or beyond `mig.MAX_SLICES` is refused: an instance of it is one HAMi's device plugin would
-    refuse to make (`DecodeMigAllocations` requires a profile and a size), or one that overlaps nothing and would
-    be given to every pod."""
+    pkg/device/devices.go:79-90 at v2.10.0), bounded. A profile without a name, or a placement of no slices or
+    beyond `mig.MAX_SLICES`, is refused: an instance of it is one HAMi's device plugin would refuse to make
+    (`DecodeMigAllocations` requires a profile and a size, pkg/device/nvidia/mig_allocations.go:89), or one that
+    overlaps nothing and would be given to every pod.
+
+    A name given twice is read as HAMi reads it. The plugin lists a profile twice when `migProfileAllowlist`
+    names it twice (`discoverMigProfiles`, plugin/register.go:218-249), and HAMi's scheduler keeps every entry as a
+    candidate but finds a profile's placements by its name, the first entry of it (`findMigProfile` in
+    `selectMigPlacement`, pkg/device/nvidia/mig_topology.go:41-63). So a repeat takes the first's placements; one
+    the same as the first is left out (the same candidate again changes no choice)."""
     if value is None:
         return ()
     if not isinstance(value, list) or len(value) > mig.MAX_PROFILES:
@@ -43,8 +49,8 @@ def read_profiles(value: object) -> tuple[MigProfile, ...]:
         if not isinstance(entry, dict):
             raise ValueError("each MIG profile must be an object")
         name = field(entry, "name", str, "")
-        if not name or any(profile.name == name for profile in profiles):
-            raise ValueError(f"MIG profile name {name[:40]!r} is empty or given twice")
+        if not name:
+            raise ValueError("MIG profile name is empty")
         placements = entry.get("placements") or []
         if not isinstance(placements, list) or len(placements) > mig.MAX_PLACEMENTS:
             raise ValueError(f"MIG profile {name[:40]!r}: placements must be an array of at most {mig.MAX_PLACEMENTS}")
@@ -58,15 +64,16 @@ def read_profiles(value: object) -> tuple[MigProfile, ...]:
                     f"MIG profile {name[:40]!r}: placement ({start}, {size}) is not within the GPU's slices"
                 )
             spots.append((start, size))
-        profiles.append(
-            MigProfile(
-                name,
-                field(entry, "memoryMB", int, 0),
-                field(entry, "core", int, 0),
-                field(entry, "sliceCount", int, 0),
-                tuple(spots),
-            )
+        first = mig.profile_named(profiles, name)
+        profile = MigProfile(
+            name,
+            field(entry, "memoryMB", int, 0),
+            field(entry, "core", int, 0),
+            field(entry, "sliceCount", int, 0),
+            tuple(spots) if first is None else first.placements,
         )
+        if profile != first:
+            profiles.append(profile)
     return tuple(profiles)
 
 
