@@ -11,7 +11,7 @@ Allocate:
 - overlap: `a.start < b.start + b.size and b.start < a.start + a.size` (`migPlacementsOverlap`,
   `mig_topology.go:78-80`);
 - a request of `memory` MiB takes the smallest profile (by memory, then slices) whose memory is at least that
-  and that has a placement free (`selectMigCandidate`, `device.go:602-624`);
+  and that has a placement free (`selectMigCandidate`, `device.go:621-639`);
 - HAMi tries a profile's placements highest start first for `1g.*` and `3g.*`, lowest first for the others
   (`orderedMigPlacements`, `mig_topology.go:26-40`), and takes the first free one: `hami_placement`.
 

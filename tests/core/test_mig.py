@@ -34,7 +34,7 @@ def test_hamis_placement_order_tries_1g_and_3g_from_the_top() -> None:
 
 
 def test_hamis_balanced_packing_sequence() -> None:
-    """`TestSelectMigPlacementUsesBalancedPacking` (nv/mig_topology_test.go:46-70): 3g at 4, 2g at 0, then 1g at
+    """`TestSelectMigPlacementUsesBalancedPacking` (nv/mig_topology_test.go:46-68): 3g at 4, 2g at 0, then 1g at
     3 and at 2."""
     occupied: list[tuple[int, int]] = []
     for profile, start in ((THREE, 4), (TWO, 0), (ONE, 3), (ONE, 2)):
@@ -63,7 +63,7 @@ def test_three_2g_instances_leave_room_for_a_1g_and_nothing_larger() -> None:
 
 
 def test_a_larger_profile_is_taken_when_the_smallest_has_no_placement_left() -> None:
-    """`selectMigCandidate` (nv/device.go:602-624) goes on to the next profile by memory."""
+    """`selectMigCandidate` (nv/device.go:621-639) goes on to the next profile by memory."""
     occupied = [(start, 1) for start in (0, 2, 4, 6)]  # every 2g placement cut, the 3g ones too
     assert mig.placeable(A100, occupied, 100) == ONE
     full = [(start, 1) for start in range(7)]

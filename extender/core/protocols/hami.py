@@ -275,7 +275,7 @@ class Hami:
             return Recorded(node, None, since)
         requests = demand.requests if demand is not None and not demand.is_zero else ()
         init = sum(1 for request in requests if request.init) if len(requests) == len(entries) else 0
-        with contextlib.suppress(ValueError):  # HAMi ignores reservations it cannot decode (scheduler.go:762-766)
+        with contextlib.suppress(ValueError):  # HAMi ignores reservations it cannot decode (scheduler.go:760-765)
             entries = with_instances(entries, decode_instances(annotations.get(MIG_ALLOCATIONS)))
         key = objects.key(objects.namespace(pod), objects.name(pod))
         return Recorded(node, Allocation(objects.uid(pod), key, node, entries, init), since)

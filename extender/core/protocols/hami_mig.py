@@ -4,7 +4,7 @@
 `shared/protocols/hami-mig-topology.md` §1 has the rules with file and line; `core/mig.py` the geometry and the
 choice. The plugin takes the next entry of `hami.io/vgpu-devices-to-allocate` at each Allocate and resolves
 its container from the entry's position, init containers first (`popNextContainerDevices`, pkg/device-plugin/
-nvidiadevice/nvinternal/plugin/util.go:106-128 at v2.10.0); then (`GetContainerDeviceStrArray`, util.go:290-360)
+nvidiadevice/nvinternal/plugin/util.go:106-128 at v2.10.0); then (`GetContainerDeviceStrArray`, util.go:291-386)
 it takes the reservations whose `containerIndex` is that position, sorted by `deviceIndex`, requires one per GPU
 of the entry and the same GPU UUID at each position, and makes exactly the profile at the placement reserved.
 So `containerIndex` is the entry's position: the container's among the pod's GPU containers (HAMi's own
@@ -81,7 +81,7 @@ def encode_instances(containers: Sequence[Sequence[Grant]], uuids: dict[int, str
     """`hami.io/vgpu-mig-allocations` for the grants that have a MIG instance ("" when none has): a JSON array
     of `{"containerIndex","deviceIndex","gpuUUID","profile","placement":{"start","size"}}`, `containerIndex` the
     container's entry in `hami.io/vgpu-devices-allocated` and `deviceIndex` the grant's in it, as HAMi's
-    `EncodeMigAllocations` writes it (pkg/device/nvidia/mig_allocations.go:45-77 at v2.10.0). The device plugin
+    `EncodeMigAllocations` writes it (pkg/device/nvidia/mig_allocations.go:48-77 at v2.10.0). The device plugin
     makes each instance at Allocate and fails a container with fewer reservations than GPUs
     (plugin/util.go:329-333)."""
     entries = [
@@ -136,7 +136,7 @@ def with_instances(
     entries: tuple[tuple[Grant, ...], ...], reservations: list[tuple[str, MigInstance]]
 ) -> tuple[tuple[Grant, ...], ...]:
     """The grants read back, each given the next reservation of its GPU in order, as HAMi's rebuild matches them
-    (`getNodesUsage`, scheduler.go:776-801). A reservation left over (no grant on its GPU) is not counted: HAMi's
+    (`getNodesUsage`, scheduler.go:788-797). A reservation left over (no grant on its GPU) is not counted: HAMi's
     own scheduler never writes one."""
     if not reservations:
         return entries

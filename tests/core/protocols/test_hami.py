@@ -79,7 +79,7 @@ def test_the_registration_of_two_a100s_reads_as_hami_decodes_it() -> None:
 
 
 def test_a_gpu_registered_without_health_is_unhealthy_and_scaled_fields_are_kept() -> None:
-    """E2: `health` omitted when false (omitempty, dev/devices.go:144); Fit refuses it (nv/device.go:729)."""
+    """E2: `health` omitted when false (omitempty, dev/devices.go:144); Fit refuses it (nv/device.go:730-734)."""
     (device,) = HAMI.node_devices(hami_node(E2)).devices
     assert (device.capacity, device.cores, device.healthy, device.usable) == (49152, 200, False, False)
 

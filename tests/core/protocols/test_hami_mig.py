@@ -107,7 +107,7 @@ def test_container_index_is_the_entrys_and_device_index_the_gpus_in_it() -> None
     """containerIndex is the container's entry in the device annotation (its position among the pod's GPU
     containers, init first), deviceIndex the GPU's in the entry: the plugin resolves a container from its entry's
     position (`popNextContainerDevices`, plug/util.go:106-128) and matches reservations to it by that index
-    (plug/util.go:296-330); HAMi's `EncodeMigAllocations` numbers the same way (nv/mig_allocations.go:48-60)."""
+    (plug/util.go:324-333); HAMi's `EncodeMigAllocations` numbers the same way (nv/mig_allocations.go:48-60)."""
     first = Grant(0, 5120, 14, "GPU-a", MigInstance("1g.5gb", 6, 1))
     second = Grant(1, 5120, 14, "GPU-b", MigInstance("1g.5gb", 6, 1))
     other = Grant(0, 10240, 28, "GPU-a", MigInstance("2g.10gb", 0, 2))
@@ -155,7 +155,7 @@ def test_a_reservation_with_its_runtime_identity_decodes() -> None:
 
 def test_an_allocation_read_back_holds_its_instances() -> None:
     """After a restart the instances are counted again, matched to the pod's GPUs in order (sch/scheduler.go:
-    776-801), and the annotations written from them are the same."""
+    788-797), and the annotations written from them are the same."""
     grant = Grant(0, 10240, 28, "GPU-mig-1-0", MigInstance("2g.10gb", 2, 2))
     pod = bound_mig_pod("p", "mig-1", (grant,))
     recorded = HAMI.recorded(pod, HAMI.pod_demand(pod))
@@ -250,11 +250,11 @@ def test_a_mig_pod_is_kept_off_hami_core_gpus_by_its_mode() -> None:
 @pytest.mark.parametrize(
     ("pod", "why"),
     [
-        (  # a pod on a MIG GPU without a reservation (sch/scheduler.go:795-798)
+        (  # a pod on a MIG GPU without a reservation (sch/scheduler.go:799-802)
             lambda: bound_mig_pod("old", "mig-1", (Grant(0, 5120, 14, "GPU-mig-1-0"),)),
             "without a MIG instance reserved",
         ),
-        (  # a reservation naming a GPU the node does not have (sch/scheduler.go:823-830)
+        (  # a reservation naming a GPU the node does not have (sch/scheduler.go:832-838)
             lambda: bound_mig_pod("gone", "mig-1", (Grant(0, 5120, 14, "GPU-elsewhere", MigInstance("1g.5gb", 6, 1)),)),
             "not on this node",
         ),
@@ -346,9 +346,10 @@ SMs x 100 / the largest profile's, rounded up, plugin/register.go:242-244), so s
 
 
 def test_seven_instances_of_a_profile_whose_cores_sum_past_100_all_fit_and_reserve() -> None:
-    """HAMi refuses a MIG GPU for compute only when its used cores equal the total (nv/device.go:788), and
-    records each instance's profile cores: seven 1g at 15 % make 105 %, and the GPU is full by its slices and
-    its count, not by compute. Filter and bind agree on every one (they once disagreed from the sixth)."""
+    """HAMi checks the compute a container asks (here none) against what the GPU has left (nv/device.go:794-810),
+    and records each instance's profile cores (nv/device.go:651-652): with six 1g at 15 % held (90 %) a seventh
+    asking none passes, and seven make 105 %; the GPU is full by its slices and its count. Filter and bind agree
+    on every one (they once disagreed from the sixth)."""
     cluster = make_hami_cluster(make_mig_node(profiles=[REAL_1G]))
     placer, ledger = placer_for(cluster), make_ledger(cluster)
     for number in range(7):
@@ -385,7 +386,7 @@ def test_evicting_the_pods_of_a_mig_gpu_frees_their_slices_for_a_larger_instance
 )
 def test_profiles_that_would_give_instances_hami_cannot_make_leave_the_node_unreadable(profiles: str, why: str) -> None:
     """A size-0 placement overlaps nothing: it would be given to every pod, and HAMi's decoder refuses it
-    (nv/mig_allocations.go:87-89); a nameless profile cannot be named in a reservation (nv/mig_allocations.go:
+    (nv/mig_allocations.go:89); a nameless profile cannot be named in a reservation (nv/mig_allocations.go:
     57, :89). A repeated name is read as HAMi reads it (test_hami_rules_v2100.py)."""
     register = REGISTERED.replace(REGISTERED[REGISTERED.index('[{"name"') : -2], profiles)
     found = HAMI.node_devices(node_with(register))

@@ -125,7 +125,7 @@ def test_numa_bind_is_honoured_under_the_default_policy_too() -> None:
     [
         ("binpack", GpuPolicy(Strategy.BINPACK)),
         ("spread", GpuPolicy(Strategy.SPREAD)),
-        ("numa", GpuPolicy(None, ("numa",))),  # alone, a chain (policy/gpu_policy.go:85-90)
+        ("numa", GpuPolicy(None, ("numa",))),  # alone, a chain (policy/gpu_policy.go:82-84)
         ("binpack,numa,topology-aware", GpuPolicy(Strategy.BINPACK, ("binpack", "numa"), topology=True)),
         ("numa, spread, numa", GpuPolicy(Strategy.SPREAD, ("numa", "spread"))),  # deduplicated (:58-75)
         ("mutex,topology-aware", GpuPolicy(None, (), exclusive=True, topology=True)),
@@ -139,7 +139,7 @@ def test_the_gpu_policy_chain_reads_as_hamis(value: str, policy: GpuPolicy) -> N
 
 def test_the_chain_orders_gpus_key_by_key() -> None:
     """`binpack,numa` (policy/gpu_policy.go:131-166): the fullest first, then by NUMA node; `numa,binpack`: by NUMA
-    node first, the highest (HAMi's Fit walks the list sorted ascending from its end, nv/device.go:733), the
+    node first, the highest (HAMi's Fit walks the list sorted ascending from its end, nv/device.go:727), the
     fullest of it first."""
     devices = gpus({"a": {}, "b": {}, "c": {}}, numa=(0, 1, 1))
     usage = Usage([4096, 2048, 0], [0, 0, 0], [1, 1, 0])
