@@ -142,7 +142,8 @@ class Cache:
         finally:
             touched, self._batch = self._batch, None
             for state in touched.values():
-                self._changed(state)
+                if self.nodes.get(state.name) is state:  # not one forgotten meanwhile (its listeners were told so)
+                    self._changed(state)
 
     # -- holds
 
