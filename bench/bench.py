@@ -50,6 +50,7 @@ from typing import Any
 
 import orjson
 
+from bench import record as recording
 from devtools.clustergen import generate, write
 from devtools.harness import HOST, HarnessError, ServedExtender, machine, percentile
 from extender.core.cache import Cache
@@ -638,7 +639,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--tls-sizes", default="1000", help="Sizes also measured over HTTPS with mutual TLS (empty: none)."
     )
+    recording.add_option(parser)
     arguments = parser.parse_args(argv)
+    recording.settings(arguments)
     plan = Plan(
         arguments.clients,
         arguments.seconds,
@@ -670,6 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mutual TLS), clusters of 8-GPU nodes at 30% fill.\n"
     )
     print(table(rows, plan.clients))
+    recording.result("rows", rows)
     print()
     for row in rows:
         for note in row.notes:
@@ -697,4 +701,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recording.run(main, "bench.bench"))

@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from bench import record as recording
 from devtools.clustergen import generate
 from devtools.harness import percentile
 from extender.app import kube_service
@@ -256,7 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=100_000)
     parser.add_argument("--events", type=int, default=20_000)
+    recording.add_option(parser)
     arguments = parser.parse_args(argv)
+    recording.settings(arguments)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -283,6 +286,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.kill()  # no graceful stop: its open watches would only print their cancellation
         server.join(10)
     cache = after - before
+    recording.result(
+        "cache",
+        {
+            "nodes": known, "gpus": gpus, "pods": listed, "holding_gpu_memory": holds, "wire_bytes": wire,
+            "first_list_seconds": elapsed, "rss_before_mb": before, "rss_after_mb": after, "cache_mb": cache,
+            "peak_mb": peak, "event_apply_seconds": applied, "event_decode_apply_seconds": decoded,
+            "scrapes": {series: dict(zip(("seconds", "longest_hold", "bytes"), costs, strict=True))
+                        for series, costs in scrapes.items()},
+        },
+    )  # fmt: skip
     print("\n## live cache: first list, memory, watch events\n")
     print(f"cluster: {known} nodes, {gpus} GPUs, {listed} pods ({holds} holding GPU memory)")
     print(f"pods list on the wire: {wire / 2**20:.0f} MB in {-(-arguments.pods // PAGE)} pages of {PAGE}")
@@ -341,4 +354,4 @@ async def _timed_render(metrics: Metrics, cache: Cache) -> tuple[bytes, float]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recording.run(main, "bench.cache_build"))

@@ -28,6 +28,7 @@ It prints numbers and exits non-zero only when a run errors or an end check fail
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import signal
 import statistics
@@ -38,6 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
+from bench import record as recording
 from bench.e2e_figures import GPU_MEMORY, GPUS_PER_NODE, POD_MIX, pod_sizes
 from bench.e2e_run import ALONE, FLOORS, WIRINGS, Run, RunError, RunResult
 from devtools.harness import machine
@@ -198,6 +200,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "wired in as full or filter-bind without preempt (needs Go to build it).",
     )
     parser.add_argument("--workdir", type=Path, help="Keep each run's logs here (default: a temporary directory).")
+    recording.add_option(parser)
     parser.add_argument("--keep", action="store_true", help="Keep the temporary directory even when all passed.")
     arguments = parser.parse_args(argv)
     if arguments.nodes < 1 or arguments.pods < 2 or arguments.runs < 1:
@@ -213,6 +216,7 @@ def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse(argv)
+    recording.settings(arguments)
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     binaries = binaries_dir()
     missing = missing_binaries(binaries)
@@ -238,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append((number, result))
             failures += problems_of(number, result)
             print(f"  {run_line(number, result)}", file=sys.stderr, flush=True)
+    recording.result("runs", [{"round": number, **dataclasses.asdict(result)} for number, result in results])
+    recording.result("failures", failures)
     print(report(arguments.nodes, arguments.pods, results, arguments.wiring, time.perf_counter() - started))
     if failures:
         print("\nFAILED:\n" + "\n".join(f"- {failure}" for failure in failures))
@@ -249,4 +255,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recording.run(main, "bench.e2e"))

@@ -224,7 +224,7 @@ def _recording() -> Iterator[tuple[Recorder, io.StringIO]]:
         sys.stdout, _current = stdout, None
 
 
-def run(main: Callable[[Sequence[str] | None], int], bench: str, argv: Sequence[str] | None = None) -> int:
+def run(main: Callable[[list[str]], int], bench: str, argv: Sequence[str] | None = None) -> int:
     """A bench's `__main__`: `sys.exit(record.run(main, "bench.node_burst"))`. With `--record DIR`, the run's
     record is written under DIR when main returns or raises (a failed run is evidence too: its exit status says
     so)."""

@@ -46,6 +46,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from bench import record as recording
 from bench.bench import Connection
 from devtools.clustergen import generate
 from devtools.harness import HOST, die_with_parent, free_port, machine, percentile
@@ -363,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--other-pods", type=int, default=14, help="running pods asking no GPU per node (150,000 pods in all at 5,000)"
     )
+    recording.add_option(parser)
     arguments = parser.parse_args(argv)
+    recording.settings(arguments)
     print(f"machine: {machine()}", file=sys.stderr, flush=True)
     context = multiprocessing.get_context("fork")
     ours, theirs = context.Pipe()
@@ -390,9 +393,10 @@ def main(argv: list[str] | None = None) -> int:
             extender.process.wait(10)
         finally:
             api_process.terminate()
+    recording.result("scenarios", scenarios)
     report(scenarios, arguments.nodes, arguments.churn)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recording.run(main, "bench.scale"))

@@ -50,6 +50,7 @@ from typing import Any
 
 import orjson
 
+from bench import record as recording
 from devtools.clustergen import generate, write
 from devtools.harness import HOST, die_with_parent, free_port, machine
 
@@ -334,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="Duration of each run.")
     parser.add_argument("--rounds", type=int, default=3, help="Runs per server, interleaved; the median is shown.")
     parser.add_argument("--baseline", default=BASELINE, help="Git revision of the transport before the hardening.")
+    recording.add_option(parser)
     arguments = parser.parse_args(argv)
+    recording.settings(arguments)
     if arguments.serve:
         if arguments.serve == "uvicorn":
             serve_uvicorn(arguments.port)
@@ -401,4 +404,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recording.run(main, "bench.transport"))

@@ -45,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from bench import record as recording
 from devtools.clustergen import generate, write
 from devtools.harness import HOST, HarnessError, ServedExtender, die_with_parent, machine, served_extender
 from loadtest.workload import DEFAULT_MIX, MEMORY_RESOURCE, NAMESPACE, PodMix, nodes_to_find
@@ -520,6 +521,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--report", default="", help="Also write a JSON summary here.")
     parser.add_argument("--workdir", default="", help="Keep the cluster, logs and results here (default: a temp dir).")
+    recording.add_option(parser)
     arguments = parser.parse_args(argv)
     PodMix.parse(arguments.mix)  # refuse a bad mix before starting anything
     if arguments.nodes < 1 or arguments.duration < 1 or arguments.pods_per_second <= 0:
@@ -529,6 +531,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse(argv)
+    recording.settings(arguments)
     plan = Plan(
         nodes=arguments.nodes,
         rate=arguments.pods_per_second,
@@ -569,6 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if arguments.find_saturation:
                 rows, consistent = find_saturation(plan, arguments.steps, arguments.p99_limit_ms, cluster, workdir)
                 print(saturation_report(rows, arguments.p99_limit_ms, cluster))
+                recording.result("steps", [{**summary(r), "held": ok, "reason": why} for r, ok, why in rows])
                 if arguments.report:
                     Path(arguments.report).write_bytes(
                         orjson.dumps({"steps": [{**summary(r), "held": ok, "reason": why} for r, ok, why in rows]})
@@ -579,6 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"loadtest failed: {error}", file=sys.stderr)
             return 1
         print(report(result, cluster))
+        recording.result("run", summary(result))
         if arguments.report:
             Path(arguments.report).write_bytes(orjson.dumps(summary(result)))
         if not result.passed:
@@ -589,4 +594,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recording.run(main, "loadtest.run"))

@@ -53,6 +53,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from bench import record as recording
 from bench.placement import churn, churn_fast, fast, mig, peers, plot, report
 from bench.placement.churn import ChurnResult, PlanError
 from bench.placement.hami import HAMI
@@ -153,6 +154,7 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--plot", default="", help="draw every run's curves into this SVG file")
     parser.add_argument("--workdir", default="", help="keep every run's logs here (default: a temporary directory)")
+    recording.add_option(parser)
     parsed = parser.parse_args(argv)
     modes = [mode.strip() for mode in parsed.mode.split(",") if mode.strip()]
     unknown = [mode for mode in modes if mode not in MODES]
@@ -265,6 +267,7 @@ def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path, pol
 
 def main(argv: Sequence[str] | None = None) -> int:
     parsed = arguments(argv)
+    recording.settings(parsed)
     if parsed.mig:
         hami = ["--protocol=hami"]
         served, _ = command_settings("serve", [*parsed.extender_flag, *hami])
@@ -291,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     else:
                         print(report.render(result, f"{label}, seed {seed}"), flush=True)
                         failed |= bool(result.problems)
+        recording.result("results", {label: dict(runs) for label, runs in results.items()})
         print(summary(parsed, results))
         if parsed.plot and results:
             Path(parsed.plot).write_text(picture(parsed, results))
@@ -384,4 +388,4 @@ def picture(parsed: argparse.Namespace, results: dict[str, list[tuple[int, Resul
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recording.run(main, "bench.placement"))
