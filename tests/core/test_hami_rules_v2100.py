@@ -10,10 +10,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
+from extender.core.devices import Device, Strategy
 from extender.core.holds import Allocation, Grant
 from extender.core.mig import MigInstance, MigProfile
-from extender.core.placement.fit import Verdict
-from extender.core.protocols.hami import ALLOCATED, encode
+from extender.core.placement.fit import Placement, Usage, Verdict, place
+from extender.core.protocols.hami import ALLOCATED, GPU_POLICY, NUMA_BIND, encode
 from extender.core.protocols.hami_mig import MIG_ALLOCATIONS, encode_instances
 from tests.builders import (
     HAMI,
@@ -141,3 +144,47 @@ def test_a_repeated_profile_name_takes_the_placements_of_its_first_entry() -> No
     assert placed is not None
     (grant,) = placed.containers[0]
     assert (grant.memory, grant.cores, grant.instance) == (9000, 20, MigInstance("1g.5gb", 6, 1))
+
+
+# --- numa-bind and the GPU order --------------------------------------------------------------------------------
+
+
+def numa_gpus(*numa: int) -> tuple[Device, ...]:
+    return tuple(
+        Device(index, 8192, cores=100, slots=10, uuid=f"GPU-{index}", numa=node) for index, node in enumerate(numa)
+    )
+
+
+def given(devices: tuple[Device, ...], usage: Usage, count: int, strategy: Strategy, **annotations: str) -> list[int]:
+    """The GPU indexes the general fit gives a pod asking `count` GPUs with these annotations."""
+    demand = HAMI.pod_demand(make_hami_pod("p", gpus=count, mem=100, cores=10, **annotations))
+    placed = place(demand, devices, usage, strategy, "MiB")
+    assert isinstance(placed, Placement), placed
+    return [grant.index for grant in placed.containers[0]]
+
+
+@pytest.mark.parametrize(
+    ("policy", "order"),
+    [
+        ("binpack,spread", ("numa", "binpack", "spread")),  # policy/gpu_policy_test.go:364-372
+        ("spread,numa", ("numa", "spread")),  # policy/gpu_policy_test.go:374-382
+        ("numa,binpack", ("numa", "binpack")),
+    ],
+)
+def test_numa_bind_makes_numa_the_first_key_of_a_chain(policy: str, order: tuple[str, ...]) -> None:
+    """`lessByChain` puts numa first when the pod asks numa-bind, so that Fit's run of one NUMA node's GPUs is not
+    broken (policy/gpu_policy.go:137-147); without numa-bind the chain is as written."""
+    bound = HAMI.pod_demand(make_hami_pod("p", **{GPU_POLICY: policy, NUMA_BIND: "true"}))
+    assert bound.selectors.order == order
+    free = HAMI.pod_demand(make_hami_pod("p", **{GPU_POLICY: policy}))
+    assert free.selectors.order[0] == policy.split(",")[0]
+
+
+def test_a_numa_bound_chain_walks_the_highest_numa_node_first() -> None:
+    """policy/gpu_policy_test.go:364-372 on a node: `binpack,spread` with numa-bind, a full GPU on NUMA 0 and an
+    emptier one on NUMA 1. NUMA sorts first (ascending) and Fit walks from the end (nv/device.go:727): NUMA 1's
+    GPU, though binpack alone would take the fuller one."""
+    devices = numa_gpus(0, 1)
+    usage = Usage([6000, 400], [90, 5], [5, 1])
+    assert given(devices, usage, 1, Strategy.SPREAD, **{GPU_POLICY: "binpack,spread", NUMA_BIND: "true"}) == [1]
+    assert given(devices, usage, 1, Strategy.SPREAD, **{GPU_POLICY: "binpack,spread"}) == [0]

@@ -415,16 +415,21 @@ def _selectors(annotations: Raw, pod: Raw) -> _Asked:
     except ValueError as error:
         raise InvalidPod(f"pod {objects.pod_key(pod)}: {hami_policy.WEIGHTS}: {error}") from None
     modes = annotations.get(VGPU_MODE)
+    numa_bind = annotations.get(NUMA_BIND) in TRUE
+    order = policy.order
+    if numa_bind and order and order[0] != hami_policy.NUMA:
+        # HAMi makes numa the chain's first key, so that a NUMA node's GPUs are walked together (gpu_policy.go:137-147)
+        order = (hami_policy.NUMA, *(key for key in order if key != hami_policy.NUMA))
     selectors = Selectors(
         use_models=_names(annotations.get(USE_TYPE), upper=True),
         avoid_models=_names(annotations.get(AVOID_TYPE), upper=True),
         use_uuids=_names(annotations.get(USE_UUID), upper=False),
         avoid_uuids=_names(annotations.get(AVOID_UUID), upper=False),
         modes=modes if isinstance(modes, str) else "",
-        numa_bind=annotations.get(NUMA_BIND) in TRUE,
+        numa_bind=numa_bind,
         exclusive=policy.exclusive,
         topology=policy.topology,
-        order=policy.order,
+        order=order,
         weights=weights,
     )
     return _Asked(selectors, policy.strategy)
