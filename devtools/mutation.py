@@ -1,0 +1,221 @@
+"""`python -m devtools.mutation` (`make mutation`): mutmut over the core's busiest modules, the share of mutants killed.
+
+A test suite that passes says nothing of the lines it never looks at. mutmut changes one operator, constant or
+call at a time (a mutant) and runs the tests that reach the changed function: a mutant they still pass is a line
+no test guards. Each area below is mutated in a copy of the tree (mutmut writes its `mutants/` tree beside the
+sources, and the tree under /work is shared), against the tests of its area only, so one mutant takes seconds.
+
+A survivor is either killed by a new test or, when no behaviour can tell it apart from the original (a default
+that is always overridden, a bound that a guard above already enforces), listed in `mutation_equivalents.toml`
+beside this file with the reason; an entry names the mutant and the mutated line, and lapses when that line no
+longer matches, so an edited function is judged afresh. The share is killed over mutants less equivalents; the
+command fails when an area is under `--threshold`. Never part of `make test`: minutes, not seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EQUIVALENTS = Path(__file__).resolve().parent / "mutation_equivalents.toml"
+
+
+@dataclass(frozen=True, slots=True)
+class Area:
+    """Sources mutated together and the tests run against them (mutmut picks, per mutant, those that reach it)."""
+
+    name: str
+    sources: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+AREAS = (
+    Area("ledger", ("extender/core/ledger.py",), ("tests/core",)),
+    Area("mig", ("extender/core/mig.py",), ("tests/core",)),
+    Area("placement", ("extender/core/placement/*.py",), ("tests/core",)),
+    Area("protocols", ("extender/core/protocols/*.py",), ("tests/core",)),
+)
+
+KILLED = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout"}
+"""mutmut's exit codes (mutmut/stats.py) that count as killed: a test failed, pytest broke, or the run timed out
+(a mutant that loops forever is caught, if slowly). 0 is a survivor, 5 and 33 mean no test reached the mutant."""
+
+
+@dataclass(frozen=True, slots=True)
+class Equivalent:
+    mutant: str
+    line: str
+    why: str
+
+
+@dataclass
+class Tally:
+    """One source file's mutants by outcome."""
+
+    path: str
+    outcomes: Counter[str] = field(default_factory=Counter)
+    survivors: list[str] = field(default_factory=list)
+
+    @property
+    def judged(self) -> int:
+        return sum(self.outcomes.values()) - self.outcomes["equivalent"]
+
+    @property
+    def killed(self) -> int:
+        return self.outcomes["killed"]
+
+
+def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, Equivalent]:
+    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("equivalent", []) if path.exists() else []
+    return {e["mutant"]: Equivalent(e["mutant"], e["line"].strip(), e["why"]) for e in entries}
+
+
+def copy_tree(work: Path, area: Area) -> None:
+    """The package, the tests and pyproject.toml with a `[tool.mutmut]` table for this area, into `work`."""
+    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.pyc")
+    for name in ("extender", "tests"):
+        shutil.copytree(ROOT / name, work / name, ignore=ignore)
+    tests = [t for t in area.tests if (ROOT / t).exists()]
+    table = [
+        "",
+        "[tool.mutmut]",
+        'source_paths = ["extender"]',
+        f"only_mutate = {json.dumps(list(area.sources))}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]',
+        # Each mutant's run forks from a process that has only collected the tests: forked from mutmut's own
+        # process instead, it would inherit the lru_caches (mig._choice, ...) that the unmutated run filled.
+        'process_isolation = "forkserver"',
+    ]
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    (work / "pyproject.toml").write_text(text + "\n".join(table) + "\n", encoding="utf-8")
+
+
+def mutmut(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).parent / "mutmut"), *args]
+    return subprocess.run(command, cwd=work, capture_output=True, text=True, check=False)
+
+
+DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+print(json.dumps({name: get_diff_for_mutant(name) for name in sys.argv[1:]}))
+"""
+"""`mutmut show` for many mutants in one process (each `mutmut show` parses the module afresh)."""
+
+
+def diffs(work: Path, mutants: list[str]) -> dict[str, str]:
+    if not mutants:
+        return {}
+    run = subprocess.run([sys.executable, "-c", DIFFS, *mutants], cwd=work, capture_output=True, text=True, check=True)
+    found: dict[str, str] = json.loads(run.stdout)
+    return found
+
+
+def mutated_line(diff: str) -> str:
+    """The first added line of mutmut's diff of a mutant, stripped: what an equivalent entry names."""
+    for line in diff.splitlines():
+        if line.startswith("+") and not line.startswith("+++"):
+            return line[1:].strip()
+    return ""
+
+
+def tally(work: Path, equivalents: dict[str, Equivalent], stale: list[str]) -> tuple[list[Tally], dict[str, str]]:
+    """Each mutated file's outcomes, and the diff of every mutant not killed."""
+    codes: dict[str, dict[str, int | None]] = {}
+    for meta in sorted((work / "mutants").rglob("*.py.meta")):
+        by_mutant = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
+        if by_mutant:
+            codes[str(meta.relative_to(work / "mutants")).removesuffix(".meta")] = by_mutant
+    diff_of = diffs(work, [m for by_mutant in codes.values() for m, code in by_mutant.items() if code not in KILLED])
+    tallies = []
+    for path, by_mutant in codes.items():
+        result = Tally(path)
+        for mutant, code in sorted(by_mutant.items()):
+            if code in KILLED:
+                result.outcomes["killed"] += 1
+                continue
+            listed = equivalents.get(mutant)
+            if listed is not None:
+                if mutated_line(diff_of[mutant]) == listed.line:
+                    result.outcomes["equivalent"] += 1
+                    continue
+                stale.append(mutant)
+            result.outcomes["no tests" if code in (5, 33) else "survived" if code == 0 else f"exit {code}"] += 1
+            result.survivors.append(mutant)
+        tallies.append(result)
+    return tallies, diff_of
+
+
+def share(killed: int, judged: int) -> float:
+    return 100.0 * killed / judged if judged else 100.0
+
+
+def run_area(area: Area, children: int, equivalents: dict[str, Equivalent], keep: bool) -> tuple[float, str]:
+    """Mutate one area in a fresh copy; print its files' tallies and its survivors' diffs; its share and the log."""
+    work = Path(tempfile.mkdtemp(prefix=f"mutation-{area.name}-"))
+    started = time.monotonic()
+    try:
+        copy_tree(work, area)
+        run = mutmut(work, "run", "--max-children", str(children))
+        elapsed = time.monotonic() - started
+        if run.returncode != 0 or not (work / "mutants").exists():
+            print(f"{area.name}: mutmut failed ({run.returncode}):\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}")
+            return 0.0, str(work)
+        stale: list[str] = []
+        tallies, diff_of = tally(work, equivalents, stale)
+        killed = sum(t.killed for t in tallies)
+        judged = sum(t.judged for t in tallies)
+        print(f"\n{area.name}: {share(killed, judged):.1f} % killed ({killed} of {judged}), {elapsed:.0f} s")
+        for t in tallies:
+            rest = ", ".join(f"{n} {k}" for k, n in sorted(t.outcomes.items()) if k != "killed")
+            print(
+                f"  {t.path}: {share(t.killed, t.judged):.1f} % ({t.killed} of {t.judged}{'; ' + rest if rest else ''})"
+            )
+        for mutant in stale:
+            print(f"  listed as equivalent but its line changed, judged afresh: {mutant}")
+        for t in tallies:
+            for mutant in t.survivors:
+                print(f"# {mutant}\n{diff_of[mutant]}")
+        return share(killed, judged), str(work)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("areas", nargs="*", help=f"of {', '.join(a.name for a in AREAS)}; default: all")
+    parser.add_argument("--max-children", type=int, default=2, help="mutants run at once")
+    parser.add_argument("--threshold", type=float, default=90.0, help="least share killed, in percent")
+    parser.add_argument("--keep", action="store_true", help="keep each area's copy (mutmut show/browse there)")
+    args = parser.parse_args(argv)
+    unknown = set(args.areas) - {a.name for a in AREAS}
+    if unknown:
+        parser.error(f"no such area: {', '.join(sorted(unknown))}")
+    chosen = [a for a in AREAS if not args.areas or a.name in args.areas]
+    equivalents = load_equivalents()
+    shares = {}
+    for area in chosen:
+        shares[area.name], work = run_area(area, args.max_children, equivalents, args.keep)
+        if args.keep:
+            print(f"  kept: {work}")
+    print("\n" + "  ".join(f"{name} {value:.1f} %" for name, value in shares.items()))
+    below = [name for name, value in shares.items() if value < args.threshold]
+    if below:
+        print(f"under {args.threshold:.0f} % killed: {', '.join(below)}", file=sys.stderr)
+    return 1 if below else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
