@@ -1,0 +1,382 @@
+"""Every figure the README and the benchmark pages publish comes from a run record (bench/record.py), or is on the
+list of figures awaiting a rerun below, and the defaults those pages quote are the code's.
+
+The list is the debt made visible: a table or a plot whose run left no record (its raw output was not kept) stays
+on its page, marked `<!-- awaiting a rerun -->` there and named here, until a run with `--record bench/records`
+replaces it with a table generated from records (`<!-- table: bench/records/<bench> -->`), and its entry goes.
+An entry whose figure is gone fails too, so the list never claims more debt than there is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import figures, record, record_import
+from devtools import docs_hooks
+from extender import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "docs" / "benchmarks"
+README = ROOT / "README.md"
+
+AWAITING_RERUN: dict[tuple[str, str], str] = {
+    ("bench.md", "One run"): "the verbs at 100, 1,000 and 5,000 node names (make bench)",
+    ("bench.md", "Five thousand nodes, changing"): "5,000 nodes, 150,000 pods, before and after (bench.scale)",
+    ("bench.md", "The live cache"): "the first list, memory and watch events of 5,000 nodes (bench.cache_build)",
+    ("loadtest.md", "At kube-scheduler's pace"): "300 pods/s at 1,000 nodes, before and after (make loadtest)",
+    ("loadtest.md", "With the fragmentation policy"): "binpack, fill and as shipped at 300 pods/s (make loadtest)",
+    ("bench-e2e.md", "Five thousand nodes"): "kube-scheduler with ours and with the floor, 1,000 and 5,000 nodes",
+    ("placement.md", "The result"): "every policy and peer on the trace, fill-up and churn (make bench-placement)",
+    ("placement.md", "The curve"): "the churn plot, ours and our fill policy (churn-default.svg)",
+}
+"""Tables and plots of docs/benchmarks/ whose runs left no record, by (page, the section they are in)."""
+
+AWAITING_README: set[str] = {
+    "GPUs allocated, Alibaba's GPU-sharing trace (1,213 nodes), via kube-scheduler, at 130 % of capacity arrived",
+    "the same replay, 400 of its nodes, each scheduler built from its source",
+    "pods coming and going at the trace's pace, 400 nodes: GPUs allocated",
+    "the extender alone, 1,000 nodes, 300 pods/s, every pod bound: filter p99",
+    "5,000 nodes and 150,000 pods, 20 replaced a second: filter p50 / p99",
+}
+"""The README's figures rows whose runs left no record, by their first cell."""
+
+RECORDING_BENCHES = (
+    "bench/bench.py",
+    "bench/cache_build.py",
+    "bench/transport.py",
+    "bench/scale.py",
+    "bench/e2e.py",
+    "bench/node_burst.py",
+    "bench/placement/__main__.py",
+    "loadtest/run.py",
+)
+"""Every bench behind a published figure."""
+
+
+# ---- the pages' figures ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    page: str
+    section: str
+    kind: str  # "table" or "plot"
+    marked: bool
+    """The line above is `<!-- awaiting a rerun -->`."""
+
+
+def is_separator(line: str) -> bool:
+    return bool(re.fullmatch(r"\|[-:| ]+\|", line.strip()))
+
+
+def has_figures(rows: list[str]) -> bool:
+    """A table with a number outside code spans in its body (a table of flags is not figures)."""
+    return any(re.search(r"\d", re.sub(r"`[^`]*`", "", row)) for row in rows)
+
+
+def published(page: Path) -> list[Published]:
+    """The tables of figures and the plots a page's source holds (a generated table is a marker, not a table)."""
+    lines = page.read_text().splitlines()
+    found, section = [], ""
+    for number, line in enumerate(lines):
+        above = lines[number - 1] if number else ""
+        marked = above.strip() == figures.AWAITING_MARKER
+        if line.startswith("## "):
+            section = line[3:].strip()
+        elif line.startswith("|") and number + 1 < len(lines) and is_separator(lines[number + 1]):
+            if not above.startswith("|"):
+                body = []
+                for row in lines[number + 2 :]:
+                    if not row.startswith("|"):
+                        break
+                    body.append(row)
+                if has_figures(body):
+                    found.append(Published(page.name, section, "table", marked))
+        elif re.match(r"!\[[^\]]*\]\([^)]+\)", line):
+            found.append(Published(page.name, section, "plot", marked))
+    return found
+
+
+def every_published() -> list[Published]:
+    return [item for page in sorted(BENCHMARKS.glob("*.md")) for item in published(page)]
+
+
+def test_every_table_and_plot_of_the_benchmark_pages_is_generated_from_records_or_awaits_a_rerun() -> None:
+    unlisted = [item for item in every_published() if (item.page, item.section) not in AWAITING_RERUN]
+    assert not unlisted, f"a published figure with no record (generate it from bench/records, or list it): {unlisted}"
+
+
+def test_a_figure_awaiting_a_rerun_is_marked_on_its_page() -> None:
+    unmarked = [item for item in every_published() if not item.marked]
+    assert not unmarked, f"mark these `{figures.AWAITING_MARKER}` on the line above: {unmarked}"
+
+
+def test_the_list_of_figures_awaiting_a_rerun_names_only_figures_still_published() -> None:
+    present = {(item.page, item.section) for item in every_published()}
+    assert not set(AWAITING_RERUN) - present, "figures gone from their pages: take them off AWAITING_RERUN"
+
+
+def test_the_generated_tables_name_benches_with_records() -> None:
+    markers = [m["folder"] for page in BENCHMARKS.glob("*.md") for m in figures.TABLE_MARKER.finditer(page.read_text())]
+    assert markers, "no benchmark table is generated from records"
+    for folder in markers:
+        assert folder in figures.TABLES and record.load(folder), folder
+
+
+# ---- the README's figures -------------------------------------------------------------------------------------
+
+
+def readme_rows() -> list[list[str]]:
+    table = figures.readme_table(README.read_text())
+    assert is_separator(table[1])
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table[2:]]
+
+
+def test_the_readmes_figures_are_at_most_six_rows_of_cells_under_120_characters() -> None:
+    rows = readme_rows()
+    assert 1 <= len(rows) <= 6
+    long = [cell for row in rows for cell in row if len(cell) > 120]
+    assert not long, f"cells over 120 characters: {long}"
+
+
+def test_each_readme_figure_comes_from_records_and_equals_them_or_awaits_a_rerun() -> None:
+    built = {cells[0]: cells for build in figures.README_ROWS.values() if (cells := build())}
+    for row in readme_rows():
+        source = row[-1]
+        if source == figures.RECORDED:
+            assert tuple(row) == built[row[0]], "run python -m devtools.docs_hooks to write it from the records"
+        else:
+            assert source == "awaiting a rerun" and row[0] in AWAITING_README, row
+    assert {row[0] for row in readme_rows()} >= AWAITING_README, "rows gone from the README: take them off the list"
+    assert not figures.stale_readme_rows(README.read_text())
+
+
+def test_the_readme_names_one_machine_the_one_its_records_ran_on() -> None:
+    section = README.read_text().split(figures.FIGURES_HEADING, 1)[1].split("\n## ", 1)[0]
+    described = re.findall(r"(\d+)-core ([A-Z][\w ]+?) VM \(Python ([\d.]+)\)", section)
+    assert len(described) == 1, "name one machine above the figures"
+    cores, cpu, python = described[0]
+    for build in figures.README_ROWS:
+        machine = figures.one_machine(record.load(build))
+        assert (int(cores), cpu, python) == (machine.cores, machine.cpu, machine.python.split()[0])
+
+
+# ---- the benches write records ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", RECORDING_BENCHES)
+def test_every_bench_behind_a_figure_takes_record_and_runs_through_the_recorder(path: str) -> None:
+    source = (ROOT / path).read_text()
+    assert "recording.add_option(parser)" in source and "recording.settings(" in source
+    assert re.search(r'sys\.exit\(recording\.run\(main, "[\w.]+"\)\)', source)
+
+
+def fake_bench(argv: list[str]) -> int:
+    record.settings({"nodes": 3, "record": "left out"}, seed=7)
+    record.result("figures", [{"pods": 2}])
+    print("the report")
+    return 3
+
+
+def test_a_bench_run_with_record_writes_its_command_settings_results_and_report(tmp_path: Path) -> None:
+    status = record.run(fake_bench, "bench.fake", ["--nodes", "3", "--record", str(tmp_path)])
+    (path,) = (tmp_path / "fake").glob("*.json")
+    kept = record.Record.from_json(path.read_bytes())
+    assert status == 3 and kept.exit_status == 3
+    assert kept.command == f"python -m bench.fake --nodes 3 --record {tmp_path}"
+    assert kept.settings == {"nodes": 3, "seed": 7}
+    assert kept.results == {"figures": [{"pods": 2}]}
+    assert kept.report == "the report\n"
+    assert kept.machine == record.this_machine() and kept.commit and len(kept.commit) == 40
+
+
+def test_a_bench_run_without_record_writes_nothing_and_hands_over_nothing(tmp_path: Path) -> None:
+    assert record.run(fake_bench, "bench.fake", ["--nodes", "3"]) == 3
+    assert not list(tmp_path.iterdir())
+    assert type(sys.stdout).__name__ != "_Tee"
+
+
+def test_a_run_that_exits_is_recorded_with_its_status(tmp_path: Path) -> None:
+    def failing(argv: list[str]) -> int:
+        raise SystemExit(2)
+
+    with pytest.raises(SystemExit):
+        record.run(failing, "bench.fake", ["--record", str(tmp_path)])
+    (path,) = (tmp_path / "fake").glob("*.json")
+    assert record.Record.from_json(path.read_bytes()).exit_status == 2
+
+
+def test_two_records_of_one_second_do_not_overwrite_each_other(tmp_path: Path) -> None:
+    kept = make_record([run_of("ours", "hami", 20.0)])
+    paths = {record.write(kept, tmp_path), record.write(kept, tmp_path)}
+    assert len(paths) == 2
+
+
+def test_a_record_of_another_format_is_refused() -> None:
+    with pytest.raises(record.RecordError, match="format"):
+        record.Record.from_json(b'{"format": 99}')
+
+
+# ---- tables from records ----------------------------------------------------------------------------------------
+
+MACHINE = record.Machine("AMD EPYC", 2, "3.11.7 (CPython)")
+
+
+def run_of(scheduler: str, protocol: str, running: float, problems: int = 0, failed: int = 0) -> dict[str, object]:
+    return {
+        "scheduler": scheduler, "protocol": protocol, "run": 1, "pods": 64, "create_seconds": 1.0,
+        "all_bound": running - 1, "all_running": running, "p50": running / 2, "p90": running * 0.9,
+        "failed_scheduling": failed, "load": 1.0, "problems": [f"pod {n}" for n in range(problems)], "to_running": None,
+    }  # fmt: skip
+
+
+def make_record(runs: list[dict[str, object]], machine: record.Machine = MACHINE) -> record.Record:
+    return record.Record(
+        bench="bench.node_burst", command="python -m bench.node_burst", commit=None, dirty=None,
+        started="2026-01-01T00:00:00+00:00", machine=machine, settings={}, results={"runs": runs}, exit_status=0,
+    )  # fmt: skip
+
+
+def test_the_burst_table_gives_the_median_its_range_and_the_median_runs_pod_times() -> None:
+    # ours: 20, 30, 25 s: median 25 (20 - 30), the median run's p50 / p90 12.5 / 22.5; the peer failed 2 of 2 runs
+    kept = [
+        make_record([run_of("ours", "hami", 20.0, failed=300), run_of("ours", "hami", 30.0, failed=320)]),
+        make_record([run_of("ours", "hami", 25.0, failed=310)]),
+        make_record([run_of("hami-scheduler", "hami", 600.0, 4), run_of("hami-scheduler", "hami", 590.0, 3)]),
+    ]
+    table = figures.node_burst_table(kept)
+    assert "| ours | HAMi | 25.0 (20.0 - 30.0) | 12.5 / 22.5 | 300 - 320 | passed |" in table
+    assert (
+        "| hami-scheduler | HAMi | 595.0 (590.0 - 600.0) | 295.0 / 531.0 | 0 | failed in 2 of 2 runs (4, 3 pods) |"
+        in table
+    )
+    assert table.index("| ours |") < table.index("| hami-scheduler |")
+    assert MACHINE.describe() in table
+
+
+def test_records_from_two_machines_make_no_table() -> None:
+    other = record.Machine("Intel Xeon", 2, "3.11.7 (CPython)")
+    kept = [make_record([run_of("ours", "hami", 20.0)]), make_record([run_of("ours", "hami", 21.0)], other)]
+    with pytest.raises(figures.FiguresError, match="one machine per table"):
+        figures.node_burst_table(kept)
+
+
+def test_a_table_marker_with_no_records_fails_the_build(tmp_path: Path) -> None:
+    (tmp_path / "node_burst").mkdir()
+    with pytest.raises(figures.FiguresError, match="no record"):
+        figures.fill_tables("<!-- table: bench/records/node_burst -->\n", tmp_path)
+    with pytest.raises(figures.FiguresError, match="no table is built"):
+        figures.fill_tables("<!-- table: bench/records/unknown -->\n", tmp_path)
+
+
+def test_the_awaiting_marker_becomes_a_note_readers_see() -> None:
+    assert figures.AWAITING_NOTE in figures.fill_tables(f"{figures.AWAITING_MARKER}\n| a |\n|---|\n| 1 |\n")
+
+
+def test_the_site_index_shows_the_readmes_figures_with_links_into_the_site() -> None:
+    table = figures.readme_table_for_site(README.read_text())
+    assert "](docs/" not in table and "](benchmarks/" in table
+
+
+# ---- the importer -----------------------------------------------------------------------------------------------
+
+RAW = """\
+| scheduler | protocol | run | pods | kubectl create, s | all bound, s | all Running, s | pod to Running p50, s | p90, s | FailedScheduling | load | check |
+|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|
+| hami-scheduler | hami | 1 | 64 | 1.14 | 659.99 | 661.38 | 181.70 | 618.15 | 383 | 1.7 | FAILED (2 problems) |
+
+| scheduler | protocol | runs | all Running, s: median (range) | pod to Running p50, s | p90, s |
+|---|---|---:|---:|---:|---:|
+| hami-scheduler | hami | 1 | 661.38 (661.38 - 661.38) | 181.70 | 618.15 |
+
+FAILED:
+- hami-scheduler, run 1: burst-003: hami.io/bind-phase allocating
+- hami-scheduler, run 1: burst-050: hami.io/bind-phase allocating
+"""  # noqa: E501 (bench.node_burst's own lines, as it printed them)
+
+
+def test_the_importer_reads_each_runs_line_and_its_problems_and_not_the_summary() -> None:
+    (run,) = record_import.node_burst_runs(RAW)
+    assert (run["scheduler"], run["protocol"], run["run"], run["pods"]) == ("hami-scheduler", "hami", 1, 64)
+    assert (run["all_bound"], run["all_running"], run["p50"], run["p90"]) == (659.99, 661.38, 181.70, 618.15)
+    assert (run["failed_scheduling"], run["load"], run["to_running"]) == (383, 1.7, None)
+    assert run["problems"] == ["burst-003: hami.io/bind-phase allocating", "burst-050: hami.io/bind-phase allocating"]
+
+
+def test_the_importer_refuses_an_output_without_a_table_of_runs() -> None:
+    with pytest.raises(record_import.NotItsOutput):
+        record_import.node_burst_runs("machine: AMD EPYC\n")
+
+
+def test_the_imported_records_say_where_they_came_from() -> None:
+    kept = record.load("node_burst")
+    assert kept and all(item.source and "imported by bench/record_import.py" in item.source for item in kept)
+
+
+# ---- defaults the pages quote -----------------------------------------------------------------------------------
+
+PAST = re.compile(r"\b(then|before|was|were|until|used to)\b")
+FLAG_VALUE = re.compile(r"`(--[a-z][a-z0-9-]*)[ =]([^`\s]+)`")
+NEAR = 80
+MAKE_DEFAULT = re.compile(r"`([A-Z][A-Z0-9_]*) \?= ([^`]*)`")
+
+
+def sentences(text: str) -> list[str]:
+    """The prose's sentences, each on one line: code blocks and tables left out."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    prose = "\n".join(line for line in prose.splitlines() if not line.startswith("|"))
+    paragraphs = [" ".join(paragraph.split()) for paragraph in re.split(r"\n\s*\n", prose)]
+    return [sentence for paragraph in paragraphs for sentence in re.split(r"(?<=[a-z)`])\.\s+", paragraph)]
+
+
+def quoted_defaults(pages: list[Path] | None = None) -> list[tuple[str, str, str]]:
+    """(page, flag, value) for each `--flag value` within `NEAR` characters of words saying it is the default or
+    as shipped, in a sentence that does not speak of the past (the words outside code spans: `default-scheduler` is
+    a name)."""
+    pages = pages or [README, *sorted(BENCHMARKS.glob("*.md")), ROOT / "docs" / "index.md"]
+    found = []
+    for page in pages:
+        for sentence in sentences(page.read_text()):
+            words = re.sub(r"`[^`]*`", lambda span: "x" * len(span[0]), sentence)
+            if PAST.search(words):
+                continue
+            said = [match.start() for match in re.finditer(r"default|shipped|as it ships", words)]
+            for quoted in FLAG_VALUE.finditer(sentence):
+                if any(abs(where - quoted.start()) <= NEAR for where in said):
+                    found.append((page.name, quoted[1], quoted[2]))
+    return found
+
+
+def test_the_defaults_the_pages_quote_are_the_settings_defaults() -> None:
+    by_flag = {settings.flag(field): field for field in settings.fields()}
+    quoted = [(page, flag, value) for page, flag, value in quoted_defaults() if flag in by_flag]
+    assert quoted, "no default quoted: the check would hold nothing"
+    wrong = [
+        (page, flag, value, docs_hooks.default_text(by_flag[flag]))
+        for page, flag, value in quoted
+        if f"`{value}`" != docs_hooks.default_text(by_flag[flag])
+    ]
+    assert not wrong, f"defaults quoted that are not the code's (page, flag, quoted, code): {wrong}"
+
+
+def test_a_default_is_found_beside_its_words_and_not_in_the_past_or_far_away(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "The default policy (`--placement fill`) places.\n\n"
+        "Then `--nodes-to-score 100` was the default.\n\n"
+        "A scheduler (`--protocol hami`) " + "and so on " * 10 + "with HAMi's default split.\n"
+    )
+    assert quoted_defaults([page]) == [("page.md", "--placement", "fill")]
+
+
+def test_the_make_defaults_the_pages_quote_are_the_makefiles() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    pages = [README, *sorted(BENCHMARKS.glob("*.md"))]
+    quoted = [found for page in pages for found in MAKE_DEFAULT.findall(page.read_text())]
+    wrong = [f"{name} ?= {value}" for name, value in quoted if f"\n{name} ?= {value}\n" not in makefile]
+    assert not wrong, f"make defaults quoted that the Makefile does not set: {wrong}"
