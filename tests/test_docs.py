@@ -68,7 +68,11 @@ def test_the_readmes_links_reach_files_and_anchors_that_exist(site: Path) -> Non
         if re.match(r"[a-z]+://", target):
             continue
         path, _, anchor = target.partition("#")
-        if not (ROOT / path).is_file():
+        if not path:  # an anchor of the README itself: a heading's slug
+            headings = re.findall(r"^#+ (.+)$", README, re.MULTILINE)
+            if anchor not in [re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-") for heading in headings]:
+                broken.append(target)
+        elif not (ROOT / path).is_file():
             broken.append(target)
         elif anchor and path.startswith("docs/"):
             page = site / Path(path).relative_to("docs").with_suffix(".html")
