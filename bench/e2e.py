@@ -28,7 +28,6 @@ It prints numbers and exits non-zero only when a run errors or an end check fail
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
 import signal
 import statistics
@@ -242,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append((number, result))
             failures += problems_of(number, result)
             print(f"  {run_line(number, result)}", file=sys.stderr, flush=True)
-    recording.result("runs", [{"round": number, **dataclasses.asdict(result)} for number, result in results])
+    recording.result("runs", [{"round": number, "result": result} for number, result in results])
     recording.result("failures", failures)
     print(report(arguments.nodes, arguments.pods, results, arguments.wiring, time.perf_counter() - started))
     if failures:

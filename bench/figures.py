@@ -133,6 +133,8 @@ def fill_tables(markdown: str, root: Path = record.RECORDS) -> str:
 def burst_row(root: Path = record.RECORDS) -> tuple[str, ...]:
     """The README's row of the node burst: ours in HAMi's protocol beside hami-scheduler, medians over runs."""
     groups = node_burst_groups(record.load("node_burst", root))
+    if ("ours", "hami") not in groups or ("hami-scheduler", "hami") not in groups:
+        raise FiguresError("the README's burst row needs records of ours and of hami-scheduler in HAMi's protocol")
     ours, peer = groups[("ours", "hami")], groups[("hami-scheduler", "hami")]
     return (
         f"{ours[0]['pods']} GPU pods created at once to all Running, one node, HAMi's protocol",

@@ -274,6 +274,12 @@ def test_a_table_marker_with_no_records_fails_the_build(tmp_path: Path) -> None:
         figures.fill_tables("<!-- table: bench/records/unknown -->\n", tmp_path)
 
 
+def test_the_readmes_burst_row_needs_both_schedulers_records(tmp_path: Path) -> None:
+    record.write(make_record([run_of("ours", "hami", 20.0)]), tmp_path)
+    with pytest.raises(figures.FiguresError, match="hami-scheduler"):
+        figures.burst_row(tmp_path)
+
+
 def test_the_awaiting_marker_becomes_a_note_readers_see() -> None:
     assert figures.AWAITING_NOTE in figures.fill_tables(f"{figures.AWAITING_MARKER}\n| a |\n|---|\n| 1 |\n")
 
