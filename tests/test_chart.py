@@ -5,8 +5,8 @@ protocol=hami, the same objects as kustomize builds from manifests/hami/ (and ha
 values as the extender's flags, and the second scheduler's configuration what `extender scheduler-config` renders
 for the extender's settings.
 
-Without the helm binary these tests are skipped when there is no Go toolchain to build it, and fail when there is
-one (as the e2e tier does), so CI cannot pass by skipping them.
+helm and kubectl are the pinned builds of tests/helm/build.sh and tests/e2e/build.sh (tests/gotools.py): a test
+that finds one missing builds it where Go is installed and fails if that fails; it skips only without Go.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import posixpath
 import re
 import shlex
@@ -37,13 +36,12 @@ from extender.sources.kube.writes import LEADER_LABEL
 from extender.tools.schedconfig import render as scheduler_config
 from tests.builders import make_cluster
 from tests.conftest import make_service
-from tests.e2e.controlplane import go_toolchain
+from tests.gotools import helm, helm_version, kubectl
 from tests.test_manifests import (
     ANY_NAME,
     CERT_MANAGER_SCHEMAS,
     CLUSTER,
     EXTENDER_GRANTS,
-    KUBECTL,
     MANIFESTS,
     NAMESPACE,
     VALIDATED_VERSIONS,
@@ -55,7 +53,6 @@ from tests.test_manifests import (
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "gpu-extender"
 DASHBOARD_FILE = ROOT / "dashboards" / "gpu-extender.json"
-BUILD_SCRIPT = ROOT / "tests" / "helm" / "build.sh"
 RELEASE = "gpu-extender"
 
 HELM_LABELS = {"app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart"}
@@ -159,25 +156,6 @@ SCENARIOS: dict[str, Values] = {
 
 
 # ---- helm ------------------------------------------------------------------------------------------------
-
-
-def helm_version() -> str:
-    """The version build.sh pins (its `version=` line)."""
-    found = re.search(r"^version=(v[0-9.]+)$", BUILD_SCRIPT.read_text(), re.MULTILINE)
-    assert found, f"{BUILD_SCRIPT}: no version= line"
-    return found.group(1)
-
-
-def helm() -> str:
-    """The helm build.sh made: skip without it when Go is absent, fail without it when Go is there."""
-    cache = os.environ.get("GPU_EXTENDER_CACHE") or Path.home() / ".cache" / "gpu-extender"
-    binary = Path(cache) / f"helm-{helm_version()}" / "helm"
-    if os.access(binary, os.X_OK):
-        return str(binary)
-    build = f"bash {BUILD_SCRIPT.relative_to(ROOT)}"
-    if go_toolchain() is None:
-        pytest.skip(f"chart tests skipped: no Go toolchain to build helm (see `{build}`)")
-    pytest.fail(f"chart tests: {binary} is missing; run `{build}` (or `make test`)", pytrace=False)
 
 
 def run_helm(*arguments: str) -> subprocess.CompletedProcess[str]:
@@ -647,16 +625,6 @@ def test_a_changed_scheduler_configuration_rolls_gpu_scheduler() -> None:
 
 
 # ---- protocol hami: the objects of manifests/hami/ -----------------------------------------------------------
-
-
-def kubectl() -> str:
-    """kubectl for `kubectl kustomize` (manifests/hami/ is patches): skip without it when Go is absent, fail when
-    Go is there (make test builds it with the control plane)."""
-    if KUBECTL is not None:
-        return KUBECTL
-    if go_toolchain() is None:
-        pytest.skip("HAMi chart tests skipped: no kubectl to build manifests/hami/, and no Go toolchain to build it")
-    pytest.fail("HAMi chart tests: no kubectl; run `bash tests/e2e/build.sh` (or `make test`)", pytrace=False)
 
 
 @functools.cache

@@ -2,8 +2,10 @@
 the schemas), the extender's RBAC exactly what it needs, the scheduler configurations exactly what
 `extender scheduler-config` renders and what the contract asks, and the pods locked down.
 
-Kustomize is not run: the few things it adds (the generated ConfigMap of the second scheduler, the namespace)
-are rebuilt here from the kustomization files, which are read as data.
+The checks read the files as data, rebuilding the few things kustomize adds (the generated ConfigMap of the second
+scheduler, the namespace) from the kustomization files; `kubectl kustomize`, the pinned kubectl of
+tests/e2e/build.sh (tests/gotools.py: built where Go is installed, skipped only without Go), then builds each
+folder and must give exactly those objects.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import json
 import os
 import posixpath
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,6 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate_utils
 
-from devtools.cluster.layout import Paths
 from extender import cli
 from extender import settings as settings_module
 from extender.service.pages import build_health_server
@@ -36,6 +36,7 @@ from extender.sources.kube.writes import LEADER_LABEL
 from extender.tools.schedconfig import Wiring, go_duration, render
 from tests.builders import make_cluster
 from tests.conftest import make_service
+from tests.gotools import kubectl
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests"
 NAMESPACE = "gpu-extender"
@@ -320,18 +321,10 @@ def test_kustomizations_name_every_manifest_of_their_folder() -> None:
         assert listed == present, f"{folder.relative_to(MANIFESTS)}/kustomization.yaml"
 
 
-KUBECTL = shutil.which("kubectl") or next(
-    (str(path) for path in [Paths().binaries / "kubectl"] if os.access(path, os.X_OK)), None
-)
-"""kubectl on PATH, else the one tests/e2e/build.sh builds (make test builds it wherever Go is)."""
-
-
-@pytest.mark.skipif(KUBECTL is None, reason="no kubectl: the kustomizations are only read as data")
 @pytest.mark.parametrize("folder", ["base", "cert-manager", "second-scheduler"])  # hami/: patches, checked below
 def test_kustomize_builds_the_objects_checked_here(folder: str) -> None:
-    assert KUBECTL is not None
     built = subprocess.run(
-        [KUBECTL, "kustomize", str(MANIFESTS / folder)], capture_output=True, text=True, timeout=60, check=True
+        [kubectl(), "kustomize", str(MANIFESTS / folder)], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     unhashed = re.sub(r"\b(gpu-scheduler-config)-[a-z0-9]{10}\b", r"\1", built)
     in_folder = [doc.body for doc in documents() if posixpath.dirname(doc.path) == folder]
