@@ -70,12 +70,14 @@ helm-build:
 # What the node tier (tests/node) and `make cluster` need besides the e2e tier's binaries: Debian's containerd,
 # runc, CNI plugins, iptables, buildah (devtools/cluster/packages.sh, as root), and the images the manifests name,
 # built from their sources and cached (image/node-images.sh, image/cert-manager.sh: about ten minutes the first
-# time, seconds after).
+# time, seconds after), and gpushare-scheduler-extender's for the migration tests (image/peer-images.sh: its source
+# cloned from GitHub once, about four minutes the first time).
 # Not root: it says the node tier is skipped.
 node-build: e2e-build helm-build
 	bash devtools/cluster/packages.sh
 	bash image/node-images.sh
 	bash image/cert-manager.sh
+	bash image/peer-images.sh
 
 test: lint e2e-build helm-build node-build
 	$(BIN)/pytest -q

@@ -250,7 +250,9 @@ def proxy(paths: Paths) -> list[str]:
         "hostnameOverride": NODE_NAME,
         "healthzBindAddress": f"{NODE_IP}:10256",
         "metricsBindAddress": "127.0.0.1:10249",
-        "nodePortAddresses": ["primary"],
+        # NodePorts on every address of the node, 127.0.0.1 included (kube-proxy's default, and kubeadm's): what
+        # gpushare-scheduler-extender's install relies on (kube-scheduler calls it at 127.0.0.1:32766).
+        "nodePortAddresses": [],
         # Leave the conntrack table's size and timeouts as the kernel has them (some are not the namespace's).
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
     }
