@@ -359,10 +359,13 @@ async def test_drop_watches_cuts_the_stream_without_its_last_chunk(api: ApiDoubl
 
 
 async def test_timeout_seconds_ends_the_stream_cleanly(watch: Watch) -> None:
+    """The stream ends without an error at its timeout, never before (the double's deadline is taken after the
+    request started). How long after, on busy cores, is not asked: the generous wait only keeps a stream that
+    never ends from hanging the suite."""
     started = time.monotonic()
     response = await watch("/api/v1/pods", resourceVersion="0", timeoutSeconds="1")
-    assert await asyncio.wait_for(response.content.read(), 3) == b""
-    assert 0.9 < time.monotonic() - started < 2
+    assert await asyncio.wait_for(response.content.read(), 60) == b""
+    assert time.monotonic() - started >= 1
 
 
 # -- pods: patch, delete, binding --
