@@ -499,49 +499,73 @@ class Bench:
     @contextlib.contextmanager
     def hami_scheduler(self, built: peers.Built) -> Iterator[None]:
         """hami-scheduler and its kube-scheduler in the node's network namespace, stopped at the end."""
-        from devtools.cluster.layout import NODE_NAME
-        from devtools.cluster.network import in_node
-
-        peer = NodeHamiScheduler(built.binary, self.workdir, self.paths.kubeconfig("admin"))
-        scheduler: subprocess.Popen[bytes] | None = None
-        say(f"starting hami-scheduler ({built.binary.name}) and its kube-scheduler in the node's network namespace")
         try:
-            peer.start()
-            self.operator.wait(lambda: not peer.settled([self.operator.get("node", NODE_NAME)]),
-                               f"{peer.name}'s handshake on {NODE_NAME}", NODE_WAIT)  # fmt: skip
-            config = yaml.safe_load(peer.config(SCHEDULER_NAME["hami"]))
-            config["clientConnection"] = {"kubeconfig": str(self.paths.kubeconfig("scheduler"))}
-            config_file = self.workdir / "hami-kube-scheduler.yaml"
-            config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-            (port,) = in_node_ports(1)
-            kubeconfig = self.paths.kubeconfig("scheduler")
-            argv = [
-                str(self.paths.binaries / "kube-scheduler"), f"--config={config_file}", "--leader-elect=false",
-                f"--secure-port={port}", "--bind-address=127.0.0.1", f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}", "--profiling=false", "--v=1",
-            ]  # fmt: skip
-            with (self.workdir / "hami-kube-scheduler.log").open("wb") as log:
-                scheduler = subprocess.Popen(in_node(*argv), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)  # fmt: skip
-            readyz = in_node("curl", "-sk", "--max-time", "2", f"https://127.0.0.1:{port}/readyz")
-            deadline = time.monotonic() + NODE_WAIT
-            while subprocess.run(readyz, capture_output=True, text=True, check=False).stdout.strip() != "ok":
-                if scheduler.poll() is not None or time.monotonic() > deadline:
-                    raise BurstError(f"hami-scheduler's kube-scheduler not ready; its log: {log.name}")
-                time.sleep(0.25)
-            yield
+            with (
+                hami_extender(self.operator, built, self.workdir) as peer,
+                hami_kube_scheduler(self.operator, peer, self.workdir),
+            ):
+                yield
         finally:
             self.operator.kubectl("delete", "pods", "-l", LABEL, "--wait=true", "--timeout=180s", check=False)
-            if scheduler is not None:
-                stop_process(scheduler)
-            peer.stop()
-            if peer.crashes or (peer.popen is not None and peer.popen.returncode not in (0, -signal.SIGTERM)):
-                print(f"hami-scheduler exited during the runs: {peer.crashes}; its log: {peer.log}", file=sys.stderr)
 
 
 @contextlib.contextmanager
-def node_prepared(operator: Any, protocol: str, workdir: Path) -> Iterator[None]:
-    """The device-plugin double of `protocol` with `GPUS` GPUs, and afterwards the one that ran before (its own
+def hami_extender(operator: Any, built: peers.Built, workdir: Path) -> Iterator[NodeHamiScheduler]:
+    """hami-scheduler (HAMi's extender, as its chart's Deployment runs it, the webhook off) in the node's network
+    namespace, once it has shaken hands with the node's device plugin; stopped at the end."""
+    from devtools.cluster.layout import NODE_NAME
+
+    peer = NodeHamiScheduler(built.binary, workdir, operator.paths.kubeconfig("admin"))
+    say(f"starting hami-scheduler ({built.binary.name}) in the node's network namespace")
+    try:
+        peer.start()
+        operator.wait(lambda: not peer.settled([operator.get("node", NODE_NAME)]),
+                      f"{peer.name}'s handshake on {NODE_NAME}", NODE_WAIT)  # fmt: skip
+        yield peer
+    finally:
+        peer.stop()
+        if peer.crashes or (peer.popen is not None and peer.popen.returncode not in (0, -signal.SIGTERM)):
+            print(f"hami-scheduler exited during the runs: {peer.crashes}; its log: {peer.log}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def hami_kube_scheduler(operator: Any, peer: NodeHamiScheduler, workdir: Path) -> Iterator[None]:
+    """The kube-scheduler of hami-scheduler's Deployment (answering to `hami-scheduler`, calling `peer` as its
+    chart wires it) in the node's network namespace, once ready; stopped at the end."""
+    from devtools.cluster.network import in_node
+
+    paths = operator.paths
+    scheduler: subprocess.Popen[bytes] | None = None
+    try:
+        config = yaml.safe_load(peer.config(SCHEDULER_NAME["hami"]))
+        config["clientConnection"] = {"kubeconfig": str(paths.kubeconfig("scheduler"))}
+        config_file = workdir / "hami-kube-scheduler.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        (port,) = in_node_ports(1)
+        kubeconfig = paths.kubeconfig("scheduler")
+        argv = [
+            str(paths.binaries / "kube-scheduler"), f"--config={config_file}", "--leader-elect=false",
+            f"--secure-port={port}", "--bind-address=127.0.0.1", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}", "--profiling=false", "--v=1",
+        ]  # fmt: skip
+        with (workdir / "hami-kube-scheduler.log").open("ab") as log:
+            scheduler = subprocess.Popen(in_node(*argv), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)  # fmt: skip
+        readyz = in_node("curl", "-sk", "--max-time", "2", f"https://127.0.0.1:{port}/readyz")
+        deadline = time.monotonic() + NODE_WAIT
+        while subprocess.run(readyz, capture_output=True, text=True, check=False).stdout.strip() != "ok":
+            if scheduler.poll() is not None or time.monotonic() > deadline:
+                raise BurstError(f"hami-scheduler's kube-scheduler not ready; its log: {log.name}")
+            time.sleep(0.25)
+        yield
+    finally:
+        if scheduler is not None:
+            stop_process(scheduler)
+
+
+@contextlib.contextmanager
+def node_prepared(operator: Any, protocol: str, workdir: Path, gpus_count: int = GPUS) -> Iterator[None]:
+    """The device-plugin double of `protocol` with `gpus_count` GPUs, and afterwards the one that ran before (its own
     GPUs file) and the node's `hami.io/` annotations as they were."""
     from devtools.cluster import addons, processes
     from devtools.cluster.layout import NODE_NAME
@@ -551,9 +575,9 @@ def node_prepared(operator: Any, protocol: str, workdir: Path) -> Iterator[None]
     before_plugin = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid else []
     flags = dict(arg.decode().split("=", 1) for arg in before_plugin if arg.startswith(b"--") and b"=" in arg)
     before = _annotations(operator.get("node", NODE_NAME))
-    gpus = workdir / f"gpus-{protocol}-{GPUS}.yaml"
-    gpus.write_text(gpus_file(protocol))
-    say(f"device-plugin double: {protocol}, {GPUS} GPUs ({gpus})")
+    gpus = workdir / f"gpus-{protocol}-{gpus_count}.yaml"
+    gpus.write_text(gpus_file(protocol, gpus_count))
+    say(f"device-plugin double: {protocol}, {gpus_count} GPUs ({gpus})")
     try:
         addons.start_device_plugin(paths, protocol, gpus)
         yield

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The image of the scheduler extender our users move from, for the node tier's migration tests
-# (tests/node/test_migration.py, docs/install/from-gpushare.md): gpushare-scheduler-extender, built here from its
-# source at the commit the placement bench measures, since no registry is reachable.
+# The scheduler extenders our users move from, for the node tier's migration tests (tests/node/test_migration.py,
+# docs/migrate/): gpushare-scheduler-extender's image, built here from its source at the commit the placement bench
+# measures, since no registry is reachable; and HAMi's source at v2.10.0, from which the tests build hami-scheduler
+# as the placement bench does (bench/placement/peers.py: `go build`, cgo, cached by a digest of its Go files) and run
+# it as its chart runs it.
 #
 #   image/peer-images.sh            build it when missing or out of date (as root), check it, write the index
 #   image/peer-images.sh check      also import it into a throwaway containerd when nothing was rebuilt
@@ -17,6 +19,9 @@
 # clone of GPUSHARE_EXTENDER_GIT (default https://github.com/AliyunContainerService/gpushare-scheduler-extender) at
 # that commit, made once; the Go module proxy does not serve this module, so a machine that has never cloned it
 # needs GitHub (or GPUSHARE_EXTENDER_GIT naming a clone or mirror) once.
+#
+# HAMi's source: <cache>/peers/src/HAMi-v2.10.0, a clone of HAMI_GIT (default https://github.com/Project-HAMi/HAMi)
+# at v2.10.0 (commit 4707fb02), made once (the module proxy does not serve it either).
 #
 # Output: <cache>/node-images/gpushare-schd-extender.{tar,stamp} and index-peers (`name<TAB>archive`, read by
 # devtools/cluster like node-images.sh's index). Not root: it says the node tier will be skipped and exits 0.
@@ -42,10 +47,14 @@ index="$node_images/index-peers"
 source_dir="$(dirname "$node_images")/peers/src/gpushare-scheduler-extender-$short"
 git_url="${GPUSHARE_EXTENDER_GIT:-https://github.com/AliyunContainerService/gpushare-scheduler-extender}"
 
+hami_commit=4707fb02c91c545bc7343ce26dba4c32919f9a3e
+hami_dir="$(dirname "$node_images")/peers/src/HAMi-v2.10.0"
+hami_url="${HAMI_GIT:-https://github.com/Project-HAMi/HAMi}"
+
 if [[ "$action" == clean ]]; then
     remove_buildah_storage
-    rm -rf "$node_images/$archive.tar" "$node_images/$archive.stamp" "$index" "$source_dir" "$work"
-    echo "peer-images: removed $archive's archive, stamp, index and source"
+    rm -rf "$node_images/$archive.tar" "$node_images/$archive.stamp" "$index" "$source_dir" "$hami_dir" "$work"
+    echo "peer-images: removed $archive's archive, stamp, index and source, and HAMi's source"
     exit 0
 fi
 
@@ -53,18 +62,25 @@ need_tools buildah git apt-get dpkg-deb unshare
 need_go gpushare-scheduler-extender
 trap clean_up EXIT
 
-# --- Its source, at the pinned commit ------------------------------------------------------------------------------
-if [[ "$(git -C "$source_dir" rev-parse HEAD 2>/dev/null || true)" != "$commit" ]]; then
-    echo "peer-images: cloning $git_url into $source_dir"
-    rm -rf "$source_dir"
-    mkdir -p "$(dirname "$source_dir")"
-    git clone --quiet "$git_url" "$source_dir.partial" || {
-        echo "peer-images: cannot clone $git_url: set GPUSHARE_EXTENDER_GIT to a clone of it" >&2
+# --- The sources, at the pinned commits -----------------------------------------------------------------------------
+# clone_at DIR URL COMMIT VARIABLE: DIR holds URL's tree at COMMIT (cloned once; VARIABLE names the override).
+clone_at() {
+    local dir="$1" url="$2" want="$3" variable="$4"
+    if [[ "$(git -C "$dir" rev-parse HEAD 2>/dev/null || true)" == "$want" ]]; then
+        return 0
+    fi
+    echo "peer-images: cloning $url into $dir"
+    rm -rf "$dir" "$dir.partial"
+    mkdir -p "$(dirname "$dir")"
+    git clone --quiet "$url" "$dir.partial" || {
+        echo "peer-images: cannot clone $url: set $variable to a clone of it" >&2
         exit 1
     }
-    git -C "$source_dir.partial" checkout --quiet "$commit"
-    mv "$source_dir.partial" "$source_dir"
-fi
+    git -C "$dir.partial" checkout --quiet "$want"
+    mv "$dir.partial" "$dir"
+}
+clone_at "$source_dir" "$git_url" "$commit" GPUSHARE_EXTENDER_GIT
+clone_at "$hami_dir" "$hami_url" "$hami_commit" HAMI_GIT
 
 # --- Build when its inputs changed --------------------------------------------------------------------------------
 sha() { sha256sum | cut -d' ' -f1; }

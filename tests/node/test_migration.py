@@ -21,10 +21,12 @@ from typing import Any
 import pytest
 import yaml
 
+from bench import node_burst
+from bench.placement import peers
 from devtools.cluster.layout import NODE_NAME, REPOSITORY, cache_root
 from tests.node.operator import Operator, commands
 from tests.node.test_install import DOCS, WORKLOAD_IMAGE, inspect_output, uninstall
-from tests.node.test_operations import judge, unschedulable
+from tests.node.test_operations import judge, plugin_records, unschedulable
 
 GUIDE = DOCS / "migrate" / "from-gpushare.md"
 PEER_IMAGE = "localhost/gpushare-schd-extender:c0b6141"
@@ -208,3 +210,95 @@ def example(workdir: Path) -> Path:
     path = workdir / "gpu-pod.yaml"
     path.write_text(yaml.safe_dump(pod))
     return path
+
+
+# ---- from hami-scheduler ------------------------------------------------------------------------------------
+
+HAMI_GUIDE = DOCS / "migrate" / "from-hami.md"
+HAMI_SOURCE = cache_root() / "peers" / "src" / "HAMi-v2.10.0"
+"""image/peer-images.sh's clone of HAMi at v2.10.0: hami-scheduler is built from it as the placement bench builds it
+(`peers.build`, cached by a digest of its Go files)."""
+
+
+def hami_pod(name: str, mib: int) -> dict[str, Any]:
+    """A pod asking `mib` MiB of one GPU, as HAMi's admission webhook leaves it (schedulerName hami-scheduler,
+    nvidia.com/gpu: 1): the webhook is off here, so the pod says both itself."""
+    pod = gpushare_pod(name, 0)
+    pod["spec"]["schedulerName"] = "hami-scheduler"
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(mib)}}
+    return pod
+
+
+def judge_hami(cluster: Operator) -> None:
+    """bench/node_burst.py's judge in HAMi's protocol: no GPU over its memory or split count by the pods' annotations
+    nor by the plugin's record, the two naming the same GPUs, every pod bind-phase success, none refused or served
+    twice."""
+    pods = [
+        pod
+        for pod in cluster.get("pods", "-A")["items"]
+        if pod["spec"].get("nodeName") == NODE_NAME and pod["status"].get("phase") not in ("Succeeded", "Failed")
+    ]
+    problems = node_burst.judge_hami(pods, plugin_records(cluster), node_burst.GPU_MIB, node_burst.SPLIT_COUNT)
+    assert not problems, problems
+
+
+def hami_guide(heading: str) -> list[str]:
+    return commands(HAMI_GUIDE, heading)
+
+
+def test_from_hami_scheduler_to_us_and_back(cluster: Operator, workdir: Path) -> None:
+    """Two GPUs of 16 GiB (HAMi's device-plugin double, its chart's node settings). hami-scheduler, built from
+    source, runs as its chart's Deployment does (the webhook off; its kube-scheduler a process beside it, which
+    the guide's `helm upgrade ... kubeScheduler.enabled=false|true` stops and starts) and places three pods of
+    5 GiB; the guide moves the cluster to us (three more, created while no scheduler answers to hami-scheduler,
+    wait and are placed); the way back returns it to hami-scheduler, which must count ours: two pods of 1 GiB fit,
+    one of 2 GiB must wait."""
+    built = peers.build(peers.HAMI, HAMI_SOURCE)
+    first, second, third = [f"by-hami-{n}" for n in range(3)], [f"by-us-{n}" for n in range(3)], ["back-0", "back-1"]
+    with (
+        node_burst.node_prepared(cluster, "hami", workdir, gpus_count=2),
+        node_burst.hami_extender(cluster, built, workdir) as peer,
+    ):
+        try:
+            with node_burst.hami_kube_scheduler(cluster, peer, workdir):
+                create(cluster, *(hami_pod(name, 5120) for name in first))
+                before = containers(running(cluster, first))
+                judge_hami(cluster)
+
+                (see,) = hami_guide("1. See where you stand")
+                listed = cluster.run(see)
+                assert all(name in listed for name in first), listed
+                (install,) = hami_guide("2. Install the extender beside it")
+                cluster.run(install)
+                held = inspect_output(cluster)
+                assert all(name in held for name in first), f"extender inspect does not show HAMi's pods:\n{held}"
+                (stop,) = hami_guide("3. Stop hami-scheduler's kube-scheduler")
+                assert "--set scheduler.kubeScheduler.enabled=false" in stop
+            # Step 3 done (its kube-scheduler stopped): pods created now wait, no scheduler answers to hami-scheduler.
+            create(cluster, *(hami_pod(name, 5120) for name in second))
+            (ours,) = hami_guide("4. Run a kube-scheduler answering to hami-scheduler")
+            cluster.run(ours)
+            pods = running(cluster, first + second)
+            assert containers({name: pods[name] for name in first}) == before, "a running pod was touched"
+            judge_hami(cluster)
+
+            (stop_ours,) = hami_guide("1. Stop the extender's scheduler")
+            cluster.run(stop_ours)
+            (start_theirs,) = hami_guide("2. Start hami-scheduler's kube-scheduler again")
+            assert "--set scheduler.kubeScheduler.enabled=true" in start_theirs
+            with node_burst.hami_kube_scheduler(cluster, peer, workdir):
+                (removed,) = hami_guide("3. Remove the extender")
+                cluster.run(removed)
+                create(cluster, *(hami_pod(name, 1024) for name in third))
+                pods = running(cluster, first + second + third)
+                assert containers({name: pods[name] for name in first}) == before, "a running pod was touched"
+                create(cluster, hami_pod("back-too-big", 2048))
+                cluster.wait(
+                    lambda: unschedulable(cluster.get("pod", "back-too-big")),
+                    "the 2 GiB pod Unschedulable (no GPU has 2 GiB left once what we placed is counted)",
+                    timeout=120,
+                )
+                judge_hami(cluster)
+        finally:
+            cluster.kubectl("delete", "pods", "-l", LABEL, "--wait=true", "--timeout=120s", check=False)
+            uninstall(cluster, ["manifests/hami/second-scheduler/", "manifests/hami/"])
