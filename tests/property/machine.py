@@ -1,0 +1,258 @@
+"""The state machine the cache, the ledger and the placement arrays are driven by, for either device protocol.
+
+Rules make what a cluster does: nodes added, re-registered, made NotReady and back, removed; pods created, filtered
+and bound by the ledger (the bind accepted, failed, or lost in a way that may have landed), shown by the watch on
+time or late, finished, deleted, and their deletion followed by a stale event; reservations taken at random (often
+ones that must be refused), released and expired. After every step the incremental state equals one built afresh
+from the objects the cache was shown (`fresh.py`), and nothing is over capacity or overlaps.
+
+A protocol's machine (`test_gpushare_machine.py`, `test_hami_machine.py`) says how its nodes, pods and random
+allocations are drawn.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from extender.core.cache import Cache
+from extender.core.holds import Allocation
+from extender.core.ledger import Ledger
+from extender.core.placement.config import PolicyConfig, ask_of
+from extender.core.placement.learned import Learned
+from extender.core.placement.placer import Placer
+from extender.core.placement.workload import Workload, shape_of
+from extender.core.pods import pod_record
+from extender.core.protocols import DeviceProtocol
+from tests.builders import FakeClock
+from tests.property.fresh import (
+    arrays_differences,
+    cache_differences,
+    fresh_placer,
+    outcome_of,
+    rebuilt,
+    workload_differences,
+)
+
+NODE_NAMES = tuple(f"n{number}" for number in range(6))
+TTL = 30.0
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """One cache, its ledger and what placement learns of it, against the objects it was shown. Subclasses give
+    the protocol and draw its objects (`node`, `pod`, `random_allocation`)."""
+
+    protocol: DeviceProtocol
+    config = PolicyConfig()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.cache = Cache(self.protocol, clock=self.clock)
+        self.learned = Learned(self.cache)
+        self.placer = Placer(self.cache, self.config, self.learned)
+        self.ledger = Ledger(self.cache, TTL, self.clock)
+        self.nodes: dict[str, dict[str, Any]] = {}
+        """The nodes as the API (and the cache: node events are shown at once) has them."""
+        self.api: dict[str, dict[str, Any]] = {}
+        """Pods as the API has them, by UID."""
+        self.shown: dict[str, dict[str, Any]] = {}
+        """Pods as the cache was last shown them, by UID (what a cache built afresh is built from)."""
+        self.gone: dict[str, dict[str, Any]] = {}
+        """Pods deleted, as last shown: a late event of one must change nothing."""
+        self.expected = Workload()
+        """The workload the cache's pods teach, observed here as each first shows."""
+        self.drawn: dict[str, dict[str, Any]] = {}
+        """The last node drawn by each name (a node deleted comes back as it was while pods hold GPUs there)."""
+        self.needs: set[int] = set()
+        self.names = 0
+
+    # -- what a protocol draws
+
+    def node(self, data: st.DataObject, name: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def pod(self, data: st.DataObject, name: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def random_allocation(self, data: st.DataObject, uid: str, key: str, node: str) -> Allocation:
+        raise NotImplementedError
+
+    # -- showing objects to the cache
+
+    def show(self, uid: str, deleted: bool = False) -> None:
+        pod = self.api[uid]
+        record = pod_record(pod, self.protocol)
+        if not deleted and not record.finished and uid not in self.cache.pods and uid not in self.gone:
+            self.expected.observe(shape_of(record.demand, record.cpu, record.memory, record.models), self.clock())
+        self.cache.apply_pod(pod, deleted)
+        if deleted:
+            self.gone[uid] = self.shown.pop(uid, pod)
+            del self.api[uid]
+        else:
+            self.shown[uid] = pod
+
+    def pending(self) -> list[str]:
+        return sorted(uid for uid, pod in self.api.items() if not pod["spec"].get("nodeName"))
+
+    # -- nodes
+
+    @initialize(data=st.data(), count=st.integers(min_value=2, max_value=len(NODE_NAMES)))
+    def a_cluster(self, data: st.DataObject, count: int) -> None:
+        """A few nodes to start with (rows of one kind are then many), and the pods the cache lists first."""
+        for name in NODE_NAMES[:count]:
+            self.register_node(data, name)
+        for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
+            self.create_pod(data, shown=True)
+
+    @rule(data=st.data(), name=st.sampled_from(NODE_NAMES))
+    def register_node(self, data: st.DataObject, name: str) -> None:
+        """A node joins, or re-registers with other GPUs: the same ones while pods hold GPUs there (a node whose GPUs
+        shrink under its pods is over capacity by no decision of ours), or NotReady or back."""
+        state = self.cache.nodes.get(name)
+        if state is not None and state.holds:
+            node = copy.deepcopy(self.drawn[name])
+            node["status"]["conditions"] = [{"type": "Ready", "status": data.draw(st.sampled_from(("True", "False")))}]
+        else:
+            node = self.drawn[name] = self.node(data, name)
+        self.nodes[name] = node
+        self.cache.apply_node(node)
+
+    @precondition(lambda self: self.nodes)
+    @rule(data=st.data(), ready=st.booleans())
+    def set_ready(self, data: st.DataObject, ready: bool) -> None:
+        name = data.draw(st.sampled_from(sorted(self.nodes)))
+        node = self.nodes[name] = copy.deepcopy(self.nodes[name])
+        node["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+        self.cache.apply_node(node)
+
+    @precondition(lambda self: self.nodes)
+    @rule(data=st.data())
+    def remove_node(self, data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(sorted(self.nodes)))
+        self.cache.apply_node(self.nodes.pop(name), deleted=True)
+
+    # -- pods
+
+    @rule(data=st.data(), shown=st.booleans())
+    def create_pod(self, data: st.DataObject, shown: bool) -> None:
+        self.names += 1
+        pod = self.pod(data, f"p{self.names}")
+        uid = pod["metadata"]["uid"]
+        self.api[uid] = pod
+        if shown:
+            self.show(uid)
+
+    @precondition(lambda self: self.pending() and self.nodes)
+    @rule(data=st.data(), outcome=st.sampled_from(("accepted", "failed", "landed", "lost")))
+    def filter_and_bind(self, data: st.DataObject, outcome: str) -> None:
+        """The filter's answer equals a fresh cache's; the bind of the node it passes reserves the GPUs the policy
+        chooses, and its binding is accepted, fails, or fails uncertainly having landed or not."""
+        uid = data.draw(st.sampled_from(self.pending()))
+        pod = self.api[uid]
+        demand = self.protocol.pod_demand(pod)
+        ask = ask_of(pod, demand)
+        if demand.plain and demand.devices == 1:
+            self.needs.add(demand.per_device)
+        names = sorted(self.nodes)
+        fresh = rebuilt(self.protocol, self.clock, self.nodes.values(), self.shown.values(), self.cache)
+        expected = outcome_of(fresh_placer(fresh, self.learned, self.config), ask, names)
+        found = outcome_of(self.placer, ask, names)
+        assert found == expected, f"filter of {uid}: {found} kept, {expected} afresh"
+        passed = found[0]
+        if not passed:
+            return
+        node = data.draw(st.sampled_from(passed))
+        state = self.cache.nodes[node]
+        placement = self.placer.choose(demand, state, ask)
+        if placement is None:
+            return
+        key = f"default/{pod['metadata']['name']}"
+        allocation = Allocation(uid, key, node, placement.containers, placement.init_containers)
+        assert self.ledger.reserve(allocation) is None, f"{allocation} chosen on {node}, refused by the ledger"
+        if outcome == "failed":
+            self.ledger.release(uid)
+            return
+        if outcome in ("accepted", "landed"):
+            bound = self.api[uid] = copy.deepcopy(pod)
+            bound["spec"]["nodeName"] = node
+            annotations = self.protocol.allocation_annotations(allocation, state.devices, self.clock())
+            bound["metadata"]["annotations"] = {**bound["metadata"]["annotations"], **annotations}
+        if outcome == "accepted":
+            self.ledger.mark_bound(uid)
+        else:
+            self.ledger.mark_uncertain(uid)
+
+    @precondition(lambda self: any(self.api[uid] is not self.shown.get(uid) for uid in self.api))
+    @rule(data=st.data())
+    def watch_shows(self, data: st.DataObject) -> None:
+        """The watch shows a pod as the API has it now (late, after the bind, or after a TTL expired)."""
+        uid = data.draw(st.sampled_from(sorted(uid for uid in self.api if self.api[uid] is not self.shown.get(uid))))
+        self.show(uid)
+
+    @precondition(lambda self: any(pod["spec"].get("nodeName") for pod in self.api.values()))
+    @rule(data=st.data())
+    def finish_pod(self, data: st.DataObject) -> None:
+        uid = data.draw(st.sampled_from(sorted(uid for uid, pod in self.api.items() if pod["spec"].get("nodeName"))))
+        finished = self.api[uid] = copy.deepcopy(self.api[uid])
+        finished["status"]["phase"] = data.draw(st.sampled_from(("Succeeded", "Failed")))
+        self.show(uid)
+
+    @precondition(lambda self: self.api)
+    @rule(data=st.data())
+    def delete_pod(self, data: st.DataObject) -> None:
+        self.show(data.draw(st.sampled_from(sorted(self.api))), deleted=True)
+
+    @precondition(lambda self: self.gone)
+    @rule(data=st.data())
+    def stale_event(self, data: st.DataObject) -> None:
+        """An event for a pod older than its deletion arrives after it (a relist or a read that crossed it)."""
+        self.cache.apply_pod(self.gone[data.draw(st.sampled_from(sorted(self.gone)))])
+
+    # -- reservations
+
+    @precondition(lambda self: self.nodes)
+    @rule(data=st.data())
+    def reserve_at_random(self, data: st.DataObject) -> None:
+        """A reservation of GPUs drawn at random, for a pending pod or one the cache has not seen: the ledger
+        takes it if it fits, and the invariants say whether it should have."""
+        candidates = [uid for uid in self.pending() if (hold := self.cache.hold_of(uid)) is None or not hold.observed]
+        self.names += 1
+        uid = data.draw(st.sampled_from([*candidates, f"uid-unseen-{self.names}"]))
+        node = data.draw(st.sampled_from(sorted(self.nodes)))
+        key = f"default/{self.api[uid]['metadata']['name']}" if uid in self.api else f"default/unseen-{self.names}"
+        self.ledger.reserve(self.random_allocation(data, uid, key, node))
+
+    @precondition(lambda self: self.cache.reserved)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        uid = data.draw(st.sampled_from(sorted(self.cache.reserved)))
+        landed = self.api.get(uid, {}).get("spec", {}).get("nodeName")
+        if not landed:  # a definite failure: nothing was written
+            self.ledger.release(uid)
+
+    @rule(seconds=st.sampled_from((1.0, 10.0, TTL + 1)))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.ledger.expire()
+
+    @rule()
+    def measure_every_node(self) -> None:
+        """The policy measures every node (what a filter does for those it narrows), and remembers each."""
+        for state in list(self.cache.nodes.values()):
+            if state.known:
+                self.learned.measure(state)
+
+    # -- after every step
+
+    @invariant()
+    def equals_a_cache_built_afresh(self) -> None:
+        fresh = rebuilt(self.protocol, self.clock, self.nodes.values(), self.shown.values(), self.cache)
+        problems = cache_differences(self.cache, fresh, sorted(self.needs))
+        fresh_learned = Learned(fresh)
+        problems += arrays_differences(self.learned, fresh_learned)
+        problems += workload_differences(self.learned, self.expected)
+        assert not problems, "\n".join(problems)
