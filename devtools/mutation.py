@@ -39,11 +39,15 @@ class Area:
     tests: tuple[str, ...]
 
 
+CORE_TESTS = ("tests/core", "tests/property", "tests/reference")
+"""The core's unit tests, its property tests and its independent references (those present): mutmut runs a
+mutant against those that reach its function, fastest first, and stops at the first failure."""
+
 AREAS = (
-    Area("ledger", ("extender/core/ledger.py",), ("tests/core",)),
-    Area("mig", ("extender/core/mig.py",), ("tests/core",)),
-    Area("placement", ("extender/core/placement/*.py",), ("tests/core",)),
-    Area("protocols", ("extender/core/protocols/*.py",), ("tests/core",)),
+    Area("ledger", ("extender/core/ledger.py",), CORE_TESTS),
+    Area("mig", ("extender/core/mig.py",), CORE_TESTS),
+    Area("placement", ("extender/core/placement/*.py",), CORE_TESTS),
+    Area("protocols", ("extender/core/protocols/*.py",), CORE_TESTS),
 )
 
 KILLED = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout"}
