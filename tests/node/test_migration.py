@@ -164,6 +164,15 @@ def test_from_gpushare_to_us_and_back(cluster: Operator, workdir: Path) -> None:
         # The guide, back: the check passes (no pod on several GPUs), gpushare's extender again, kube-scheduler
         # back to its file, ours removed.
         (can_count,) = guide("1. Check that gpushare's extender can count every pod")
+        # What `gpushare_several_gpus: bind` leaves: a pod whose GPUs only our annotation records. The check names
+        # it and fails while it exists (its scheduler does not exist, so it stays Pending and never runs).
+        several = gpushare_pod("on-two-gpus", 2)
+        several["metadata"]["annotations"] = {"gpu-extender.io/device-indexes": "0,1"}
+        several["spec"]["schedulerName"] = "nobody"
+        create(cluster, several)
+        with pytest.raises(AssertionError, match="on several GPUs: default/on-two-gpus"):
+            cluster.run(can_count)
+        cluster.kubectl("delete", "pod", "on-two-gpus", "--wait=true")
         cluster.run(can_count)
         (again,) = guide("2. Put gpushare's extender back")
         cluster.run(again.replace("gpushare-schd-extender.yaml", str(workdir / "gpushare-schd-extender.yaml")))
