@@ -10,6 +10,9 @@ that is always overridden, a bound that a guard above already enforces), listed 
 beside this file with the reason; an entry names the mutant and the mutated line, and lapses when that line no
 longer matches, so an edited function is judged afresh. The share is killed over mutants less equivalents; the
 command fails when an area is under `--threshold`. Never part of `make test`: minutes, not seconds.
+
+Each run keeps every mutant's outcome in ~/.cache/gpu-extender/mutation/AREA.json; after writing tests for the
+survivors, `--recheck` runs those alone (the others keep their outcome), in minutes: a full run is the record.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from devtools.cluster.layout import cache_root
 
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENTS = Path(__file__).resolve().parent / "mutation_equivalents.toml"
@@ -134,14 +139,26 @@ def mutated_line(diff: str) -> str:
     return ""
 
 
-def tally(work: Path, equivalents: dict[str, Equivalent], stale: list[str]) -> tuple[list[Tally], dict[str, str]]:
-    """Each mutated file's outcomes, and the diff of every mutant not killed."""
-    codes: dict[str, dict[str, int | None]] = {}
+Codes = dict[str, dict[str, int | None]]
+"""mutmut's exit code per mutant, per mutated file (`extender/core/mig.py`): None when not run."""
+
+
+def read_codes(work: Path) -> Codes:
+    codes: Codes = {}
     for meta in sorted((work / "mutants").rglob("*.py.meta")):
         by_mutant = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
         if by_mutant:
             codes[str(meta.relative_to(work / "mutants")).removesuffix(".meta")] = by_mutant
-    diff_of = diffs(work, [m for by_mutant in codes.values() for m, code in by_mutant.items() if code not in KILLED])
+    return codes
+
+
+def results_file(area: Area) -> Path:
+    """Where an area's last outcomes are kept, for `--recheck`."""
+    return cache_root() / "mutation" / f"{area.name}.json"
+
+
+def tally(codes: Codes, diff_of: dict[str, str], equivalents: dict[str, Equivalent], stale: list[str]) -> list[Tally]:
+    """Each mutated file's outcomes."""
     tallies = []
     for path, by_mutant in codes.items():
         result = Tally(path)
@@ -158,40 +175,67 @@ def tally(work: Path, equivalents: dict[str, Equivalent], stale: list[str]) -> t
             result.outcomes["no tests" if code in (5, 33) else "survived" if code == 0 else f"exit {code}"] += 1
             result.survivors.append(mutant)
         tallies.append(result)
-    return tallies, diff_of
+    return tallies
 
 
 def share(killed: int, judged: int) -> float:
     return 100.0 * killed / judged if judged else 100.0
 
 
-def run_area(area: Area, children: int, equivalents: dict[str, Equivalent], keep: bool) -> tuple[float, str]:
-    """Mutate one area in a fresh copy; print its files' tallies and its survivors' diffs; its share and the log."""
+def report(area: Area, codes: Codes, diff_of: dict[str, str], equivalents: dict[str, Equivalent], took: str) -> float:
+    """Print the area's share killed, per file, and each survivor's diff; returns the share."""
+    stale: list[str] = []
+    tallies = tally(codes, diff_of, equivalents, stale)
+    killed = sum(t.killed for t in tallies)
+    judged = sum(t.judged for t in tallies)
+    print(f"\n{area.name}: {share(killed, judged):.1f} % killed ({killed} of {judged}), {took}")
+    for t in tallies:
+        rest = ", ".join(f"{n} {k}" for k, n in sorted(t.outcomes.items()) if k != "killed")
+        print(f"  {t.path}: {share(t.killed, t.judged):.1f} % ({t.killed} of {t.judged}{'; ' + rest if rest else ''})")
+    for mutant in stale:
+        print(f"  listed as equivalent but its line changed, judged afresh: {mutant}")
+    for t in tallies:
+        for mutant in t.survivors:
+            print(f"# {mutant}\n{diff_of[mutant]}")
+    return share(killed, judged)
+
+
+def run_area(
+    area: Area, children: int, equivalents: dict[str, Equivalent], keep: bool, recheck: bool
+) -> tuple[float, str]:
+    """Mutate one area in a fresh copy (with `recheck`, only the mutants its last run left alive, the others
+    keeping their outcome); print the report; its share and the copy's path."""
+    previous: Codes = {}
+    if recheck:
+        if not results_file(area).exists():
+            print(f"{area.name}: no earlier run to recheck ({results_file(area)})")
+            return 0.0, ""
+        previous = json.loads(results_file(area).read_text(encoding="utf-8"))
+    alive = [m for by_mutant in previous.values() for m, code in by_mutant.items() if code not in KILLED]
+    if recheck and not alive:
+        return report(area, previous, {}, equivalents, "nothing left alive to recheck"), ""
     work = Path(tempfile.mkdtemp(prefix=f"mutation-{area.name}-"))
     started = time.monotonic()
     try:
         copy_tree(work, area)
-        run = mutmut(work, "run", "--max-children", str(children))
+        run = mutmut(work, "run", "--max-children", str(children), *alive)
         elapsed = time.monotonic() - started
         if run.returncode != 0 or not (work / "mutants").exists():
             print(f"{area.name}: mutmut failed ({run.returncode}):\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}")
             return 0.0, str(work)
-        stale: list[str] = []
-        tallies, diff_of = tally(work, equivalents, stale)
-        killed = sum(t.killed for t in tallies)
-        judged = sum(t.judged for t in tallies)
-        print(f"\n{area.name}: {share(killed, judged):.1f} % killed ({killed} of {judged}), {elapsed:.0f} s")
-        for t in tallies:
-            rest = ", ".join(f"{n} {k}" for k, n in sorted(t.outcomes.items()) if k != "killed")
-            print(
-                f"  {t.path}: {share(t.killed, t.judged):.1f} % ({t.killed} of {t.judged}{'; ' + rest if rest else ''})"
-            )
-        for mutant in stale:
-            print(f"  listed as equivalent but its line changed, judged afresh: {mutant}")
-        for t in tallies:
-            for mutant in t.survivors:
-                print(f"# {mutant}\n{diff_of[mutant]}")
-        return share(killed, judged), str(work)
+        codes = read_codes(work)
+        if recheck:
+            for path, by_mutant in previous.items():
+                fresh = codes.get(path, {})
+                by_mutant.update((m, fresh[m]) for m in by_mutant if m in fresh and m in alive)
+            codes = previous
+        results_file(area).parent.mkdir(parents=True, exist_ok=True)
+        results_file(area).write_text(json.dumps(codes, indent=1, sort_keys=True), encoding="utf-8")
+        diff_of = diffs(
+            work, [m for by_mutant in codes.values() for m, code in by_mutant.items() if code not in KILLED]
+        )
+        took = f"{elapsed:.0f} s" + (f" rechecking {len(alive)}" if recheck else "")
+        return report(area, codes, diff_of, equivalents, took), str(work)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -203,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-children", type=int, default=2, help="mutants run at once")
     parser.add_argument("--threshold", type=float, default=90.0, help="least share killed, in percent")
     parser.add_argument("--keep", action="store_true", help="keep each area's copy (mutmut show/browse there)")
+    parser.add_argument(
+        "--recheck", action="store_true", help="run only what the last run left alive (after new tests): minutes"
+    )
     args = parser.parse_args(argv)
     unknown = set(args.areas) - {a.name for a in AREAS}
     if unknown:
@@ -211,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     equivalents = load_equivalents()
     shares = {}
     for area in chosen:
-        shares[area.name], work = run_area(area, args.max_children, equivalents, args.keep)
+        shares[area.name], work = run_area(area, args.max_children, equivalents, args.keep, args.recheck)
         if args.keep:
             print(f"  kept: {work}")
     print("\n" + "  ".join(f"{name} {value:.1f} %" for name, value in shares.items()))

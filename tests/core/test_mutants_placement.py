@@ -1,16 +1,20 @@
 """Placement decisions that `make mutation` found unguarded (`core/placement/`): what prioritize answers under
 the fragmentation policy when it narrows (one node, several, all alike) and for a pod the policy leaves to fill;
-the one reason said for many nodes refused alike (what kube-scheduler's message counts)."""
+the one reason said for many nodes refused alike (what kube-scheduler's message counts); the general fit's
+refusals at their edges (several GPUs, equal GPUs, nothing free, MIG slices, NUMA)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from extender.core.cache import Cache
-from extender.core.devices import Demand, Request
+from extender.core.devices import Demand, Device, Request, Selectors, Strategy
 from extender.core.placement.config import Policy, PolicyConfig
 from extender.core.placement.filtering import DETAILED, FilterOutcome, same_reason, summarized
-from extender.core.placement.fit import Cause
+from extender.core.placement.fit import Cause, Judgement, Usage, place
 from tests.builders import bound_pod, make_cluster, placer_for
 from tests.core.placement.test_fragmentation import BEST, OFF, TIES, ask, node, teach
+from tests.core.test_mig import A100
 
 FILL = PolicyConfig(policy=Policy.FILL)
 
@@ -101,3 +105,97 @@ def test_more_nodes_refused_for_room_than_detailed_share_one_reason_per_cause() 
     assert {said[f"full-{number}"] for number in range(DETAILED)} == {same_reason(demand, Cause.MEMORY, "MiB")}
     del outcome.full["busy"]
     assert summarized(outcome, demand, "MiB") == outcome.failed
+
+
+# ---- the general fit's refusals (`fit.place`) -------------------------------------------------------------
+
+
+def gpus(count: int = 2, cores: int = 100, **extra: object) -> list[Device]:
+    return [Device(i, 40960, cores=cores, slots=10, uuid=f"GPU-{i}", **extra) for i in range(count)]  # type: ignore[arg-type]
+
+
+def migs(count: int = 2) -> list[Device]:
+    return [Device(i, 40960, cores=100, slots=7, uuid=f"GPU-{i}", mode="mig", profiles=A100) for i in range(count)]
+
+
+def usage(memory: list[int], cores: list[int] | None = None, slots: list[int] | None = None, **mig: Any) -> Usage:
+    count = len(memory)
+    return Usage(list(memory), list(cores or [0] * count), list(slots or [0] * count), **mig)
+
+
+def refused(demand: Demand, devices: list[Device], base: Usage) -> tuple[str, Cause]:
+    judged = place(demand, devices, base, Strategy.BINPACK, "MiB")
+    assert isinstance(judged, Judgement), judged
+    return judged.reason, judged.cause
+
+
+def test_a_pod_of_several_gpus_is_told_what_each_gpu_lacks() -> None:
+    two = Demand(2000, 2)
+    assert refused(two, gpus(), usage([0, 0], [0, 0], [10, 10])) == (
+        "needs 2 GPUs with a pod slot left each; 0 of 2 have that",
+        Cause.SLOTS,
+    )
+    assert refused(Demand(2000, 2, 100), gpus(), usage([10, 0], [0, 0], [1, 0])) == (
+        "needs 2 GPUs with no pod on them each; 1 of 2 have that",
+        Cause.EXCLUSIVE,
+    )
+    full = [[(0, 4), (4, 4)], []]
+    assert refused(Demand(10000, 2), migs(), usage([20480, 0], occupied=full)) == (
+        "needs 2 GPUs with a MIG instance that holds it free each; 1 of 2 have that",
+        Cause.SLICES,
+    )
+
+
+def test_the_largest_gpu_is_named_without_compute_when_compute_is_not_tracked() -> None:
+    assert refused(Demand(50000), gpus(cores=0), usage([0, 0])) == (
+        "needs 50000 MiB on one GPU; the largest GPU here has 40960 MiB",
+        Cause.TOO_SMALL,
+    )
+
+
+def test_a_gpu_exactly_as_large_as_the_request_could_serve_it() -> None:
+    """Full now, so refused for memory (an eviction could help), not as too small."""
+    assert refused(Demand(40960), gpus(), usage([1, 1])) == (
+        "needs 40960 MiB on one GPU; largest free is 40959 MiB (GPU 0 of 2)",
+        Cause.MEMORY,
+    )
+    assert refused(Demand(20480), migs(1), usage([0], occupied=[[(0, 4), (4, 4)]]))[1] is Cause.SLICES
+
+
+def test_the_numa_refusal_says_what_no_numa_node_has() -> None:
+    devices = [Device(i, 40960, cores=100, slots=10, uuid=f"GPU-{i}", numa=i // 2) for i in range(4)]
+    demand = Demand(2000, 2, selectors=Selectors(numa_bind=True))
+    assert refused(demand, devices, usage([0, 40000, 40000, 0])) == (
+        "needs 2 GPUs with 1000 MiB free each on one NUMA node; no NUMA node here has that",
+        Cause.NUMA,
+    )
+
+
+def test_the_largest_free_names_the_lower_index_of_equals_and_never_less_than_nothing() -> None:
+    assert refused(Demand(8192), gpus(), usage([39000, 39000]))[0] == (
+        "needs 8192 MiB on one GPU; largest free is 1960 MiB (GPU 0 of 2)"
+    )
+    assert refused(Demand(8192), gpus(), usage([41000, 40960]))[0] == (
+        "needs 8192 MiB on one GPU; largest free is 0 MiB (GPU 1 of 2)"
+    )
+    assert refused(Demand(0, percent=50), gpus(), usage([30000, 39000]))[0] == (
+        "needs 20480 MiB on one GPU; largest free is 10960 MiB (GPU 0 of 2)"
+    )
+
+
+def test_the_free_slices_named_are_those_of_the_gpu_that_allows_most() -> None:
+    one_slice_on_1 = [[(0, 4), (4, 4)], [(0, 4), (4, 2)]]
+    assert refused(Demand(10000), migs(), usage([20480, 30000], occupied=one_slice_on_1))[0] == (
+        "needs 10000 MiB on a MIG GPU; the free slices of GPU 1 allow 1g.5gb at most"
+    )
+    blocked_first = usage([0, 30000], occupied=[[], [(0, 4), (4, 2)]], blocked={0: "a stray pod"})
+    assert refused(Demand(10000), migs(), blocked_first)[0] == (
+        "needs 10000 MiB on a MIG GPU; the free slices of GPU 1 allow 1g.5gb at most"
+    )
+    blocked_and_full = usage([0, 20480], occupied=[[], [(0, 4), (4, 4)]], blocked={0: "a stray pod"})
+    assert refused(Demand(10000), migs(), blocked_and_full)[0] == (
+        "needs 10000 MiB on a MIG GPU; no MIG GPU here that could hold it has a slice free"
+    )
+    assert refused(Demand(10000), migs(1), usage([0], occupied=[[]], blocked={0: "a stray pod"}))[0] == (
+        "needs 10000 MiB on a MIG GPU; GPU 0 takes no new pod: a stray pod"
+    )
