@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from extender.service.gpu_metrics import LOCK_FAMILY
+from extender.settings import Settings
 from tests.e2e.controlplane import go_toolchain
 from tests.test_chart import CHART, run_helm
 from tests.test_dashboard import exposed, parse
@@ -181,6 +182,20 @@ def test_every_alert_has_its_runbook_in_the_docs() -> None:
     for rule in rules():
         assert rule["annotations"]["runbook"] == f"docs/operations/alerts.md#{rule['alert'].lower()}"
         assert rule["alert"].lower() in headings, f"{rule['alert']}: no `## {rule['alert']}` in {RUNBOOKS.name}"
+
+
+def test_the_runbooks_quote_the_codes_defaults() -> None:
+    """Each default a runbook names, as the page writes it, from `Settings`: a changed default fails here."""
+    text = " ".join(RUNBOOKS.read_text().split())
+    defaults = Settings()
+    quoted = [
+        f"`lease_duration` ({defaults.lease_duration:g} s)",
+        f"`reservation_ttl` ({defaults.reservation_ttl:g} s)",
+        f"`node_lock_timeout` ({defaults.node_lock_timeout:g} s)",
+        f"`max_connections`, {defaults.max_connections}; `health_max_connections`, {defaults.health_max_connections},",
+        f"did not finish within {defaults.handshake_timeout:g} s on port {defaults.port}",
+    ]
+    assert [quote for quote in quoted if quote not in text] == []
 
 
 # ---- shipped in the chart ----------------------------------------------------------------------------------
