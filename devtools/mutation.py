@@ -18,6 +18,7 @@ survivors, `--recheck` runs those alone (the others keep their outcome), in minu
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import shutil
 import subprocess
@@ -201,17 +202,23 @@ def report(area: Area, codes: Codes, diff_of: dict[str, str], equivalents: dict[
 
 
 def run_area(
-    area: Area, children: int, equivalents: dict[str, Equivalent], keep: bool, recheck: bool
+    area: Area, children: int, equivalents: dict[str, Equivalent], keep: bool, recheck: bool, only: str = "*"
 ) -> tuple[float, str]:
     """Mutate one area in a fresh copy (with `recheck`, only the mutants its last run left alive, the others
-    keeping their outcome); print the report; its share and the copy's path."""
+    keeping their outcome; with `only`, those whose name matches it); print the report; its share and the copy's
+    path."""
     previous: Codes = {}
     if recheck:
         if not results_file(area).exists():
             print(f"{area.name}: no earlier run to recheck ({results_file(area)})")
             return 0.0, ""
         previous = json.loads(results_file(area).read_text(encoding="utf-8"))
-    alive = [m for by_mutant in previous.values() for m, code in by_mutant.items() if code not in KILLED]
+    alive = [
+        m
+        for by_mutant in previous.values()
+        for m, code in by_mutant.items()
+        if code not in KILLED and fnmatch.fnmatchcase(m, only)
+    ]
     if recheck and not alive:
         return report(area, previous, {}, equivalents, "nothing left alive to recheck"), ""
     work = Path(tempfile.mkdtemp(prefix=f"mutation-{area.name}-"))
@@ -250,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--recheck", action="store_true", help="run only what the last run left alive (after new tests): minutes"
     )
+    parser.add_argument(
+        "--only", default="*", help="with --recheck, the survivors whose name matches this pattern (*fit.x__refusal*)"
+    )
     args = parser.parse_args(argv)
     unknown = set(args.areas) - {a.name for a in AREAS}
     if unknown:
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     equivalents = load_equivalents()
     shares = {}
     for area in chosen:
-        shares[area.name], work = run_area(area, args.max_children, equivalents, args.keep, args.recheck)
+        shares[area.name], work = run_area(area, args.max_children, equivalents, args.keep, args.recheck, args.only)
         if args.keep:
             print(f"  kept: {work}")
     print("\n" + "  ".join(f"{name} {value:.1f} %" for name, value in shares.items()))
