@@ -7,13 +7,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from extender.core.cache import Cache
+from extender.core.contract import HostPriorityEntry
 from extender.core.devices import Demand, Device, Request, Selectors, Strategy
 from extender.core.placement.config import Policy, PolicyConfig
+from extender.core.placement.fill import least_allocated, most_allocated, score_node, shifted
 from extender.core.placement.filtering import DETAILED, FilterOutcome, same_reason, summarized
-from extender.core.placement.fit import Cause, Judgement, Usage, place
-from tests.builders import bound_pod, make_cluster, placer_for
-from tests.core.placement.test_fragmentation import BEST, OFF, TIES, ask, node, teach
+from extender.core.placement.fit import Cause, Judgement, Usage, Verdict, place
+from tests.builders import (
+    HAMI,
+    bound_pod,
+    make_cluster,
+    make_hami_cluster,
+    make_hami_node,
+    make_hami_pod,
+    make_node,
+    placer_for,
+)
+from tests.core.placement.test_fragmentation import BEST, GPU, OFF, TIES, ask, node, teach
 from tests.core.test_mig import A100
 
 FILL = PolicyConfig(policy=Policy.FILL)
@@ -199,3 +212,69 @@ def test_the_free_slices_named_are_those_of_the_gpu_that_allows_most() -> None:
     assert refused(Demand(10000), migs(1), usage([0], occupied=[[]], blocked={0: "a stray pod"}))[0] == (
         "needs 10000 MiB on a MIG GPU; GPU 0 takes no new pod: a stray pod"
     )
+
+
+# ---- fill's scores, and a node without GPUs ----------------------------------------------------------------
+
+
+def entries(*scores: int) -> list[HostPriorityEntry]:
+    return [{"Host": f"n{number}", "Score": score} for number, score in enumerate(scores)]
+
+
+@pytest.mark.parametrize(
+    ("scores", "expected"),
+    [
+        ((), []),
+        ((0, 3, 0), [("n1", 3)]),
+        ((5, 7), [("n1", 2)]),  # one at the lowest of two: shifted
+        ((5, 5, 7, 9), [("n2", 2), ("n3", 4)]),  # half at the lowest: shifted
+        ((5, 7, 9), [("n0", 5), ("n1", 7), ("n2", 9)]),  # fewer than half at the lowest: kept as they are
+    ],
+)  # fmt: skip
+def test_shifted_takes_the_lowest_off_when_at_least_half_the_nodes_are_at_it(
+    scores: tuple[int, ...], expected: list[tuple[str, int]]
+) -> None:
+    assert [(entry["Host"], entry["Score"]) for entry in shifted(entries(*scores))] == expected
+
+
+def test_a_gpu_of_one_unit_is_scored_like_any_other() -> None:
+    assert (least_allocated(0, 1), least_allocated(1, 1), most_allocated(1, 1), most_allocated(0, 1)) == (10, 0, 10, 0)
+    assert (least_allocated(5, 0), most_allocated(5, 0)) == (0, 0)
+
+
+def test_a_node_not_ready_or_weights_of_zero_score_nothing() -> None:
+    cache = two_started_and_one_empty()
+    assert score_node(Demand(memory=500), cache.nodes["n1"], FILL) > 0
+    assert score_node(Demand(memory=500), cache.nodes["n1"], PolicyConfig(node_weight=0, device_weight=0)) == 0
+    cache.apply_node(make_node("n1", gpus=2, mem=GPU, cpu="64", memory="256Gi", ready=False))
+    assert cache.nodes["n1"].known and score_node(Demand(memory=500), cache.nodes["n1"], FILL) == 0
+
+
+def test_fill_remembers_its_scores_for_the_caches_nodes_only() -> None:
+    """Prioritize over other states (preemption's, without its victims) must not read or fill the memo of the
+    cache's own nodes."""
+    cache = two_started_and_one_empty()
+    names = ["n3", "n1", "n2"]
+    placer = placer_for(cache, FILL)
+    first = placer.prioritize(Demand(memory=500), names, cache.nodes, None)
+    assert placer.prioritize(Demand(memory=500), names, cache.nodes, None) == first
+    emptier = make_cluster(node("n1"), node("n2"), node("n3"), pods=(bound_pod("r2", "n2", (0,), 400),))
+    # there n1 and n3 are alike (3) and n2 fuller (6): two of three at the lowest, shifted by it
+    assert placer.prioritize(Demand(memory=500), names, emptier.nodes, None) == [{"Host": "n2", "Score": 3}]
+    assert placer.prioritize(Demand(memory=500), names, cache.nodes, None) == first
+
+
+def test_a_node_without_gpus_is_unresolvable_for_a_general_demand_saying_why() -> None:
+    bare = make_hami_node("bare")
+    del bare["metadata"]["annotations"]["hami.io/node-nvidia-register"]
+    empty = make_hami_node("empty")
+    empty["metadata"]["annotations"]["hami.io/node-nvidia-register"] = "[]"
+    cache = make_hami_cluster(bare, empty)
+    demand = HAMI.pod_demand(make_hami_pod("asking", mem=1000))
+    judged = placer_for(cache).judge(demand, cache.nodes["bare"])
+    assert judged == Judgement(
+        Verdict.UNRESOLVABLE,
+        "no GPUs: no hami.io/node-nvidia-register: HAMi's device plugin has not registered this node",
+        Cause.NO_GPUS,
+    )
+    assert placer_for(cache).judge(demand, cache.nodes["empty"]).reason.startswith("no GPUs")
