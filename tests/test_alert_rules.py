@@ -2,24 +2,23 @@
 `promtool test rules` over the cases of tests/promtool/gpu-extender.test.yaml, every metric they read one a real
 /metrics carries, every alert with a firing case, a quiet case and a runbook in docs/operations/alerts.md.
 
-promtool is built from Prometheus' source by tests/promtool/build.sh (`make test` runs it): without a Go
-toolchain these tests skip; with Go and no binary, they fail.
+promtool is built from Prometheus' source by tests/promtool/build.sh (`make test` runs it first; a test that finds
+it missing runs it, tests/gotools.py): without a Go toolchain these tests skip; with Go, a failed build fails them.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
+from devtools.cluster.layout import cache_root
 from extender.service.gpu_metrics import LOCK_FAMILY
 from extender.settings import Settings
-from tests.e2e.controlplane import go_toolchain
+from tests.gotools import Tool, built
 from tests.test_chart import CHART, run_helm
 from tests.test_dashboard import exposed, parse
 
@@ -41,15 +40,10 @@ def promtool_version() -> str:
 
 
 def promtool() -> str:
-    """The promtool build.sh made: skip without it when Go is absent, fail without it when Go is there."""
-    cache = os.environ.get("GPU_EXTENDER_CACHE") or Path.home() / ".cache" / "gpu-extender"
-    binary = Path(cache) / f"promtool-{promtool_version()}" / "promtool"
-    if os.access(binary, os.X_OK):
-        return str(binary)
-    build = f"bash {BUILD_SCRIPT.relative_to(ROOT)}"
-    if go_toolchain() is None:
-        pytest.skip(f"alert rule tests skipped: no Go toolchain to build promtool (see `{build}`)")
-    pytest.fail(f"alert rule tests: {binary} is missing; run `{build}` (or `make test`)", pytrace=False)
+    """The pinned promtool: built by build.sh where Go is installed and it is missing (a failed build fails the
+    test); the tests skip only on a machine without Go."""
+    binary = cache_root() / f"promtool-{promtool_version()}" / "promtool"
+    return built(Tool(binary, BUILD_SCRIPT, "alert rule tests"))
 
 
 def rule_object() -> dict[str, Any]:
