@@ -27,7 +27,7 @@ from extender.core.mig import MigInstance
 from extender.core.placement.batch import measures
 from extender.core.placement.learned import Learned
 from extender.core.placement.measure import UNLIMITED, fragment, room_of
-from extender.core.placement.workload import Classes, Workload, shape_of
+from extender.core.placement.workload import Workload, shape_of
 from extender.core.pods import pod_record
 from extender.core.protocols import DeviceProtocol
 from extender.core.protocols.hami import encode
@@ -229,14 +229,15 @@ def running_hami(name: str, grant: Grant, requested: dict[str, str]) -> dict[str
     return pod
 
 
-def learned_classes(protocol: DeviceProtocol, pods: list[tuple[fgd.TypicalPod, int]], hami: bool) -> Classes:
-    """The typical shapes the product learns from one pod object per typical pod, seen `count` times each (every
-    one kept: coverage 1)."""
+def learned_workload(protocol: DeviceProtocol, pods: list[tuple[fgd.TypicalPod, int]], hami: bool) -> Workload:
+    """The workload the product learns from one pod object per typical pod, seen `count` times each at time 0 (every
+    shape kept: coverage 1), its typical shapes built."""
     workload = Workload(coverage=1.0)
     for number, (pod, count) in enumerate(pods):
         record = pod_record(typical_object(pod, number, hami), protocol)
         workload.observe(shape_of(record.demand, record.cpu, record.memory, record.models), 0.0, count)
-    return workload.classes(0.0)
+    workload.classes(0.0)
+    return workload
 
 
 def compare(
@@ -257,7 +258,7 @@ def compare(
     state = cache.nodes["n"]
     assert not state.unreadable and len(state.devices) == len(drawn.gpus)
     learned = Learned(cache)
-    classes = learned_classes(protocol, pods, hami)
+    classes = learned_workload(protocol, pods, hami).built
     reference_node = fgd.Node(
         math.inf if free_cpu is None else free_cpu, math.inf if free_memory is None else free_memory, tuple(drawn.gpus)
     )
