@@ -10,7 +10,8 @@
 # Idempotent: built only when the binary is missing or this script changed (a stamp file holds its hash),
 # through the normal Go build cache; written under a temporary name and moved into place, so an interrupted run
 # leaves nothing half-built. Without a Go toolchain it says the rule tests will be skipped and exits 0
-# (tests/test_alert_rules.py skips then; with Go present and no binary, it fails).
+# (tests/test_alert_rules.py skips then; with Go present, a test that finds no binary runs this script, and fails
+# when it fails: tests/gotools.py).
 set -euo pipefail
 
 # Pinned: Prometheus v3.15.1, whose Go module versions are v0.<major*100+minor>.<patch>. tests/test_alert_rules.py
