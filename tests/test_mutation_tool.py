@@ -1,0 +1,65 @@
+"""devtools/mutation.py (`make mutation`): how mutmut's outcomes are counted, how an equivalent is recognised and
+when its entry lapses, and that every listed equivalent names a module the run mutates. mutmut itself is not run
+here (a run takes minutes); its outcomes are given as its meta files hold them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from devtools import mutation
+from devtools.mutation import AREAS, Equivalent, load_equivalents, mutated_line, share, tally
+
+DIFF = """--- extender/core/mig.py
++++ extender/core/mig.py
+@@ -1,3 +1,3 @@
+ def f(a: int) -> bool:
+-    return a > 0
++    return a >= 0
+"""
+
+
+def test_the_mutated_line_is_the_first_added_one_stripped() -> None:
+    assert mutated_line(DIFF) == "return a >= 0"
+    assert mutated_line("--- a\n+++ b\n") == ""
+
+
+def test_outcomes_are_counted_killed_survived_untested_and_equivalent_while_its_line_still_matches() -> None:
+    codes: mutation.Codes = {
+        "extender/core/mig.py": {
+            "m.x_f__mutmut_1": 1,  # a test failed
+            "m.x_f__mutmut_2": 36,  # timed out: counted killed
+            "m.x_f__mutmut_3": 0,  # survived
+            "m.x_f__mutmut_4": 33,  # no test reached it
+            "m.x_f__mutmut_5": 0,  # listed, line matches
+            "m.x_f__mutmut_6": 0,  # listed, line changed since
+        }
+    }
+    diff_of = {name: DIFF for name in codes["extender/core/mig.py"]}
+    diff_of["m.x_f__mutmut_6"] = DIFF.replace(">= 0", ">= 1")
+    listed = {name: Equivalent(name, "return a >= 0", "why") for name in ("m.x_f__mutmut_5", "m.x_f__mutmut_6")}
+    stale: list[str] = []
+    [counted] = tally(codes, diff_of, listed, stale)
+    assert dict(counted.outcomes) == {"killed": 2, "survived": 2, "no tests": 1, "equivalent": 1}
+    assert counted.judged == 5 and counted.killed == 2
+    assert counted.survivors == ["m.x_f__mutmut_3", "m.x_f__mutmut_4", "m.x_f__mutmut_6"]
+    assert stale == ["m.x_f__mutmut_6"]
+    assert share(2, 5) == 40.0 and share(0, 0) == 100.0
+
+
+def test_every_listed_equivalent_says_why_and_names_a_function_of_a_mutated_module() -> None:
+    root = Path(mutation.__file__).resolve().parent.parent
+    modules = {
+        str(path.relative_to(root).with_suffix("")).replace("/", ".")
+        for area in AREAS
+        for pattern in area.sources
+        for path in root.glob(pattern)
+    }
+    listed = load_equivalents()
+    assert listed
+    for name, entry in listed.items():
+        module, _, mangled = name.rpartition(".")
+        assert module in modules, name
+        assert "__mutmut_" in mangled and entry.line and len(entry.why) > 20, name
+        function = mangled.split("__mutmut_")[0].split("ǁ")[-1].removeprefix("x_")  # x_f, xǁClassǁf
+        source = (root / module.replace(".", "/")).with_suffix(".py").read_text()
+        assert f"def {function}(" in source, name
