@@ -11,11 +11,13 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
 
 from extender.core.cache import Cache
+from extender.core.holds import Allocation
 from extender.core.nodes import NodeState
 from extender.core.placement.config import Ask, PolicyConfig
 from extender.core.placement.filtering import FilterOutcome
@@ -98,6 +100,18 @@ LEFT_BEHIND = ("cpu_allocatable", "memory_allocatable")
 devices, not these): read for known nodes only, so not compared for the others."""
 
 
+def as_listed(allocation: Allocation, state: NodeState) -> Allocation:
+    """The allocation as a cache can know it on this node: on a node deleted while pods hold GPUs there, GPUs named
+    by UUID keep the index they were resolved to in a cache that saw the node, and have none in a cache built after
+    it went (both count them as held on no GPU of the node: `NodeState.stray`)."""
+    if state.known:
+        return allocation
+    containers = tuple(
+        tuple(replace(grant, index=-1) if grant.uuid else grant for grant in grants) for grants in allocation.containers
+    )
+    return replace(allocation, containers=containers)
+
+
 def node_differences(name: str, mine: NodeState, theirs: NodeState) -> list[str]:
     fields = SUMMARY if mine.known else tuple(field for field in SUMMARY if field not in LEFT_BEHIND)
     found = [
@@ -105,8 +119,8 @@ def node_differences(name: str, mine: NodeState, theirs: NodeState) -> list[str]
         for field in fields
         if getattr(mine, field) != getattr(theirs, field)
     ]
-    holds = {uid: (hold.allocation, hold.state) for uid, hold in mine.holds.items()}
-    fresh_holds = {uid: (hold.allocation, hold.state) for uid, hold in theirs.holds.items()}
+    holds = {uid: (as_listed(hold.allocation, mine), hold.state) for uid, hold in mine.holds.items()}
+    fresh_holds = {uid: (as_listed(hold.allocation, theirs), hold.state) for uid, hold in theirs.holds.items()}
     if holds != fresh_holds:
         found.append(f"{name}.holds: {holds} kept, {fresh_holds} afresh")
     occupied = [sorted(placements) for placements in mine.occupied] if mine.mig else []

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from extender.core.cache import Cache
-from extender.core.holds import Allocation
+from extender.core.holds import Allocation, HoldState
 from extender.core.ledger import Ledger
 from extender.core.placement.config import PolicyConfig, ask_of
 from extender.core.placement.learned import Learned
@@ -38,6 +38,9 @@ from tests.property.fresh import (
 )
 
 NODE_NAMES = tuple(f"n{number}" for number in range(6))
+OUTCOMES = ("accepted", "failed", "landed", "lost", "assumed")
+"""How a bind ends (its binding accepted; refused; failed uncertainly, having landed or not), or that the filter
+only assumed the GPUs."""
 TTL = 30.0
 
 
@@ -147,12 +150,13 @@ class CacheMachine(RuleBasedStateMachine):
             self.show(uid)
 
     @precondition(lambda self: self.pending() and self.nodes)
-    @rule(data=st.data(), outcome=st.sampled_from(("accepted", "failed", "landed", "lost")))
+    @rule(data=st.data(), outcome=st.sampled_from(OUTCOMES))
     def filter_and_bind(self, data: st.DataObject, outcome: str) -> None:
-        """The filter's answer equals a fresh cache's; the bind of the node it passes reserves the GPUs the policy
-        chooses, and its binding is accepted, fails, or fails uncertainly having landed or not."""
+        """The filter's answer equals a fresh cache's; it assumes the GPUs the policy chooses on a node it passed
+        (no bind comes yet), or the bind to that node reserves them (`bind`)."""
         uid = data.draw(st.sampled_from(self.pending()))
         pod = self.api[uid]
+        self.ledger.unassume(uid)  # filtered again: an assumption made by the last filter goes
         demand = self.protocol.pod_demand(pod)
         ask = ask_of(pod, demand)
         if demand.plain and demand.devices == 1:
@@ -162,24 +166,58 @@ class CacheMachine(RuleBasedStateMachine):
         expected = outcome_of(fresh_placer(fresh, self.learned, self.config), ask, names)
         found = outcome_of(self.placer, ask, names)
         assert found == expected, f"filter of {uid}: {found} kept, {expected} afresh"
-        passed = found[0]
-        if not passed:
+        if not found[0]:
             return
-        node = data.draw(st.sampled_from(passed))
-        state = self.cache.nodes[node]
-        placement = self.placer.choose(demand, state, ask)
+        node = data.draw(st.sampled_from(found[0]))
+        placement = self.placer.choose(demand, self.cache.nodes[node], ask)
         if placement is None:
             return
-        key = f"default/{pod['metadata']['name']}"
-        allocation = Allocation(uid, key, node, placement.containers, placement.init_containers)
-        assert self.ledger.reserve(allocation) is None, f"{allocation} chosen on {node}, refused by the ledger"
+        allocation = Allocation(uid, self.key(uid), node, placement.containers, placement.init_containers)
+        if outcome == "assumed":
+            assert self.ledger.assume(allocation, self.placer.build()) or self.cache.hold_of(uid) is not None
+        else:
+            assert self.ledger.reserve(allocation) is None, f"{allocation} chosen on {node}, refused by the ledger"
+            self.bound(uid, allocation, outcome)
+
+    @precondition(lambda self: any(hold.state is HoldState.ASSUMED for hold in self.cache.reserved.values()))
+    @rule(data=st.data(), outcome=st.sampled_from(OUTCOMES[:-1]))
+    def bind_assumed(self, data: st.DataObject, outcome: str) -> None:
+        """The bind of a pod whose filter assumed GPUs: to that node, it reserves them as they are when they still
+        fit and the typical shapes are those they were chosen by; else it decides afresh (`binding.py`)."""
+        assumed = sorted(uid for uid, hold in self.cache.reserved.items() if hold.state is HoldState.ASSUMED)
+        uid = data.draw(st.sampled_from(assumed))
+        assumed_on = self.cache.reserved[uid].allocation.node
+        node = data.draw(st.one_of(st.just(assumed_on), st.sampled_from(sorted({assumed_on, *self.nodes}))))
+        taken = self.ledger.take_assumed(uid, node, self.placer.build())
+        if taken is not None:
+            self.bound(uid, taken.allocation, outcome)
+            return
+        self.ledger.unassume(uid)
+        state = self.cache.nodes.get(node)
+        pod = self.api.get(uid)
+        if state is None or pod is None:
+            return
+        demand = self.protocol.pod_demand(pod)
+        placement = self.placer.choose(demand, state, ask_of(pod, demand))
+        if placement is None:
+            return
+        allocation = Allocation(uid, self.key(uid), node, placement.containers, placement.init_containers)
+        if self.ledger.reserve(allocation) is None:
+            self.bound(uid, allocation, outcome)
+
+    def key(self, uid: str) -> str:
+        return f"default/{self.api[uid]['metadata']['name']}"
+
+    def bound(self, uid: str, allocation: Allocation, outcome: str) -> None:
+        """The binding of a reserved pod is accepted, fails, or fails uncertainly having landed or not."""
         if outcome == "failed":
             self.ledger.release(uid)
             return
         if outcome in ("accepted", "landed"):
-            bound = self.api[uid] = copy.deepcopy(pod)
-            bound["spec"]["nodeName"] = node
-            annotations = self.protocol.allocation_annotations(allocation, state.devices, self.clock())
+            bound = self.api[uid] = copy.deepcopy(self.api[uid])
+            bound["spec"]["nodeName"] = allocation.node
+            devices = self.cache.nodes[allocation.node].devices
+            annotations = self.protocol.allocation_annotations(allocation, devices, self.clock())
             bound["metadata"]["annotations"] = {**bound["metadata"]["annotations"], **annotations}
         if outcome == "accepted":
             self.ledger.mark_bound(uid)
@@ -205,6 +243,19 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def delete_pod(self, data: st.DataObject) -> None:
         self.show(data.draw(st.sampled_from(sorted(self.api))), deleted=True)
+
+    @rule()
+    def relist(self) -> None:
+        """The watch restarts: a full listing of nodes and pods replaces what the cache had (pods absent from it
+        are gone, those it shows are as it shows them)."""
+        listed = list(self.api.values())
+        for pod in listed:
+            record = pod_record(pod, self.protocol)
+            uid = record.uid
+            if not record.finished and uid not in self.cache.pods and uid not in self.gone:
+                self.expected.observe(shape_of(record.demand, record.cpu, record.memory, record.models), self.clock())
+        self.cache.replace(list(self.nodes.values()), listed)
+        self.shown = dict(self.api)
 
     @precondition(lambda self: self.gone)
     @rule(data=st.data())
@@ -234,10 +285,11 @@ class CacheMachine(RuleBasedStateMachine):
         if not landed:  # a definite failure: nothing was written
             self.ledger.release(uid)
 
-    @rule(seconds=st.sampled_from((1.0, 10.0, TTL + 1)))
-    def time_passes(self, seconds: float) -> None:
+    @rule(seconds=st.sampled_from((1.0, 10.0, TTL + 1)), watching=st.booleans())
+    def time_passes(self, seconds: float, watching: bool) -> None:
+        """Time passes, and the ledger expires what waited too long (while the watch fails, not what is bound)."""
         self.clock.advance(seconds)
-        self.ledger.expire()
+        self.ledger.expire(include_bound=watching)
 
     @rule()
     def measure_every_node(self) -> None:

@@ -18,8 +18,8 @@ from tests.property.machine import CacheMachine
 
 KINDS = ((2, 16, ""), (2, 16, ""), (2, 16, ""), (4, 16, ""), (1, 8, "T4"))
 """(GPUs, GiB each, model) of the nodes drawn."""
-EXAMPLES = 60
-STEPS = 40
+EXAMPLES = 80
+STEPS = 60
 
 
 class GpushareMachine(CacheMachine):

@@ -20,8 +20,8 @@ from tests.builders import A100_PROFILES, HAMI, make_hami_pod
 from tests.property.fresh import property_settings
 from tests.property.machine import CacheMachine
 
-EXAMPLES = 60
-STEPS = 40
+EXAMPLES = 80
+STEPS = 60
 
 A100_80GB_PROFILES = [
     {"name": name, "memoryMB": memory, "core": core, "sliceCount": slices,
