@@ -1,6 +1,7 @@
 """What the protocols read that `make mutation` found unguarded (`core/protocols/`): each way our per-device
 annotation can be wrong, said exactly (the cache shows it as the node's unreadable reason), its bounds; the
-unhealthy-GPU ConfigMap as the Go extender reads it; JSON annotation text and its size."""
+unhealthy-GPU ConfigMap as the Go extender reads it; JSON annotation text and its size; HAMi's allocation texts
+(devices and MIG reservations) at their bounds, as HAMi's own decoders refuse them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import orjson
 import pytest
 
 from extender.core.devices import Device
+from extender.core.holds import Grant
+from extender.core.mig import MigInstance
 from extender.core.protocols.gofields import json_text
 from extender.core.protocols.gpushare import Profile
+from extender.core.protocols.hami import decode, encode
+from extender.core.protocols.hami_mig import decode_instances
 from tests.builders import PROFILE, make_node
 
 IGNORED = "annotation gpu-extender.io/devices ignored: "
@@ -80,3 +85,74 @@ def test_json_text_reads_up_to_its_size_and_says_what_is_wrong() -> None:
     with pytest.raises(ValueError, match=r"^not JSON$"):
         json_text("{", 2048)
     assert json_text(" " * 2046 + "[]", 2048) == []
+
+
+# ---- HAMi: hami.io/vgpu-devices-allocated and hami.io/vgpu-mig-allocations ---------------------------------
+
+
+def test_hamis_devices_text_is_read_entry_by_entry_and_refused_whole_when_one_is_wrong() -> None:
+    text = "GPU-a,NVIDIA,1000,30:;;GPU-b,NVIDIA,2147483647,150:GPU-c,NVIDIA,0,0:;"
+    assert decode(text) == (
+        (Grant(-1, 1000, 30, "GPU-a"),),
+        (Grant(-1, 2147483647, 100, "GPU-b"), Grant(-1, 0, 0, "GPU-c")),
+    )
+    assert decode("erased:GPU-a,NVIDIA,1,2:;") == ((Grant(-1, 1, 2, "GPU-a"),),)
+    with pytest.raises(ValueError, match=r"^device entry ',NVIDIA,1,2': expected uuid,type,memory,cores$"):
+        decode(",NVIDIA,1,2:;")
+    with pytest.raises(ValueError, match=r"^device entry 'GPU-a,NVIDIA,1': expected uuid,type,memory,cores$"):
+        decode("GPU-a,NVIDIA,1:;")
+    long_entry = "GPU-" + "x" * 100 + ",NVIDIA"
+    with pytest.raises(ValueError, match=r"^device entry '" + long_entry[:80] + r"': expected"):
+        decode(long_entry + ":;")
+
+
+@pytest.mark.parametrize("memory", ["2147483648", "12345678901", "-1", "1e3", "٣"])
+def test_hamis_memory_beyond_int32_or_not_decimal_digits_is_refused(memory: str) -> None:
+    with pytest.raises(ValueError, match=r"is not a whole number of at most 2\^31-1$"):
+        decode(f"GPU-a,NVIDIA,{memory},0:;")
+
+
+def test_a_number_too_long_is_named_by_its_first_40_characters() -> None:
+    with pytest.raises(ValueError) as refused:
+        decode(f"GPU-a,NVIDIA,{'9' * 50},0:;")
+    assert str(refused.value) == f"{'9' * 40!r} is not a whole number of at most 2^31-1"
+
+
+def test_hamis_devices_text_is_read_up_to_64_kib() -> None:
+    entry = "GPU-a,NVIDIA,1,2:"
+    fill = ";" * (64 * 1024 - len(entry))
+    assert decode(entry + fill) == ((Grant(-1, 1, 2, "GPU-a"),),)
+    with pytest.raises(ValueError, match=r"^too long$"):
+        decode(entry + fill + ";")
+
+
+def test_encode_names_each_gpu_by_its_uuid_or_the_nodes() -> None:
+    grants = ((Grant(0, 1000, 30), Grant(1, 500, 0, "GPU-own")), (Grant(2, 10, 0),))
+    assert encode(grants, {0: "GPU-zero"}) == "GPU-zero,NVIDIA,1000,30:GPU-own,NVIDIA,500,0:;,NVIDIA,10,0:;"
+
+
+def reservation(container: int = 0, device: int = 0, **fields: Any) -> dict[str, Any]:
+    entry = {"containerIndex": container, "deviceIndex": device, "gpuUUID": "GPU-a", "profile": "1g.5gb"}
+    return entry | {"placement": {"start": 6, "size": 1}} | fields
+
+
+def test_mig_reservations_are_read_whole_or_refused_saying_which() -> None:
+    listed = [reservation(), reservation(1, placement={"start": 4, "size": 2}, profile="2g.10gb")]
+    assert decode_instances(orjson.dumps(listed).decode()) == [
+        ("GPU-a", MigInstance("1g.5gb", 6, 1)),
+        ("GPU-a", MigInstance("2g.10gb", 4, 2)),
+    ]
+    assert decode_instances(None) == [] and decode_instances("") == []
+    for broken, why in [
+        ([reservation(placement={"start": 6})], "MIG allocation 0 is incomplete"),
+        ([reservation(), reservation(1, profile="")], "MIG allocation 1 is incomplete"),
+        ([reservation(gpuUUID="")], "MIG allocation 0 is incomplete"),
+        ([reservation(migUUID="MIG-1")], "MIG allocation 0 has partial runtime identity"),
+        ([reservation(), reservation()], "duplicate MIG allocation for container 0 device 0"),
+        (["GPU-a"], "reservation 0 is not an object"),
+        ({"a": 1}, "expected a JSON array of reservations"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{why}$"):
+            decode_instances(orjson.dumps(broken).decode())
+    complete = reservation(migUUID="MIG-1", gpuInstanceID=1, computeInstanceID=0)
+    assert decode_instances(orjson.dumps([complete]).decode()) == [("GPU-a", MigInstance("1g.5gb", 6, 1))]
