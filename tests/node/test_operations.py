@@ -1,6 +1,7 @@
 """Operations on a real node with the extender installed as the docs install it (kustomize, `extender certs`, the
-second scheduler, gpushare's protocol): a rolling update and the leader's pod killed, each during a burst of GPU
-pods; kubelet restarted under running GPU pods; the node drained and uncordoned.
+second scheduler, gpushare's protocol): a rolling update, the leader's process killed and the leader's container
+OOM-killed, each during a burst of GPU pods; kubelet restarted under running GPU pods; the node drained and
+uncordoned.
 
 Each ends judged from two sides that do not trust the extender: the API (the GPU every live pod's annotations
 name, summed per GPU against its memory) and the device-plugin double's own record of what it gave at kubelet's
@@ -10,10 +11,13 @@ with every pod that fits Running.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -216,6 +220,65 @@ def test_the_leaders_process_killed_during_a_burst(installed: Operator) -> None:
     made, meanwhile = trickle(installed, "kill", kill)
     assert meanwhile >= 4, f"{meanwhile} pods made during the failover: it did not overlap the burst"
     running_prefixed(installed, "kill-", made)
+    ready(installed, "gpu-extender")
+    judge(installed)
+    delete_bursts(installed)
+
+
+FILLER = """
+import os, sys, time
+# Join the container's memory cgroup (what it fills is charged to the container's limit), then fill 2 GiB.
+with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as procs:
+    procs.write(str(os.getpid()))
+filled = "x" * (2 << 30)
+time.sleep(600)
+"""
+
+
+def memory_cgroup(container: str) -> Path:
+    """The memory cgroup of a container (cgroup v1: /sys/fs/cgroup/memory/kubepods/.../<id>; v2: the unified tree)."""
+    for root in (Path("/sys/fs/cgroup/memory/kubepods"), Path("/sys/fs/cgroup/kubepods.slice"), Path("/sys/fs/cgroup")):
+        found = sorted(root.glob(f"**/*{container}*")) if root.is_dir() else []
+        found = [path for path in found if (path / "cgroup.procs").exists()]
+        if found:
+            return found[0]
+    raise AssertionError(f"no memory cgroup for container {container}")
+
+
+def test_the_leader_oom_killed_during_a_burst(installed: Operator) -> None:
+    """The leader's container over its memory limit (manifests/base/deployment.yaml's 1Gi), and the kernel's OOM
+    killer ending the extender, as when the extender itself grows past it. A process from the host joins the
+    container's memory cgroup and fills 2 GiB charged to the container. The OOM killer ends the process of the
+    highest score in the cgroup: its resident memory plus its oom_score_adj in thousandths of the limit. Where
+    memory.oom.group is not set (cgroup v1, as on this machine) that would be the filler, so the extender's
+    oom_score_adj is raised to 1000 first (the filler's is the host's 0; lowering one needs CAP_SYS_RESOURCE,
+    which this machine's root lacks): its score then passes the limit, which the filler's cannot. kubelet reports
+    the container OOMKilled and starts it again; the burst goes on meanwhile."""
+    killed = leader(installed)
+    (status,) = installed.get("pod", killed, "-n", "gpu-extender")["status"]["containerStatuses"]
+    container = status["containerID"].removeprefix("containerd://")
+    cgroup = memory_cgroup(container)
+    (pid,) = [line.split()[1] for line in ctr(["tasks", "ls"]).stdout.splitlines() if line.startswith(container)]
+
+    def oom_killed() -> bool:
+        (now,) = installed.get("pod", killed, "-n", "gpu-extender")["status"]["containerStatuses"]
+        last = (now.get("lastState") or {}).get("terminated") or {}
+        return bool(last.get("reason") == "OOMKilled" and now["restartCount"] >= 1 and now.get("ready"))
+
+    def fill() -> None:
+        Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
+        filler = subprocess.Popen([sys.executable, "-c", FILLER, str(cgroup)])
+        try:
+            # The kernel ends the extender, then the filler too if it is still short of its 2 GiB (it is then the
+            # cgroup's only process); the container stops either way.
+            installed.wait(oom_killed, f"{killed}'s extender OOMKilled, restarted by kubelet and Ready", 120)
+        finally:
+            filler.kill()
+            filler.wait()
+
+    made, meanwhile = trickle(installed, "oom", fill)
+    assert meanwhile >= 4, f"{meanwhile} pods made during the OOM kill: it did not overlap the burst"
+    running_prefixed(installed, "oom-", made)
     ready(installed, "gpu-extender")
     judge(installed)
     delete_bursts(installed)
