@@ -116,12 +116,31 @@ class MigState:
         self.instances: dict[str, list[MigInstance]] = {}
         self.findings: list[MigFinding] = []
         self._ids = itertools.count(1)
+        self._taken: set[tuple[str, str, str, int, int]] = set()
+        """(pod UID, GPU, profile, start, size) of init containers' instances an app container was given too."""
 
     def release(self, uid: str) -> None:
         for gpu, instances in list(self.instances.items()):
             kept = [instance for instance in instances if instance.uid != uid]
             if len(kept) != len(instances):
                 self.instances[gpu] = kept
+        self._taken = {taken for taken in self._taken if taken[0] != uid}
+
+    def _made(self, pod: Obj, index: int, reservation: Reservation) -> MigInstance | None:
+        """The instance already made at the reservation's GPU, profile and placement that this container is given
+        as it is (`EnsureAllocation` returns the instance made at that key, plug/migmgr.go:332-343): one an init
+        container of the same pod took (or took first), not yet given to another app container. Another pod's, or
+        another app container's, is still refused as an overlap here (the real plugin would share it: a slice
+        given twice, which is what the e2e tier must catch)."""
+        uid = pod["metadata"]["uid"]
+        init = len((pod.get("spec") or {}).get("initContainers") or [])
+        for instance in self.instances.get(reservation.gpu, ()):
+            spot = (instance.profile, instance.start, instance.size)
+            if instance.uid != uid or spot != (reservation.profile, reservation.start, reservation.size):
+                continue
+            if instance.container < init and (index < init or (uid, reservation.gpu, *spot) not in self._taken):
+                return instance
+        return None
 
     def keep_only(self, live: set[str]) -> None:
         """Drop the instances of pods not in `live` (UIDs): the real plugin's reconcile against live pods."""
@@ -184,10 +203,11 @@ class MigState:
                     f"scheduler selected invalid placement {spot} for profile {reservation.profile} on {gpu.uuid} "
                     f"(registered: {offered})",
                 )
+            shared = self._made(pod, index, reservation)
             held = [
                 f"{instance.pod} {instance.profile} at {instance.start}+{instance.size}"
                 for instance in self.instances.get(gpu.uuid, ())
-                if reservation.cuts(instance.start, instance.size)
+                if reservation.cuts(instance.start, instance.size) and instance != shared
             ]
             held += [
                 f"{pod_key(pod)} {other.profile} at {other.start}+{other.size} (this call)"
@@ -207,8 +227,15 @@ class MigState:
         """Make the instances; returns their MIG UUIDs and the reservations annotation with every made instance's
         runtime identity written in."""
         uid = pod["metadata"]["uid"]
+        init = len((pod.get("spec") or {}).get("initContainers") or [])
         mig_uuids = []
         for reservation in made:
+            shared = self._made(pod, reservation.container, reservation)
+            if shared is not None:
+                mig_uuids.append(shared.runtime[0])
+                if reservation.container >= init:
+                    self._taken.add((uid, reservation.gpu, shared.profile, shared.start, shared.size))
+                continue
             number = next(self._ids)
             runtime = (f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, f'{reservation.gpu}/{number}')}", number, 0)
             mig_uuids.append(runtime[0])

@@ -108,8 +108,9 @@ class Selectors:
     use_uuids: tuple[str, ...] = ()
     """Exact UUIDs, one of which the GPU must have (empty: any)."""
     avoid_uuids: tuple[str, ...] = ()
-    modes: str = ""
-    """The GPU's sharing mode must be a substring of this (HAMi's `nvidia.com/vgpu-mode`; empty: any)."""
+    modes: str | None = None
+    """The GPU's sharing mode must be a substring of this (HAMi's `nvidia.com/vgpu-mode`; None: any). An empty one
+    admits only GPUs registered without a mode, as HAMi's `strings.Contains` does."""
     numa_bind: bool = False
     """All GPUs of one container on one NUMA node."""
     exclusive: bool = False
@@ -130,7 +131,7 @@ class Selectors:
             return False
         if self.use_uuids and device.uuid not in self.use_uuids:
             return False
-        if self.modes and device.mode not in self.modes:
+        if self.modes is not None and device.mode not in self.modes:
             return False
         return device.uuid not in self.avoid_uuids
 

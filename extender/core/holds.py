@@ -66,7 +66,10 @@ class Allocation:
     before the others, so on each GPU the init containers count at their peak and the app containers add up,
     and the pod takes the larger of the two, field by field (HAMi's `CollapseInitContainerUsage`, by container
     rather than by position). Everything that counts memory (the cache's summaries, the ledger, preemption)
-    reads `uses`.
+    reads `uses`. A MIG instance an app container (or a later init container) takes as an init container took
+    it, the same profile at the same placement, is one instance, held once: HAMi's device plugin makes it once
+    and gives it to both (`EnsureAllocation`, plugin/migmgr.go:339-343 at v2.10.0), the init container having
+    ended when the next runs.
     """
 
     pod_uid: str
@@ -130,11 +133,19 @@ def _collapse(containers: tuple[tuple[Grant, ...], ...], init_containers: int) -
     peak: dict[tuple[int, str], list[int]] = {}
     total: dict[tuple[int, str], list[int]] = {}
     instances: dict[tuple[int, str], list[MigInstance]] = {}
+    initial: dict[tuple[int, str], list[MigInstance]] = {}
+    """The instances init containers took, each while no app container has taken it too."""
     for number, grants in enumerate(containers):
         for grant in grants:
             key = (grant.index, grant.uuid if grant.index < 0 else "")
             if grant.instance is not None:
-                instances.setdefault(key, []).append(grant.instance)
+                shared = initial.setdefault(key, [])
+                if grant.instance not in shared:
+                    instances.setdefault(key, []).append(grant.instance)
+                    if number < init_containers:
+                        shared.append(grant.instance)
+                elif number >= init_containers:
+                    shared.remove(grant.instance)
             if number < init_containers:
                 memory, cores, _ = peak.get(key, [0, 0, 0])
                 peak[key] = [max(memory, grant.memory), max(cores, grant.cores), 1]

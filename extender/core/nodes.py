@@ -64,7 +64,7 @@ class NodeState:
     """MIG nodes: per device, the (start, size) of the instances its holds reserve."""
     blocked: dict[int, str] = field(default_factory=dict)
     """MIG nodes: devices (by position) that take no new pod, and why: a hold whose instances cannot be known
-    (HAMi marks such a GPU unhealthy, `getNodesUsage` in pkg/scheduler/scheduler.go:760-833 at v2.10.0)."""
+    (HAMi marks such a GPU unhealthy, `getNodesUsage` in pkg/scheduler/scheduler.go:788-838 at v2.10.0)."""
     _shape_of: tuple[Device, ...] | None = field(default=None, repr=False)
     """The devices `_positions`, `capacity_desc` and `capacity_total` were computed for (`refresh`)."""
     _positions: dict[int, int] = field(default_factory=dict, repr=False)
@@ -156,8 +156,9 @@ class NodeState:
     def _mig_free(self, position: int) -> int:
         """What a MIG GPU can give one more container: the largest profile with a placement free, within the
         memory HAMi counts free; none when it is blocked, unusable or out of its instances (`count`). Compute is
-        not a limit: an instance's is its profile's, and HAMi's rounded-up profile cores (7 x 15 on an A100)
-        pass 100 on a full GPU without refusing it (`Usedcores == Totalcore`, device.go:788)."""
+        left to the general fit, which checks what a container asks against it (HAMi's rule, device.go:794-810):
+        what the GPU holds is its instances' profile compute, rounded up (7 x 15 on a full A100), which says
+        nothing of the memory an instance could still give."""
         device = self.devices[position]
         used = self.used[position]
         if (
@@ -177,7 +178,7 @@ def instances_of(
     """Per device (by position), the (start, size) of the MIG instances the allocations reserve, and the devices
     that take no new pod, with why: a MIG GPU that holds a pod without an instance, a GPU in another mode that
     holds one, and every MIG GPU of a node where an instance names a GPU it does not have, until those pods end
-    (HAMi marks them unhealthy: `getNodesUsage`, pkg/scheduler/scheduler.go:760-833 at v2.10.0). The one place
+    (HAMi marks them unhealthy: `getNodesUsage`, pkg/scheduler/scheduler.go:788-838 at v2.10.0). The one place
     these rules live: the cache's summary, and preemption's node without its victims, read them from here."""
     occupied: list[list[tuple[int, int]]] = [[] for _ in devices]
     blocked: dict[int, str] = {}

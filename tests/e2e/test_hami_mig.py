@@ -394,7 +394,8 @@ def allocation_of(
         return [], 0, [], problems
     entries: list[list[tuple[str, int, int]]] = []
     held: list[tuple[str, Held]] = []
-    for container, devices in zip([*init, *app], decoded[:-1], strict=True):
+    shared: list[tuple[str, Held]] = []
+    for number, (container, devices) in enumerate(zip([*init, *app], decoded[:-1], strict=True)):
         where = f"{key} container {container.name}"
         entry = []
         for device in devices:
@@ -405,7 +406,10 @@ def allocation_of(
             if mode_of(gpu) not in annotations.get(VGPU_MODE, mode_of(gpu)) or not admits(annotations, gpu):
                 problems.append(f"{where} placed on {mode_of(gpu)} GPU {gpu.uuid}, which its annotations exclude")
             if mode_of(gpu) == MIG:
+                before = len(held)
                 problems += _instance_problems(key, container, gpu, (device.memory, device.cores), reservations, held)
+                if len(held) > before:
+                    _held_once(held, shared, number < len(init))
             elif (device.memory, device.cores) != (container.memory_on(gpu), container.compute):
                 problems.append(
                     f"{where} asks {container.memory_on(gpu)} MiB and {container.compute} % on {gpu.uuid}, given "
@@ -416,6 +420,19 @@ def allocation_of(
     if reservations:
         problems.append(f"{key}: MIG reservations for no device entry: {reservations}")
     return entries, len(init), held, problems
+
+
+def _held_once(held: list[tuple[str, Held]], shared: list[tuple[str, Held]], init: bool) -> None:
+    """An instance a container is given as an init container of the pod was (the same profile and placement) is
+    one instance, held once: HAMi's plugin makes it once and gives it again (plug/migmgr.go:332-343), the init
+    container having ended. Each init container's instance may go to one app container so."""
+    last = held[-1]
+    if last in shared:
+        held.pop()
+        if not init:
+            shared.remove(last)
+    elif init:
+        shared.append(last)
 
 
 def _instance_problems(
@@ -993,7 +1010,8 @@ async def test_a_pod_with_a_container_without_gpus_gets_reservations_its_plugin_
     """An init container and two app containers with MIG instances, a sidecar without GPUs between them: the plugin
     finds each container's reservations by the position of its entry among the GPU containers (compact entries,
     `popNextContainerDevices`), so the reservations must number the containers that way (HAMi's own scheduler
-    does: `EncodeMigAllocations` over the same entries)."""
+    does: `EncodeMigAllocations` over the same entries). The first app container asks what the init container
+    asks and is given its instance, as HAMi places them and its plugin realises them (plug/migmgr.go:332-343)."""
     await start_clean(extender)
     spec = PodSpec(
         "multi",
@@ -1011,5 +1029,5 @@ async def test_a_pod_with_a_container_without_gpus_gets_reservations_its_plugin_
     placed = await settle(control_plane, workload, extender, scheduler, plugin)
     (pod,) = assert_allocated_once(placed.state, workload.test, plugin)
     assert [(one[0], one[1]) for one in reserved(pod)] == [(0, 0), (1, 0), (2, 0)], reserved(pod)
-    assert len([held for instances in placed.instances.values() for held in instances]) == 3
+    assert len([held for instances in placed.instances.values() for held in instances]) == 2, "main shares prep's"
     assert_no_slice_given_twice(placed, plugin)

@@ -6,13 +6,21 @@ init containers, GPU selectors, NUMA binding, a pod's own strategy. Per containe
 
 - an init container runs alone, before the others: it is placed against the node as it is;
 - app containers run together: each is placed against the node plus the app containers placed before it;
-- one container's GPUs are distinct; two containers may share a GPU (a slot each).
+- one container's GPUs are distinct; two containers may share a GPU (a slot each);
+- on a MIG GPU every container's instance lives as long as the pod, so later containers are placed beside the
+  earlier ones' instances; but a container may take the very instance (profile and placement) an init container
+  of the pod took, as HAMi places it (each container against the GPU without the pod's init containers) and its
+  device plugin gives it (the instance made at that profile and placement, whoever asked it first).
 
 A GPU serves a container when it is usable (healthy, not cordoned), the pod's selectors admit it, it has a
 slot left, and room for the container's memory and compute; a container asking a whole 100-compute GPU needs
-one no pod uses; one asking no compute needs a GPU whose compute is not all taken. Among the GPUs that serve,
-binpack takes the fullest first, spread the emptiest, by the fill of all three dimensions (HAMi's score);
-ties go to the lower index, so one state always gives one answer.
+one no pod uses; one asking no compute needs a GPU whose compute is not all taken (HAMi's rules, on MIG GPUs
+too, where a container's compute is checked against the profile compute its GPU's instances hold); on a MIG
+GPU, an instance that holds it must be placeable. Among the GPUs that serve, binpack takes the fullest first,
+spread the emptiest, by the fill of all three dimensions (HAMi's score); ties go to the lower index, so one
+state always gives one answer. A pod's own chain of keys (HAMi's comma list) is HAMi's order to the end: its
+ties go to the higher index, as HAMi's Fit walks its list sorted by index from the end. With numa-bind, a
+container's GPUs come from one NUMA node, the GPUs walked NUMA node by NUMA node as HAMi walks them.
 
 When a container cannot be placed, the refusal names the dimension that failed in plain words ("needs 30 % of
 a GPU's compute; the most free is 20 % (GPU 2 of 4)"), and whether evicting pods could ever help
@@ -122,22 +130,52 @@ def place(
     """Place every container of the demand on these devices, or say why not (a Judgement that does not fit)."""
     app = usage.copy()
     initial = usage if usage.occupied is None else usage.copy()  # MIG: instances of earlier containers count
+    shared = None if usage.occupied is None else _Shared([[] for _ in devices], [[] for _ in devices])
     placed: list[tuple[Grant, ...]] = []
     requests = demand.requests
     for number, request in enumerate(requests):
         base = initial if request.init else app
         label = f"container {number + 1} of {len(requests)}: " if len(requests) > 1 else ""
-        chosen = _place_one(request, demand.selectors, devices, base, strategy, unit, label, rank)
+        shareable = None if shared is None else shared.shareable(request.init)
+        chosen = _place_one(request, demand.selectors, devices, base, strategy, unit, label, rank, shareable)
         if isinstance(chosen, Judgement):
             return chosen
         for position, grant in chosen:
             if not request.init:
                 app.add(position, grant)
-            if grant.instance is not None:
+            if grant.instance is not None and (shared is None or not shared.take(position, grant.instance, request)):
                 app.reserve(position, grant)
                 initial.reserve(position, grant)
         placed.append(tuple(grant for _, grant in chosen))
     return Placement(tuple(placed), sum(1 for request in requests if request.init))
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """MIG: per position, the instances the pod's init containers took, and those of them an app container has
+    taken too (an init container has ended when the app containers run, so one of them may take its instance;
+    two app containers run together and may not share one). Mutable lists."""
+
+    init: list[list[mig.MigInstance]]
+    taken: list[list[mig.MigInstance]]
+
+    def shareable(self, init: bool) -> list[list[mig.MigInstance]]:
+        """Per position, the instances a container of this kind may take as they are."""
+        if init:
+            return self.init
+        return [[one for one in held if one not in taken] for held, taken in zip(self.init, self.taken, strict=True)]
+
+    def take(self, position: int, instance: mig.MigInstance, request: Request) -> bool:
+        """Record the instance a container was given; whether it is one it shares (nothing more to reserve)."""
+        if request.init:
+            if instance in self.init[position]:
+                return True
+            self.init[position].append(instance)
+            return False
+        if instance in self.init[position] and instance not in self.taken[position]:
+            self.taken[position].append(instance)
+            return True
+        return False
 
 
 def _score(device: Device, position: int, usage: Usage, weights: tuple[int, int, int] = (1, 1, 1)) -> float:
@@ -155,24 +193,37 @@ def _score(device: Device, position: int, usage: Usage, weights: tuple[int, int,
 def _order(
     selectors: Selectors, strategy: Strategy, devices: Sequence[Device], usage: Usage
 ) -> Callable[[int], tuple[float, ...]]:
-    """The devices' order, best first: by the pod's chain of keys where it gave one (binpack: fullest first;
-    spread: emptiest; numa: by NUMA node, the highest first, as HAMi's Fit walks its list sorted by NUMA node
-    from the end, pkg/device/nvidia/device.go:733), else by the strategy; then the lower index."""
+    """The devices' order, best first. By the pod's chain of keys where it gave one (binpack: fullest first;
+    spread: emptiest; numa: by NUMA node, the highest first), then the higher index: HAMi sorts by the chain, then
+    by index, ascending (`lessByChain`, pkg/scheduler/policy/gpu_policy.go:132-167) and its Fit walks the list
+    from the end (pkg/device/nvidia/device.go:727). Else by the strategy, then the lower index; with numa-bind, by
+    NUMA node first, as HAMi keeps a NUMA node's GPUs together: binpack walks the lowest first, spread the highest
+    (gpu_policy.go:100-113)."""
     weights = selectors.weights
     if not selectors.order:
         sign = -1.0 if strategy is Strategy.BINPACK else 1.0
+        if selectors.numa_bind:
+            side = -sign
+            return lambda p: (side * devices[p].numa, sign * _score(devices[p], p, usage, weights), devices[p].index)
         return lambda p: (sign * _score(devices[p], p, usage, weights), devices[p].index)
 
     def chained(p: int) -> tuple[float, ...]:
         score = _score(devices[p], p, usage, weights)
         keys = {"binpack": -score, "spread": score, "numa": -float(devices[p].numa)}
-        return (*(keys[word] for word in selectors.order), devices[p].index)
+        return (*(keys[word] for word in selectors.order), -devices[p].index)
 
     return chained
 
 
-def _blocker(request: Request, selectors: Selectors, device: Device, position: int, usage: Usage) -> Cause:
-    """The first reason this device cannot serve the request now (NONE when it can)."""
+Shareable = Sequence[Sequence[mig.MigInstance]] | None
+"""MIG: per position, the instances of the pod's init containers a container may take as they are (`_Shared`)."""
+
+
+def _blocker(
+    request: Request, selectors: Selectors, device: Device, position: int, usage: Usage, shareable: Shareable = None
+) -> Cause:
+    """The first reason this device cannot serve the request now (NONE when it can), in the order of HAMi's Fit
+    (pkg/device/nvidia/device.go:730-827): compute before the MIG instance, on MIG GPUs too."""
     if not device.usable or not selectors.admits(device):
         return Cause.NO_MATCH
     if device.slots and usage.slots[position] >= device.slots:
@@ -182,12 +233,8 @@ def _blocker(request: Request, selectors: Selectors, device: Device, position: i
     if device.capacity - usage.memory[position] < request.memory_on(device):
         return Cause.MEMORY
     occupied = usage.occupied
-    if occupied is not None:  # a node with MIG GPUs, or GPUs blocked by MIG instances
-        if usage.blocked and position in usage.blocked:
-            return Cause.SLICES
-        if device.mig:  # its instances decide, not compute (`NodeState._mig_free`)
-            placeable = mig.placeable(device.profiles, occupied[position], request.memory_on(device))
-            return Cause.NONE if placeable else Cause.SLICES
+    if occupied is not None and usage.blocked and position in usage.blocked:
+        return Cause.SLICES
     cores = request.cores
     if device.cores:
         if device.cores - usage.cores[position] < cores:
@@ -196,7 +243,32 @@ def _blocker(request: Request, selectors: Selectors, device: Device, position: i
             return Cause.EXCLUSIVE
         if not cores and usage.cores[position] >= device.cores:
             return Cause.COMPUTE
+    if occupied is not None and device.mig:
+        held = shareable[position] if shareable is not None else ()
+        chosen = _mig_choice(device, occupied[position], held, request.memory_on(device))
+        return Cause.NONE if chosen is not None else Cause.SLICES
     return Cause.NONE
+
+
+def _mig_choice(
+    device: Device, occupied: mig.Occupied, shareable: Sequence[mig.MigInstance], memory: int
+) -> tuple[mig.MigProfile, mig.MigInstance] | None:
+    """The profile and instance a container gets on a MIG GPU, or None. HAMi places a container against the GPU
+    without the pod's init containers (pkg/scheduler/score.go:226-286), and its device plugin gives a container
+    the instance already made at its profile and placement (`EnsureAllocation`, plugin/migmgr.go:339-343): so the
+    instance chosen without them is taken when it is one of them. Otherwise a new instance, beside them (HAMi's
+    plugin would fail to make one that overlaps them, migmgr.go:380-383)."""
+    if shareable:
+        others = list(occupied)
+        for instance in shareable:
+            others.remove((instance.start, instance.size))
+        if mig.placeable(device.profiles, others, memory) is not None:
+            profile, instance = mig.choose(device.profiles, others, memory)
+            if instance in shareable:
+                return profile, instance
+    if mig.placeable(device.profiles, occupied, memory) is None:
+        return None
+    return mig.choose(device.profiles, occupied, memory)
 
 
 def _could_ever(request: Request, selectors: Selectors, device: Device) -> bool:
@@ -219,11 +291,12 @@ def _place_one(
     unit: str,
     label: str,
     rank: Rank | None = None,
+    shareable: Shareable = None,
 ) -> list[tuple[int, Grant]] | Judgement:
     serving = [
         position
         for position, device in enumerate(devices)
-        if _blocker(request, selectors, device, position, usage) is Cause.NONE
+        if _blocker(request, selectors, device, position, usage, shareable) is Cause.NONE
     ]
     order = _order(selectors, strategy, devices, usage)
     if rank is None:
@@ -231,30 +304,41 @@ def _place_one(
     else:
         serving.sort(key=lambda p: (rank(p, request), *order(p)))
     if selectors.numa_bind:
-        serving = _one_numa_node(serving, devices, request.devices)
+        serving = _one_numa_node(serving, devices, request.devices, last=selectors.topology)
     if selectors.topology and len(serving) > request.devices:
         serving = topology.best_linked(serving, devices, request.devices)
     if len(serving) >= request.devices:
-        return [(p, _grant(request, devices[p], p, usage)) for p in serving[: request.devices]]
-    return _refusal(request, selectors, devices, usage, unit, label, numa=bool(serving) or selectors.numa_bind)
+        return [(p, _grant(request, devices[p], p, usage, shareable)) for p in serving[: request.devices]]
+    numa = bool(serving) or selectors.numa_bind
+    return _refusal(request, selectors, devices, usage, unit, label, numa, shareable)
 
 
-def _grant(request: Request, device: Device, position: int, usage: Usage) -> Grant:
+def _grant(request: Request, device: Device, position: int, usage: Usage, shareable: Shareable = None) -> Grant:
     """What the request takes of a device that serves it: its memory and compute; on a MIG GPU, an instance, and
     the memory and compute of its profile (what HAMi records, `AddResourceUsage` in device.go:645-664)."""
     memory = request.memory_on(device)
     if not device.mig or usage.occupied is None:
         return Grant(device.index, memory, request.cores, device.uuid)
-    profile, instance = mig.choose(device.profiles, usage.occupied[position], memory)
+    held = shareable[position] if shareable is not None else ()
+    chosen = _mig_choice(device, usage.occupied[position], held, memory)
+    if chosen is None:
+        raise ValueError(f"no MIG profile of at least {memory} MiB has a placement free")
+    profile, instance = chosen
     return Grant(device.index, profile.memory, profile.cores, device.uuid, instance)
 
 
-def _one_numa_node(serving: list[int], devices: Sequence[Device], count: int) -> list[int]:
-    """The serving devices of the first NUMA node (in the strategy's order) that has `count` of them."""
+def _one_numa_node(serving: list[int], devices: Sequence[Device], count: int, last: bool = False) -> list[int]:
+    """The serving devices of the first NUMA node (in the order given) that has `count` of them. With `last` (a
+    topology-aware container) that of the last NUMA node when it has enough: HAMi's Fit collects the candidates
+    of each NUMA node it walks afresh and judges only the last (pkg/device/nvidia/device.go:746-754, 850-869),
+    refusing the container when that one has too few; here the first NUMA node that has enough is taken then."""
     groups: dict[int, list[int]] = {}
     for position in serving:
         groups.setdefault(devices[position].numa, []).append(position)
-    for group in groups.values():
+    ordered = list(groups.values())
+    if last and ordered and len(ordered[-1]) >= count:
+        return ordered[-1]
+    for group in ordered:
         if len(group) >= count:
             return group
     return []
@@ -268,6 +352,7 @@ def _refusal(
     unit: str,
     label: str,
     numa: bool,
+    shareable: Shareable = None,
 ) -> Judgement:
     total, count = len(devices), request.devices
     need = describe(request, unit)
@@ -284,7 +369,7 @@ def _refusal(
             return Judgement(Verdict.UNRESOLVABLE, reason, Cause.TOO_SMALL)
         reason = f"{label}needs {count} GPUs with {need} each; {len(ever)} of {total} GPUs here are that large"
         return Judgement(Verdict.UNRESOLVABLE, reason, Cause.TOO_FEW)
-    causes = [_blocker(request, selectors, devices[p], p, usage) for p in ever]
+    causes = [_blocker(request, selectors, devices[p], p, usage, shareable) for p in ever]
     serving = causes.count(Cause.NONE)
     if numa and serving >= count:
         reason = f"{label}needs {count} GPUs with {need} free each on one NUMA node; no NUMA node here has that"

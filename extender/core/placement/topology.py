@@ -29,7 +29,7 @@ every node runs on the event loop."""
 
 def best_linked(serving: list[int], devices: Sequence[Device], count: int) -> list[int]:
     """`serving` with the GPUs a topology-aware container gets first (HAMi's `topology-aware`, pkg/device/nvidia/
-    device.go:856-876 and 950-1000 at v2.10.0): for one GPU, the one whose links to the other candidates sum
+    device.go:850-869 and 927-978 at v2.10.0): for one GPU, the one whose links to the other candidates sum
     lowest (it keeps the well-linked ones together for pods that need them); for several, the set whose pairs'
     scores sum highest. Ties go to the earlier in `serving`'s order (HAMi: to the first found)."""
     score = pair_scores(devices)

@@ -18,9 +18,11 @@ in `shared/protocols/hami.md` and verified in `tests/fixtures/hami/NOTES.md` (fi
   `nvidia.com/gpu` would get no GPU from kubelet: HAMi's admission webhook adds it, and we refuse such a pod
   with a message saying so.
 - **Selectors and policies** (pod annotations): `nvidia.com/use-gputype` / `nouse-gputype` (upper-cased
-  substrings of the GPU type), `nvidia.com/use-gpuuuid` / `nouse-gpuuuid` (exact UUIDs), `nvidia.com/vgpu-mode`,
-  `nvidia.com/numa-bind`, `hami.io/gpu-scheduler-policy` (binpack, spread, mutex; comma lists) and
-  `hami.io/node-scheduler-policy` (binpack, spread). HAMi reads an unknown policy as spread; we refuse it.
+  substrings of the GPU type), `nvidia.com/use-gpuuuid` / `nouse-gpuuuid` (exact UUIDs), `nvidia.com/vgpu-mode`
+  (the GPU's mode a substring of it: an empty value admits only GPUs registered without one, as in HAMi,
+  pkg/device/nvidia/device.go:495-498), `nvidia.com/numa-bind`, `hami.io/gpu-scheduler-policy` (binpack, spread,
+  mutex; comma lists) and `hami.io/node-scheduler-policy` (binpack, spread). HAMi reads an unknown policy as
+  spread; we refuse it.
 - **Allocation**: `hami.io/vgpu-devices-to-allocate` (the plugin erases what it has allocated) and
   `hami.io/vgpu-devices-allocated` (the record), one entry per GPU container, init containers first, each
   `<uuid>,NVIDIA,<MiB>,<compute>:` per GPU and `;` after each container; `hami.io/vgpu-node`,
@@ -425,7 +427,7 @@ def _selectors(annotations: Raw, pod: Raw) -> _Asked:
         avoid_models=_names(annotations.get(AVOID_TYPE), upper=True),
         use_uuids=_names(annotations.get(USE_UUID), upper=False),
         avoid_uuids=_names(annotations.get(AVOID_UUID), upper=False),
-        modes=modes if isinstance(modes, str) else "",
+        modes=modes if isinstance(modes, str) else None,
         numa_bind=numa_bind,
         exclusive=policy.exclusive,
         topology=policy.topology,

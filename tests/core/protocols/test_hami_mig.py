@@ -212,10 +212,13 @@ def test_a_pod_placed_on_a_mig_gpu_gets_an_instance_and_its_reservation() -> Non
 
 
 def test_containers_of_one_pod_get_instances_that_do_not_overlap_and_name_their_entry() -> None:
-    """Two GPU containers behind a sidecar and an init container on one MIG GPU: none of their instances
-    overlaps another (HAMi adds each container's instance to the GPU's before the next, nv/device.go:657), and
-    the reservations name the containers' entries 0, 1, 2 (not their places in the pod, 0, 2, 3: the plugin
-    would then find none for the second, plug/util.go:329-333)."""
+    """Two GPU containers behind a sidecar and an init container on one MIG GPU: the app containers' instances
+    overlap neither each other (HAMi adds each app container's instance to the GPU's before the next,
+    nv/device.go:657) nor the init container's, but for the one the first takes from it (the same size: HAMi
+    places both against the GPU without the init container, sch/score.go:226-286, and its plugin gives the second
+    the instance made for the first, plug/migmgr.go:339-343); the reservations name the containers' entries 0, 1,
+    2 (not their places in the pod, 0, 2, 3: the plugin would then find none for the second, plug/util.go:
+    329-333)."""
     cluster = make_hami_cluster(make_mig_node())
     pod = make_hami_pod("p", mem=5000, **{"nvidia.com/vgpu-mode": "mig"})
     main = pod["spec"]["containers"][0]
@@ -226,7 +229,9 @@ def test_containers_of_one_pod_get_instances_that_do_not_overlap_and_name_their_
     instances = [grant.instance for grants in placed.containers for grant in grants]
     written = orjson.loads(encode_instances(placed.containers, {}))
     assert [entry["containerIndex"] for entry in written] == [0, 1, 2]
-    spans = sorted((instance.start, instance.size) for instance in instances if instance)
+    prep, main_, second = instances
+    assert prep == main_ and prep is not None
+    spans = sorted((instance.start, instance.size) for instance in (main_, second) if instance)
     assert all(start + size <= after for (start, size), (after, _) in itertools.pairwise(spans))
 
 
