@@ -114,16 +114,21 @@ $(VENV)/.bench: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[bench]'
 	touch $@ $(VENV)/.runtime
 
+# RECORD=DIR: each bench below also writes a run record there (bench/record.py); the docs' tables are built from
+# the records in bench/records/ (make bench RECORD=bench/records, then commit them).
+RECORD ?=
+RECORD_ARG = $(if $(RECORD),--record $(RECORD))
+
 bench: $(VENV)/.bench
-	$(BIN)/python -m bench.bench
-	$(BIN)/python -m bench.cache_build
-	$(BIN)/python -m bench.transport
-	$(BIN)/python -m bench.scale
+	$(BIN)/python -m bench.bench $(RECORD_ARG)
+	$(BIN)/python -m bench.cache_build $(RECORD_ARG)
+	$(BIN)/python -m bench.transport $(RECORD_ARG)
+	$(BIN)/python -m bench.scale $(RECORD_ARG)
 
 # The real kube-scheduler on the e2e tier's control plane, alone and with the extender wired in as it ships:
 # pods/s, CPU per pod per process, and the end check. Needs the tier's binaries and its helpers (tests/e2e).
 bench-e2e: $(VENV)/.test e2e-build
-	$(BIN)/python -m bench.e2e --nodes $(E2E_NODES) --pods $(E2E_PODS) --runs $(E2E_RUNS) $(E2E_ARGS)
+	$(BIN)/python -m bench.e2e --nodes $(E2E_NODES) --pods $(E2E_PODS) --runs $(E2E_RUNS) $(RECORD_ARG) $(E2E_ARGS)
 
 # `make bench-placement` settings: the trace's csv directory (Alibaba's cluster-trace-gpu-v2023/csv, never
 # committed: docs/benchmarks/placement.md says how to get it), its workload, the seeds of the arrival sequence,
@@ -140,16 +145,16 @@ PLACEMENT_ARGS ?=
 # How well the extender places: GPU allocation on a production trace through the real kube-scheduler.
 bench-placement: $(VENV)/.test e2e-build
 	$(BIN)/python -m bench.placement --trace "$(TRACE)" --workload $(WORKLOAD) --seeds $(SEEDS) --mode $(MODE) \
-		$(PLACEMENT_ARGS)
+		$(RECORD_ARG) $(PLACEMENT_ARGS)
 
 loadtest: $(VENV)/.loadtest
 	$(BIN)/python -m loadtest.run --nodes $(NODES) --pods-per-second $(RATE) --duration $(DURATION) \
-		--names $(NAMES) --fill $(FILL) $(LOADTEST_ARGS)
+		--names $(NAMES) --fill $(FILL) $(RECORD_ARG) $(LOADTEST_ARGS)
 
 # The pace where the p99 of some verb passes 50 ms: steps from 100 to 1,200 pods/s, a fresh server per step.
 loadtest-saturation: $(VENV)/.loadtest
 	$(BIN)/python -m loadtest.run --nodes $(NODES) --duration 15 --names $(NAMES) --fill $(FILL) \
-		--find-saturation $(LOADTEST_ARGS)
+		--find-saturation $(RECORD_ARG) $(LOADTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache site
