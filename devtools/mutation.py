@@ -45,9 +45,12 @@ class Area:
     tests: tuple[str, ...]
 
 
-CORE_TESTS = ("tests/core", "tests/property", "tests/reference")
-"""The core's unit tests, its property tests and its independent references (those present): mutmut runs a
-mutant against those that reach its function, fastest first, and stops at the first failure."""
+CORE_TESTS = ("tests/core", "tests/reference")
+"""The core's unit tests and its independent references (where present): mutmut runs a mutant against those that
+reach its function, fastest first, and stops at the first failure, so a mutant takes seconds."""
+PROPERTY_TESTS = "tests/property"
+"""The stateful property tests: 20 to 30 s each, and every mutant they reach that nothing faster killed runs them,
+so only with `--with-properties`."""
 
 AREAS = (
     Area("ledger", ("extender/core/ledger.py",), CORE_TESTS),
@@ -90,12 +93,12 @@ def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, Equivalent]:
     return {e["mutant"]: Equivalent(e["mutant"], e["line"].strip(), e["why"]) for e in entries}
 
 
-def copy_tree(work: Path, area: Area) -> None:
+def copy_tree(work: Path, area: Area, properties: bool = False) -> None:
     """The package, the tests and pyproject.toml with a `[tool.mutmut]` table for this area, into `work`."""
     ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.pyc")
     for name in ("extender", "tests"):
         shutil.copytree(ROOT / name, work / name, ignore=ignore)
-    tests = [t for t in area.tests if (ROOT / t).exists()]
+    tests = [t for t in (*area.tests, *([PROPERTY_TESTS] if properties else [])) if (ROOT / t).exists()]
     table = [
         "",
         "[tool.mutmut]",
@@ -202,7 +205,13 @@ def report(area: Area, codes: Codes, diff_of: dict[str, str], equivalents: dict[
 
 
 def run_area(
-    area: Area, children: int, equivalents: dict[str, Equivalent], keep: bool, recheck: bool, only: str = "*"
+    area: Area,
+    children: int,
+    equivalents: dict[str, Equivalent],
+    keep: bool,
+    recheck: bool,
+    only: str = "*",
+    properties: bool = False,
 ) -> tuple[float, str]:
     """Mutate one area in a fresh copy (with `recheck`, only the mutants its last run left alive, the others
     keeping their outcome; with `only`, those whose name matches it); print the report; its share and the copy's
@@ -224,7 +233,7 @@ def run_area(
     work = Path(tempfile.mkdtemp(prefix=f"mutation-{area.name}-"))
     started = time.monotonic()
     try:
-        copy_tree(work, area)
+        copy_tree(work, area, properties)
         run = mutmut(work, "run", "--max-children", str(children), *alive)
         elapsed = time.monotonic() - started
         if run.returncode != 0 or not (work / "mutants").exists():
@@ -257,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--recheck", action="store_true", help="run only what the last run left alive (after new tests): minutes"
     )
+    parser.add_argument("--with-properties", action="store_true", help=f"also run {PROPERTY_TESTS} (slow)")
     parser.add_argument(
         "--only", default="*", help="with --recheck, the survivors whose name matches this pattern (*fit.x__refusal*)"
     )
@@ -268,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     equivalents = load_equivalents()
     shares = {}
     for area in chosen:
-        shares[area.name], work = run_area(area, args.max_children, equivalents, args.keep, args.recheck, args.only)
+        shares[area.name], work = run_area(
+            area, args.max_children, equivalents, args.keep, args.recheck, args.only, args.with_properties
+        )
         if args.keep:
             print(f"  kept: {work}")
     print("\n" + "  ".join(f"{name} {value:.1f} %" for name, value in shares.items()))
