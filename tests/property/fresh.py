@@ -22,6 +22,7 @@ from extender.core.nodes import NodeState
 from extender.core.placement.config import Ask, PolicyConfig
 from extender.core.placement.filtering import FilterOutcome
 from extender.core.placement.learned import Learned
+from extender.core.placement.measure import room_of
 from extender.core.placement.placer import Placer
 from extender.core.placement.workload import Workload
 from extender.core.protocols import DeviceProtocol
@@ -184,6 +185,9 @@ def arrays_differences(learned: Learned, fresh: Learned) -> list[str]:
     for kind, rows in arrays.kinds.items():
         if rows.size != len(rows.row_of) or sorted(rows.row_of.values()) != list(range(rows.size)):
             found.append(f"kind {kind}: {rows.size} rows, {rows.row_of}")
+    for name, state in cache.nodes.items():
+        if state.known and name in fresh.cache.nodes and learned.room(state) != room_of(fresh.cache.nodes[name]):
+            found.append(f"{name}: room {learned.room(state)} remembered, {room_of(fresh.cache.nodes[name])} afresh")
     classes = learned.workload.built
     for name, state in cache.nodes.items():
         remembered = learned.remembered(state, classes)
@@ -215,3 +219,8 @@ def outcome_of(placer: Placer, ask: Ask, names: list[str]) -> tuple[list[str], d
     """What the filter passes of `names`, and why it fails or rules out the others."""
     outcome: FilterOutcome = placer.filter(ask.demand, list(names), placer.cache.nodes, "default/asked", ask)
     return list(outcome.passed), dict(outcome.failed), dict(outcome.unresolvable)
+
+
+def scores_of(placer: Placer, ask: Ask, names: list[str]) -> list[tuple[str, int]]:
+    """What prioritize scores each of `names`."""
+    return [(entry["Host"], entry["Score"]) for entry in placer.prioritize(ask.demand, names, placer.cache.nodes, ask)]

@@ -34,6 +34,7 @@ from tests.property.fresh import (
     fresh_placer,
     outcome_of,
     rebuilt,
+    scores_of,
     workload_differences,
 )
 
@@ -163,9 +164,12 @@ class CacheMachine(RuleBasedStateMachine):
             self.needs.add(demand.per_device)
         names = sorted(self.nodes)
         fresh = rebuilt(self.protocol, self.clock, self.nodes.values(), self.shown.values(), self.cache)
-        expected = outcome_of(fresh_placer(fresh, self.learned, self.config), ask, names)
+        afresh = fresh_placer(fresh, self.learned, self.config)
+        expected = outcome_of(afresh, ask, names)
         found = outcome_of(self.placer, ask, names)
         assert found == expected, f"filter of {uid}: {found} kept, {expected} afresh"
+        scores, expected_scores = scores_of(self.placer, ask, names), scores_of(afresh, ask, names)
+        assert scores == expected_scores, f"scores of {uid}: {scores} kept, {expected_scores} afresh"
         if not found[0]:
             return
         node = data.draw(st.sampled_from(found[0]))

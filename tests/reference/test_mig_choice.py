@@ -78,8 +78,9 @@ B200) and of 4 (A30, RTX PRO 6000), as `nvidia-smi mig -lgipp` lists them."""
 
 def from_allowlist(names: tuple[str, ...], memory_slices: int) -> list[HamiProfile]:
     """A table of HAMi's chart allowlist (names alone: memory, slice counts and placements come from NVML on the
-    node, `plugin/register.go:209-255`): memory from the name (GB x 1024 MiB), slice count from its `Ng`, placements
-    as NVML lays them out (`GEOMETRY`). The rule reads only these, so values of that order test it."""
+    node, `plugin/register.go:209-255`): memory from the name (GB x 1024 MiB, as HAMi's own geometry table gives it
+    for the A30, A100 and RTX PRO 6000 profiles, docs/develop/dynamic-mig.md:35-103: 7g.79gb 80896), slice count
+    from its `Ng`, placements as NVML lays them out (`GEOMETRY`). The rule reads only these."""
     rows = []
     for name in names:
         compute, memory = name.split(".")
