@@ -5,6 +5,7 @@ refusals at their edges (several GPUs, equal GPUs, nothing free, MIG slices, NUM
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -12,10 +13,13 @@ import pytest
 from extender.core.cache import Cache
 from extender.core.contract import HostPriorityEntry
 from extender.core.devices import Demand, Device, Request, Selectors, Strategy
-from extender.core.placement.config import Policy, PolicyConfig
+from extender.core.placement import fragmentation
+from extender.core.placement.config import Ask, Policy, PolicyConfig
 from extender.core.placement.fill import least_allocated, most_allocated, score_node, shifted
 from extender.core.placement.filtering import DETAILED, FilterOutcome, same_reason, summarized
 from extender.core.placement.fit import Cause, Judgement, Usage, Verdict, place
+from extender.core.placement.learned import Learned
+from extender.core.placement.placer import Placer
 from tests.builders import (
     HAMI,
     bound_pod,
@@ -26,6 +30,7 @@ from tests.builders import (
     make_node,
     placer_for,
 )
+from tests.core.placement.test_batch import random_cluster
 from tests.core.placement.test_fragmentation import BEST, GPU, OFF, TIES, ask, node, teach
 from tests.core.test_mig import A100
 
@@ -278,3 +283,53 @@ def test_a_node_without_gpus_is_unresolvable_for_a_general_demand_saying_why() -
         Cause.NO_GPUS,
     )
     assert placer_for(cache).judge(demand, cache.nodes["empty"]).reason.startswith("no GPUs")
+
+
+# ---- warming: when the filter judges afresh in slices ------------------------------------------------------
+
+
+def warm_cluster(count: int) -> tuple[Cache, Learned]:
+    return random_cluster(random.Random(9), count, (4, 8), (40,))
+
+
+def slices(ask_: Ask, cache: Cache, learned: Learned) -> int | None:
+    """How many slices `warming` cuts the nodes' fresh judging into (None: judged at once)."""
+    steps = fragmentation.warming(ask_, list(cache.nodes), learned, cache.nodes)
+    return None if steps is None else sum(1 for _ in steps)
+
+
+PLAIN = Ask(Demand(8), 2000, 4 << 30)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "array_slice", "expected"),
+    [
+        (150, 30, None),  # no more than one scalar slice missing: judged at once, however small the array slice
+        (200, 199, 2),  # every node counts, the first slot's too
+        (200, 200, None),  # exactly one array slice
+        (200, 100, 2),
+    ],
+)  # fmt: skip
+def test_warming_slices_only_what_one_slice_cannot_judge(
+    nodes: int, array_slice: int, expected: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, learned = warm_cluster(nodes)
+    monkeypatch.setattr(fragmentation, "ARRAY_SLICE", array_slice)
+    assert slices(PLAIN, cache, learned) == expected
+
+
+def test_a_demand_the_arrays_do_not_judge_is_sliced_as_the_scalar_way_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache, learned = warm_cluster(200)
+    monkeypatch.setattr(fragmentation, "SCALAR_SLICE", 40)
+    own_strategy = Ask(Demand(8, node_strategy=Strategy.SPREAD), 2000, 4 << 30)
+    assert slices(own_strategy, cache, learned) == 5  # 200 one by one, 40 a slice; in arrays it would be one
+
+
+def test_the_policy_warms_only_when_it_narrows_more_than_one_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache, learned = warm_cluster(200)
+    monkeypatch.setattr(fragmentation, "ARRAY_SLICE", 100)
+    names = list(cache.nodes)
+    assert Placer(cache, OFF, learned).policy.warming(PLAIN, names, cache.nodes) is None
+    assert Placer(cache, BEST, learned).policy.warming(PLAIN, names[:1], cache.nodes) is None
+    steps = Placer(cache, BEST, learned).policy.warming(PLAIN, names, cache.nodes)
+    assert steps is not None and sum(1 for _ in steps) == 2
