@@ -20,9 +20,11 @@ from extender.core.placement.filtering import DETAILED, FilterOutcome, same_reas
 from extender.core.placement.fit import Cause, Judgement, Usage, Verdict, place
 from extender.core.placement.learned import Learned
 from extender.core.placement.placer import Placer
+from extender.core.placement.workload import Shape
 from tests.builders import (
     HAMI,
     bound_pod,
+    learned_of,
     make_cluster,
     make_hami_cluster,
     make_hami_node,
@@ -333,3 +335,17 @@ def test_the_policy_warms_only_when_it_narrows_more_than_one_node(monkeypatch: p
     assert Placer(cache, BEST, learned).policy.warming(PLAIN, names[:1], cache.nodes) is None
     steps = Placer(cache, BEST, learned).policy.warming(PLAIN, names, cache.nodes)
     assert steps is not None and sum(1 for _ in steps) == 2
+
+
+def test_a_filter_request_teaches_its_pods_shape_once_and_never_one_the_cache_already_counts() -> None:
+    cache = make_cluster(node("n1"), pods=(bound_pod("seen", "n1", (0,), 400),))
+    learned = learned_of(cache)
+    asked, other = Shape(1000, 1 << 30, 1, 300), Shape(2000, 1 << 30, 1, 700)
+    learned.asked("new", asked)
+    once = dict(learned.workload.weights)
+    assert once.get(asked, 0) > 0
+    learned.asked("new", asked)
+    learned.asked("", other)
+    [seen] = cache.pods
+    learned.asked(seen, other)
+    assert learned.workload.weights == once
