@@ -6,6 +6,7 @@ refusals at their edges (several GPUs, equal GPUs, nothing free, MIG slices, NUM
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from extender.core.placement.filtering import DETAILED, FilterOutcome, same_reas
 from extender.core.placement.fit import Cause, Judgement, Usage, Verdict, place
 from extender.core.placement.learned import Learned
 from extender.core.placement.placer import Placer
+from extender.core.placement.topology import LINK_WEIGHT, link_term
 from extender.core.placement.workload import Shape
 from tests.builders import (
     HAMI,
@@ -349,3 +351,59 @@ def test_a_filter_request_teaches_its_pods_shape_once_and_never_one_the_cache_al
     [seen] = cache.pods
     learned.asked(seen, other)
     assert learned.workload.weights == once
+
+
+# ---- topology: what taking GPUs costs a node's links -------------------------------------------------------
+
+
+def linked(free: list[int], scores: dict[tuple[int, int], int]) -> Any:
+    """A node's GPUs with pair scores (both ways) and free memory: all `link_term` reads of a node."""
+    devices = [
+        Device(
+            p,
+            16,
+            uuid=f"GPU-{p}",
+            links=tuple((f"GPU-{q}", scores.get((min(p, q), max(p, q)), 0)) for q in range(len(free)) if q != p),
+        )
+        for p in range(len(free))
+    ]
+    return SimpleNamespace(devices=devices, free=free)
+
+
+TOPOLOGY = Demand(4, devices=2, selectors=Selectors(topology=True))
+
+
+@pytest.mark.parametrize(
+    ("scores", "positions", "cost"),
+    [
+        ({(0, 1): 100}, [0, 1], 0.0),  # an NVLink between them: nothing lost
+        ({(0, 1): 50}, [0, 1], 0.5),
+        ({(0, 1): 200}, [0, 1], 0.0),  # more than one NVLink counts as one
+        ({}, [0, 1], 1.0),  # no scores: the full cost
+        ({(0, 1): 100, (1, 2): 20}, [0, 1, 2], 1.0 - 40 / 100),  # the pairs' average: (100 + 0 + 20) / 3
+    ],
+)  # fmt: skip
+def test_a_topology_aware_pod_pays_for_its_gpus_not_linked_by_nvlink(
+    scores: dict[tuple[int, int], int], positions: list[int], cost: float
+) -> None:
+    assert link_term(TOPOLOGY, linked([16, 16, 16, 16], scores), positions) == pytest.approx(cost)
+
+
+@pytest.mark.parametrize(
+    ("free", "scores", "positions", "cost"),
+    [
+        ([16, 1, 0, 16], {(0, 1): 100}, [0], LINK_WEIGHT * 0.5),  # linked to GPU 1 of the two left free (GPU 2 full)
+        ([16, 1, 0, 16], {(0, 1): 100}, [0, 3], LINK_WEIGHT * 0.5),  # another pod's two GPUs, GPU 1 alone left
+        ([16, 16, 0, 0], {(0, 1): 300}, [0], LINK_WEIGHT),  # more than an NVLink counts as one
+        ([16, 16, 16, 16], {(1, 2): 100}, [0], 0.0),  # linked to nothing left
+        ([16, 0, 0, 0], {(0, 1): 100}, [0], 0.0),  # nothing left free
+        ([16, 16, 16, 16], {}, [0], 0.0),  # no scores at all
+        ([16, 16], {(0, 1): 100}, [], 0.0),  # nothing taken
+    ],
+)  # fmt: skip
+def test_a_pod_that_did_not_ask_pays_a_little_for_the_links_it_breaks(
+    free: list[int], scores: dict[tuple[int, int], int], positions: list[int], cost: float
+) -> None:
+    assert link_term(Demand(4, devices=len(positions) or 1), linked(free, scores), positions) == pytest.approx(cost)
+    if len(positions) == 1:  # one GPU of a topology-aware pod: no pair to link, the same small cost
+        assert link_term(TOPOLOGY, linked(free, scores), positions) == pytest.approx(cost)
