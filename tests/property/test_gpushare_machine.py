@@ -18,7 +18,7 @@ from tests.property.machine import CacheMachine
 
 KINDS = ((2, 16, ""), (2, 16, ""), (2, 16, ""), (4, 16, ""), (1, 8, "T4"))
 """(GPUs, GiB each, model) of the nodes drawn."""
-EXAMPLES = 80
+EXAMPLES = 120
 STEPS = 60
 
 

@@ -20,7 +20,7 @@ from tests.builders import A100_PROFILES, HAMI, make_hami_pod
 from tests.property.fresh import property_settings
 from tests.property.machine import CacheMachine
 
-EXAMPLES = 80
+EXAMPLES = 120
 STEPS = 60
 
 A100_80GB_PROFILES = [

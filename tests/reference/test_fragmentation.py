@@ -36,7 +36,7 @@ from tests.builders import HAMI, PROFILE, make_hami_pod, make_node, make_pod
 from tests.property.fresh import property_settings
 from tests.reference import fgd
 
-EXAMPLES = 150
+EXAMPLES = 300
 GIB = 1024**3
 CPUS = (0, 500, 1000, 2000, 4000)
 MEMORIES = (0, GIB, 4 * GIB)

@@ -23,7 +23,7 @@ from tests.property.fresh import property_settings
 from tests.reference import fgd
 from tests.reference.test_fragmentation import learned_workload, typical_pods
 
-EXAMPLES = 40
+EXAMPLES = 80
 KINDS = ((4, 16, ""), (4, 16, ""), (4, 16, ""), (2, 8, "T4"))
 AMBIGUOUS = 1e-7
 """A node this close to the tolerance's edge could fall either side by the rounding of sums: such draws are left
