@@ -84,11 +84,18 @@ SUMMARY = (
 
 
 def rebuilt(
-    protocol: DeviceProtocol, clock: Callable[[], float], nodes: Iterable[Any], pods: Iterable[Any], cache: Cache
+    protocol: DeviceProtocol,
+    clock: Callable[[], float],
+    nodes: Iterable[Any],
+    pods: Iterable[Any],
+    cache: Cache,
+    unhealthy: dict[str, frozenset[int]] | None = None,
 ) -> Cache:
-    """A cache built in one go from `nodes` and `pods`, then given the reservations `cache` holds (what the ledger
-    decided that the objects do not show yet), in the order it holds them."""
+    """A cache built in one go from `nodes`, `pods` and the operators' lists of `unhealthy` GPUs, then given the
+    reservations `cache` holds (what the ledger decided that the objects do not show yet), in the order it holds
+    them."""
     fresh = Cache(protocol, clock=clock)
+    fresh.replace_unhealthy(dict(unhealthy or {}))
     fresh.replace(list(nodes), list(pods))
     for uid, hold in cache.reserved.items():
         if fresh.hold_of(uid) is None:

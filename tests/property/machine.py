@@ -71,6 +71,8 @@ class CacheMachine(RuleBasedStateMachine):
         """The workload the cache's pods teach, observed here as each first shows."""
         self.drawn: dict[str, dict[str, Any]] = {}
         """The last node drawn by each name (a node deleted comes back as it was while pods hold GPUs there)."""
+        self.unhealthy: dict[str, frozenset[int]] = {}
+        """GPUs operators listed unhealthy, by node (gpushare's ConfigMaps)."""
         self.needs: set[int] = set()
         self.names = 0
 
@@ -133,6 +135,17 @@ class CacheMachine(RuleBasedStateMachine):
         node["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
         self.cache.apply_node(node)
 
+    @precondition(lambda self: self.nodes and self.protocol.unhealthy_namespace is not None)
+    @rule(data=st.data(), indexes=st.sets(st.integers(min_value=0, max_value=3), max_size=2))
+    def list_unhealthy(self, data: st.DataObject, indexes: set[int]) -> None:
+        """Operators list some GPUs of a node unhealthy (or none: the list is deleted)."""
+        name = data.draw(st.sampled_from(sorted(self.nodes)))
+        if indexes:
+            self.unhealthy[name] = frozenset(indexes)
+        else:
+            self.unhealthy.pop(name, None)
+        self.cache.apply_unhealthy(name, frozenset(indexes) or None)
+
     @precondition(lambda self: self.nodes)
     @rule(data=st.data())
     def remove_node(self, data: st.DataObject) -> None:
@@ -163,7 +176,7 @@ class CacheMachine(RuleBasedStateMachine):
         if demand.plain and demand.devices == 1:
             self.needs.add(demand.per_device)
         names = sorted(self.nodes)
-        fresh = rebuilt(self.protocol, self.clock, self.nodes.values(), self.shown.values(), self.cache)
+        fresh = rebuilt(self.protocol, self.clock, self.nodes.values(), self.shown.values(), self.cache, self.unhealthy)
         afresh = fresh_placer(fresh, self.learned, self.config)
         expected = outcome_of(afresh, ask, names)
         found = outcome_of(self.placer, ask, names)
@@ -306,7 +319,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def equals_a_cache_built_afresh(self) -> None:
-        fresh = rebuilt(self.protocol, self.clock, self.nodes.values(), self.shown.values(), self.cache)
+        fresh = rebuilt(self.protocol, self.clock, self.nodes.values(), self.shown.values(), self.cache, self.unhealthy)
         problems = cache_differences(self.cache, fresh, sorted(self.needs))
         fresh_learned = Learned(fresh)
         problems += arrays_differences(self.learned, fresh_learned)

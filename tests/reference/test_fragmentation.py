@@ -164,7 +164,7 @@ def gpushare_nodes(draw: st.DrawFn) -> tuple[dict[str, Any], Drawn]:
 def hami_nodes(draw: st.DrawFn) -> tuple[dict[str, Any], Drawn]:
     kind = draw(st.sampled_from(("core", "mig", "mixed")))
     gpus = draw(st.integers(1, 4 if kind == "core" else 2))
-    devmem, split = draw(st.sampled_from(sorted(TABLES))), draw(st.sampled_from((4, 10)))
+    devmem, split = draw(st.sampled_from(sorted(TABLES))), draw(st.sampled_from((2, 4, 10)))
     model = f"NVIDIA A100 {devmem // 1024}GB"
     table = TABLES[devmem]
     modes = {"core": ["hami-core"] * gpus, "mig": ["mig"] * gpus, "mixed": ["mig", "hami-core"][:gpus]}[kind]
@@ -197,7 +197,7 @@ def hami_nodes(draw: st.DrawFn) -> tuple[dict[str, Any], Drawn]:
         else:
             used = cores = pods = 0
             for _ in range(draw(st.integers(0, 3))):
-                memory, core = draw(st.integers(1, devmem // 3)), draw(st.sampled_from((0, 10, 30)))
+                memory, core = draw(st.integers(1, devmem // 3)), draw(st.sampled_from((0, 10, 30, 50)))
                 grant = Grant(index, memory, core, uuid)
                 drawn.objects.append(running_hami(drawn.name(), grant, requests(draw, drawn)))
                 used, cores, pods = used + memory, cores + core, pods + 1
