@@ -1,0 +1,317 @@
+"""Jobs, not pods: which pods start together, as their users already declare it. Reads labels, annotations and
+PodGroup objects handed in; never asks the API, never raises on what a pod carries.
+
+Three schemes, each read as its own project reads it (file:line at the version named):
+
+- **Kueue's plain-pod groups** (sigs.k8s.io/kueue v0.17.0): the label `kueue.x-k8s.io/pod-group-name` names
+  the group, the annotation `kueue.x-k8s.io/pod-group-total-count` its size (pkg/controller/jobs/pod/constants/
+  constants.go:27-28). Both or neither (pod_webhook.go:274-305); the name a DNS-1123 subdomain
+  (`ValidateLabelAsCRDName`, jobframework/validation.go:111-119); the count a base-10 `strconv.Atoi` of at least
+  1 (pod_controller.go:599-621); every member, failed pods skipped, the same count (pod_controller.go:800-825).
+- **scheduler-plugins' coscheduling** (sigs.k8s.io/scheduler-plugins v0.31.8): the label
+  `scheduling.x-k8s.io/pod-group` (`PodGroupLabel`, apis/scheduling/v1alpha1/types.go:111-112) names a PodGroup
+  of the pod's namespace (`GetPodGroup`, pkg/coscheduling/core/core.go:352-362), whose `spec.minMember` is the
+  minimum to start (types.go:146-151; a member past it is permitted at once, core.go:296-298). A pod that names
+  a PodGroup the cluster lacks is refused (`PodGroupNotFound`, core.go:281-284).
+- **Volcano** (volcano.sh/apis v1.12.1): the annotation `scheduling.k8s.io/group-name`, or
+  `scheduling.volcano.sh/group-name`, names the pod's PodGroup (pkg/apis/scheduling/v1beta1/labels.go:30-36),
+  whose `spec.minMember` is its minimum (types.go:174-177). Volcano's scheduler itself is not on the module proxy
+  (volcano.sh/volcano), so which key it prefers could not be read: both are read, and must agree.
+
+A PodGroup's scheme counts only where its CRD is installed (`PodGroups`: None for a CRD the cluster lacks):
+without it the label or annotation means nothing to the cluster, and the pod is placed as any pod.
+
+A group's size is its minimum to start: once that many members are bound, the others are placed as any pod.
+Every declaration that cannot be used says why (`Declared.problem`, `Group.problem`), never by an exception.
+
+## How the ledger will hold a group (for the integration, not built here)
+
+- **One hold per group.** When a member is filtered and its group holds nothing (and `Group.gang` has members
+  to plan), the filter asks `gang.plan_group` over the cache's nodes; on a `Plan`, the ledger records a group
+  hold: one `Hold` per planned member, in a new state `HoldState.GROUPED` (counted as RESERVED is: nothing else
+  takes it, `NodeState.refresh` already counts every hold), each carrying the group's key (a new field `Hold.group`).
+  The filter then passes each member the node planned for it alone; a member filtered while its group holds
+  passes that node, whatever else fits. On a `NoPlan`, every member's filter is refused with `NoPlan.reason` on
+  every node.
+- **Counted as reservations, quotas charged once.** The group is admitted by the quota book in one step, the sum
+  of its members' charges against the namespace (`Quotas.refusal(namespace, summed charge)`), not member by
+  member (a quota that admits 5 of 8 members must refuse the group). Each member's bind then finds its GPUs
+  held (`Ledger.take_assumed`'s path: the hold is the decision) and is not charged again (`Quotas.admits` gives
+  the pod's own hold back, book.py `admits`).
+- **Expiry, a setting with a metric.** A group hold whose members do not all bind within
+  `Settings.group_hold_ttl` seconds is released whole, counted in a metric
+  `extender_group_holds_expired_total`; `Ledger.expire` must release the group's every hold together (a member
+  already bound stays: it is the API's record now).
+- **Release whole.** A definite failure of one member's bind, or a member deleted, releases the group's
+  remaining holds together (`Ledger.release` by group), and the group is planned again at its next filter.
+- **Restart and leader change.** The durable record is the API's: each member's planned allocation is written
+  as our allocation annotations on the pod, without binding (a patch per member when the group is held); the
+  cache already takes "a pod found annotated but not bound" as RESERVED again, from its assume time
+  (`holds.py`), so a restarted extender or a new leader holds the same GPUs and expires them on the same clock.
+  Where the patches cannot be written, the hold stays in memory only and is released whole on restart, the
+  group planned again counting its bound members (`Group.gang`): never half.
+
+The integration will call or change exactly these:
+- `ledger.Ledger`: `reserve` (a new `reserve_group(allocations)`: every member checked by `_refusal` and the
+  quota once, all recorded or none, in one step), `take_assumed` (take a member's group hold at its bind),
+  `release` (release a group whole), `expire` (group holds by the group's TTL, whole), `assume`/`unassume` (not
+  for grouped pods).
+- `holds`: `HoldState` (a `GROUPED` state), `Hold` (a `group` field), `Allocation` (unchanged: `gang.Plan`
+  builds them).
+- `cache.Cache`: `hold`, `release`, `reserved` (unchanged; a group's holds go through them).
+- `quota.book.Quotas`: `refusal`, `admits` (a group's summed charge).
+- `placement.placer.Placer`: `filter`/`begin_filter` (a grouped member: the planned node alone, or the
+  group's reason on every node), `choose` (passed to `gang.plan_group` as its `choose`); `assume.assume` (skips
+  grouped pods); `binding.bind` (a member takes its planned allocation).
+- `pods.PodRecord` (the group labels and annotations it reads, `declared` over them) and `resources`; the
+  sources' informers gain the two PodGroup CRDs where installed (`PodGroups`).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from extender.core import objects
+from extender.core.objects import Raw, as_object
+
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+"""Label: the Kueue pod group's name (constants.go:27 at v0.17.0)."""
+KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+"""Annotation: how many pods the Kueue pod group has (constants.go:28 at v0.17.0)."""
+COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"
+"""Label: the coscheduling PodGroup's name (apis/scheduling/v1alpha1/types.go:112 at v0.31.8)."""
+VOLCANO_GROUPS = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh/group-name")
+"""Annotations: the Volcano PodGroup's name (pkg/apis/scheduling/v1beta1/labels.go:32, 36 at v1.12.1)."""
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_ATOI = re.compile(r"[+-]?[0-9]+")
+"""What Go's `strconv.Atoi` reads: an optional sign and decimal digits, nothing else (no spaces, no `_`)."""
+_INT32 = 2**31 - 1
+_INT64 = 2**63 - 1
+
+
+class Scheme(enum.StrEnum):
+    KUEUE = "Kueue's pod group"
+    COSCHEDULING = "coscheduling's PodGroup"
+    VOLCANO = "Volcano's PodGroup"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupKey:
+    """A group: its scheme, and its name in its namespace (groups of two schemes never merge)."""
+
+    scheme: Scheme
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return objects.key(self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class PodGroups:
+    """The PodGroup objects the cluster has, by `namespace/name`, per CRD; None where that CRD is not installed."""
+
+    coscheduling: Mapping[str, Raw] | None = None
+    """scheduling.x-k8s.io/v1alpha1 PodGroups (scheduler-plugins)."""
+    volcano: Mapping[str, Raw] | None = None
+    """scheduling.volcano.sh/v1beta1 PodGroups."""
+
+
+NO_CRDS = PodGroups()
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """What one pod says of its group."""
+
+    group: GroupKey | None
+    minimum: int = 0
+    """Members the group needs bound to start, by this pod's declaration."""
+    problem: str = ""
+    """Why the declaration cannot be used ("" when it can): the pod is refused with it."""
+
+
+def min_member(podgroup: Raw) -> int | str:
+    """A PodGroup's `spec.minMember` (both CRDs: an int32, 0 when absent, as Go's `omitempty` leaves it), or why
+    it cannot be read."""
+    value = as_object(podgroup.get("spec")).get("minMember", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT32:
+        return f"spec.minMember {value!r} is not a count"
+    return value
+
+
+def declared(pod: Raw, podgroups: PodGroups = NO_CRDS) -> Declared | None:
+    """The group the pod declares (None when it declares none), its minimum, or why the declaration is unusable.
+
+    A pod may declare one group only: two schemes at once would have two schedulers' views of when it starts."""
+    namespace = objects.namespace(pod)
+    found = [
+        found
+        for found in (
+            _kueue(pod, namespace),
+            _coscheduling(pod, namespace, podgroups),
+            _volcano(pod, namespace, podgroups),
+        )
+        if found is not None
+    ]
+    if not found:
+        return None
+    if len(found) > 1:
+        named = " and ".join(f"{one.group.scheme} {one.group}" for one in found if one.group is not None)
+        return Declared(None, 0, f"pod {objects.pod_key(pod)} declares two groups ({named}); it may start with one")
+    return found[0]
+
+
+def _kueue(pod: Raw, namespace: str) -> Declared | None:
+    name = str(objects.labels_of(pod).get(KUEUE_GROUP) or "")
+    total = objects.annotations_of(pod).get(KUEUE_TOTAL)
+    if not name and total is None:
+        return None
+    key = GroupKey(Scheme.KUEUE, namespace, name)
+    if not name or total is None:
+        return Declared(key, 0, f"both the label {KUEUE_GROUP} and the annotation {KUEUE_TOTAL} are needed")
+    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+        return Declared(key, 0, f"{KUEUE_GROUP} {name!r} is not a DNS-1123 subdomain, as Kueue requires")
+    count = _atoi(total)
+    if count is None or count < 1:
+        return Declared(key, 0, f"{KUEUE_TOTAL} {total!r} is not a count of at least 1")
+    return Declared(key, count)
+
+
+def _atoi(text: object) -> int | None:
+    if not isinstance(text, str) or not _ATOI.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -_INT64 - 1 <= value <= _INT64 else None
+
+
+def _coscheduling(pod: Raw, namespace: str, podgroups: PodGroups) -> Declared | None:
+    name = str(objects.labels_of(pod).get(COSCHEDULING_GROUP) or "")
+    if not name or podgroups.coscheduling is None:
+        return None
+    return _podgroup(GroupKey(Scheme.COSCHEDULING, namespace, name), podgroups.coscheduling)
+
+
+def _volcano(pod: Raw, namespace: str, podgroups: PodGroups) -> Declared | None:
+    annotations = objects.annotations_of(pod)
+    names = {str(annotations.get(label) or "") for label in VOLCANO_GROUPS} - {""}
+    if not names or podgroups.volcano is None:
+        return None
+    if len(names) > 1:
+        first, second = (str(annotations.get(label)) for label in VOLCANO_GROUPS)
+        key = GroupKey(Scheme.VOLCANO, namespace, first)
+        said = f"{VOLCANO_GROUPS[0]} {first!r} and {VOLCANO_GROUPS[1]} {second!r}"
+        return Declared(key, 0, f"{said} name two PodGroups")
+    return _podgroup(GroupKey(Scheme.VOLCANO, namespace, names.pop()), podgroups.volcano)
+
+
+def _podgroup(key: GroupKey, known: Mapping[str, Raw]) -> Declared:
+    podgroup = known.get(str(key))
+    if podgroup is None:
+        return Declared(key, 0, f"{key.scheme} {key} does not exist (yet)")
+    minimum = min_member(podgroup)
+    if isinstance(minimum, str):
+        return Declared(key, 0, f"{key.scheme} {key}: {minimum}")
+    return Declared(key, minimum)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberPod:
+    """A pod of a group, as far as starting it matters."""
+
+    uid: str
+    name: str
+    bound: bool
+    """Has a node (`spec.nodeName`): it counts toward the minimum."""
+    gated: bool = False
+    """Has scheduling gates: kube-scheduler will not place it yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """What a group needs now: the members to place together (none: placed as any pod), or why it waits."""
+
+    members: tuple[MemberPod, ...] = ()
+    waiting: str = ""
+    """Why none of its members may be placed yet ("" when they may)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    key: GroupKey
+    minimum: int
+    members: tuple[MemberPod, ...]
+    """Its pods that have not failed, by name (then UID): the order the gang takes the pending ones in."""
+    problem: str = ""
+    """Why the group cannot be placed as declared ("" when it can): its members disagree."""
+
+    def gang(self) -> Gang:
+        """The pending members that must be placed together for the group to start: as many as its minimum lacks
+        bound, the first by name. None once the minimum is bound (the rest are placed as any pod)."""
+        if self.problem:
+            return Gang(waiting=self.problem)
+        bound = sum(1 for member in self.members if member.bound)
+        lacking = self.minimum - bound
+        if lacking <= 0:
+            return Gang()
+        pending = [member for member in self.members if not member.bound and not member.gated]
+        if len(pending) < lacking:
+            gated = sum(1 for member in self.members if member.gated)
+            exist = f"{len(self.members)} exist" + (f" ({gated} gated)" if gated else "")
+            return Gang(waiting=f"job {self.key} needs {self.minimum} pods to start; {exist}, {bound} bound")
+        return Gang(tuple(pending[:lacking]))
+
+
+@dataclass(slots=True)
+class Membership:
+    """Every group of a set of pods, and the pods whose declaration cannot be used. Built by `membership`."""
+
+    groups: dict[GroupKey, Group] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    """Pod UID -> why its declaration cannot be used."""
+    group_of: dict[str, GroupKey] = field(default_factory=dict)
+    """Pod UID -> its group."""
+
+
+def membership(pods: Iterable[Raw], podgroups: PodGroups = NO_CRDS) -> Membership:
+    """Who belongs to which group. Failed pods are left out (Kueue skips them, pod_controller.go:801-803);
+    members that disagree on the group's size make the whole group's problem."""
+    found = Membership()
+    declarations: dict[GroupKey, list[tuple[MemberPod, int]]] = {}
+    for pod in pods:
+        status = as_object(pod.get("status"))
+        if status.get("phase") == "Failed":
+            continue
+        said = declared(pod, podgroups)
+        if said is None:
+            continue
+        uid = objects.uid(pod)
+        if said.problem or said.group is None:
+            found.refused[uid] = said.problem
+            continue
+        spec = as_object(pod.get("spec"))
+        member = MemberPod(uid, objects.name(pod), bool(spec.get("nodeName")), bool(spec.get("schedulingGates")))
+        declarations.setdefault(said.group, []).append((member, said.minimum))
+        found.group_of[uid] = said.group
+    for key, said_by in declarations.items():
+        said_by.sort(key=lambda pair: (pair[0].name, pair[0].uid))
+        members = tuple(member for member, _ in said_by)
+        found.groups[key] = Group(key, said_by[0][1], members, _disagreement(key, said_by))
+    return found
+
+
+def _disagreement(key: GroupKey, said_by: list[tuple[MemberPod, int]]) -> str:
+    """Why the members' sizes cannot all hold ("" when they agree). A PodGroup's minimum is one object's, so only
+    Kueue's members, each with its own annotation, can disagree."""
+    first, size = said_by[0]
+    for member, other in said_by[1:]:
+        if other != size:
+            return (
+                f"pods {first.name} and {member.name} of job {key} disagree on its size ({KUEUE_TOTAL} {size} and "
+                f"{other})"
+            )
+    return ""
