@@ -5,7 +5,7 @@ Three schemes, each read as its own project reads it (file:line at the version n
 
 - **Kueue's plain-pod groups** (sigs.k8s.io/kueue v0.17.0): the label `kueue.x-k8s.io/pod-group-name` names
   the group, the annotation `kueue.x-k8s.io/pod-group-total-count` its size (pkg/controller/jobs/pod/constants/
-  constants.go:27-28). Both or neither (pod_webhook.go:274-305); the name a DNS-1123 subdomain
+  constants.go:27-28). Both or neither (pod_webhook.go:274-306); the name a DNS-1123 subdomain
   (`ValidateLabelAsCRDName`, jobframework/validation.go:111-119); the count a base-10 `strconv.Atoi` of at least
   1 (pod_controller.go:599-621); every member, failed pods skipped, the same count (pod_controller.go:800-825).
 - **scheduler-plugins' coscheduling** (sigs.k8s.io/scheduler-plugins v0.31.8): the label
@@ -24,47 +24,58 @@ without it the label or annotation means nothing to the cluster, and the pod is 
 A group's size is its minimum to start: once that many members are bound, the others are placed as any pod.
 Every declaration that cannot be used says why (`Declared.problem`, `Group.problem`), never by an exception.
 
-## How the ledger will hold a group (for the integration, not built here)
+## How the ledger will hold a group (for the integration; nothing below is built yet)
 
-- **One hold per group.** When a member is filtered and its group holds nothing (and `Group.gang` has members
-  to plan), the filter asks `gang.plan_group` over the cache's nodes; on a `Plan`, the ledger records a group
-  hold: one `Hold` per planned member, in a new state `HoldState.GROUPED` (counted as RESERVED is: nothing else
-  takes it, `NodeState.refresh` already counts every hold), each carrying the group's key (a new field `Hold.group`).
-  The filter then passes each member the node planned for it alone; a member filtered while its group holds
-  passes that node, whatever else fits. On a `NoPlan`, every member's filter is refused with `NoPlan.reason` on
-  every node.
-- **Counted as reservations, quotas charged once.** The group is admitted by the quota book in one step, the sum
-  of its members' charges against the namespace (`Quotas.refusal(namespace, summed charge)`), not member by
-  member (a quota that admits 5 of 8 members must refuse the group). Each member's bind then finds its GPUs
-  held (`Ledger.take_assumed`'s path: the hold is the decision) and is not charged again (`Quotas.admits` gives
-  the pod's own hold back, book.py `admits`).
-- **Expiry, a setting with a metric.** A group hold whose members do not all bind within
-  `Settings.group_hold_ttl` seconds is released whole, counted in a metric
-  `extender_group_holds_expired_total`; `Ledger.expire` must release the group's every hold together (a member
-  already bound stays: it is the API's record now).
-- **Release whole.** A definite failure of one member's bind, or a member deleted, releases the group's
-  remaining holds together (`Ledger.release` by group), and the group is planned again at its next filter.
-- **Restart and leader change.** The durable record is the API's: each member's planned allocation is written
-  as our allocation annotations on the pod, without binding (a patch per member when the group is held); the
-  cache already takes "a pod found annotated but not bound" as RESERVED again, from its assume time
-  (`holds.py`), so a restarted extender or a new leader holds the same GPUs and expires them on the same clock.
-  Where the patches cannot be written, the hold stays in memory only and is released whole on restart, the
-  group planned again counting its bound members (`Group.gang`): never half.
+- **One hold per group.** When a member is filtered, its group holds nothing and `Group.gang` lists members to
+  place, the filter plans them with `gang.plan_group` over the cache's nodes (`choose`: the policy's
+  `Placer.choose` with each member's ask; `refusal`: `cache.protocol.refusal`). On a `Plan`, the ledger records
+  every member's allocation in one step, each a `Hold` in a new state `HoldState.GROUPED` carrying the group's
+  key (a new field `Hold.group`): counted as a reservation is (`NodeState.refresh` counts every hold), so no
+  other pod's filter, assumption or bind can take those GPUs. The member asking is passed its planned node alone;
+  each later member, filtered while its group holds, is passed its own planned node whatever else fits. On a
+  `NoPlan`, the member is refused on every node with `NoPlan.reason`, and so is each other member until a plan
+  fits. Two groups never hold parts of what each needs: a group's holds are recorded all or none, under the
+  ledger's one synchronous step, against what the other group's holds left.
+- **Quotas charged once.** The group is admitted in that same step by the sum of its members' charges
+  (`Quotas.refusal(namespace, Charge.merged(charge_of(...) per member), less=each member's own held charge)`),
+  never member by member: a quota with room for 5 of 8 members refuses the group. A member's bind then takes its
+  GROUPED hold as its decision (as `Ledger.take_assumed` takes an assumption) and is not charged again
+  (`Quotas.admits` gives the pod's own hold back).
+- **Expiry, a setting with a metric.** A group whose members are not all bound within `Settings.group_hold_ttl`
+  seconds (counted from the plan) has its remaining holds released together by the expiry sweep, counted in
+  `extender_group_hold_expiries` (beside `extender_reservation_expiries`) and logged once per group; its nodes
+  are requeued as any freed node is. Members already bound stay: the API records them.
+- **Release whole.** A definite failure of a member's bind, or a member deleted before its bind, releases the
+  group's remaining holds together; the group is planned again at its next filter, its bound members counted.
+- **Restart and leader change.** A hold only in memory would be lost by a restart falling between two members'
+  binds, and the members left could then find no room: half a job. So the plan is written to the API when the
+  group is held: each member's allocation as the protocol's own allocation annotations (`allocation_annotations`),
+  patched onto the pod without binding it. The cache already takes a pod found annotated but not bound as
+  RESERVED again, from its assume time (`holds.py`), so a restarted extender, or a standby become leader (its
+  watch has seen the patches), holds the same GPUs and expires them on the same clock; the group's key is read
+  back from the pod's own declaration. This needs `pods` `patch` cluster-wide (today only in the extender's
+  namespace, manifests/base/rbac.yaml).
+- **kube-scheduler's sample.** With `percentageOfNodesToScore` under 100, the names a filter is sent may not
+  include a member's planned node; the member is then refused ("waits for node X, planned for it") and
+  kube-scheduler's rotating start sends it later. Groups are best served with `percentageOfNodesToScore: 100`.
 
 The integration will call or change exactly these:
-- `ledger.Ledger`: `reserve` (a new `reserve_group(allocations)`: every member checked by `_refusal` and the
-  quota once, all recorded or none, in one step), `take_assumed` (take a member's group hold at its bind),
-  `release` (release a group whole), `expire` (group holds by the group's TTL, whole), `assume`/`unassume` (not
-  for grouped pods).
-- `holds`: `HoldState` (a `GROUPED` state), `Hold` (a `group` field), `Allocation` (unchanged: `gang.Plan`
-  builds them).
-- `cache.Cache`: `hold`, `release`, `reserved` (unchanged; a group's holds go through them).
-- `quota.book.Quotas`: `refusal`, `admits` (a group's summed charge).
-- `placement.placer.Placer`: `filter`/`begin_filter` (a grouped member: the planned node alone, or the
-  group's reason on every node), `choose` (passed to `gang.plan_group` as its `choose`); `assume.assume` (skips
-  grouped pods); `binding.bind` (a member takes its planned allocation).
-- `pods.PodRecord` (the group labels and annotations it reads, `declared` over them) and `resources`; the
-  sources' informers gain the two PodGroup CRDs where installed (`PodGroups`).
+- `ledger.Ledger`: a new `reserve_group(allocations, group)` (each checked by `_refusal` without its quota, the
+  summed quota once, all recorded as GROUPED or none); `take_assumed` (or a sibling: a member's bind takes its
+  GROUPED hold); `release` (a group's remaining holds together); `expire` (GROUPED holds by the group's TTL,
+  whole); `assume`/`unassume` (never over a GROUPED hold).
+- `holds`: `HoldState` (`GROUPED`), `Hold` (`group`); `Allocation` unchanged (`gang.Plan` builds them).
+- `cache.Cache`: `hold`, `restate`, `release`, `reserved` unchanged (a group's holds go through them).
+- `quota.book.Quotas`: `refusal` (the summed charge), `held`; `quota.charges`: `Charge.merged`, `charge_of`.
+- `placement.placer.Placer`: `filter`/`begin_filter` unchanged, asked only for pods in no gang; `choose` passed
+  to `gang.plan_group`.
+- `assume.assume` (skips grouped members); `binding.bind` (a member takes its planned allocation, and a definite
+  failure releases the group).
+- `service/verbs.py`: `_filter_args` (its `ledger.unassume` must not drop a GROUPED hold), `_judge` (a member:
+  its planned node, or the group's reason), `_filter_reply` (no assumption for a grouped member), `_expire` (group
+  expiries, their metric and log); `service/metrics.py` (the counter); `settings.Settings` (`group_hold_ttl`).
+- `pods.PodRecord` and `pods.pod_record` (what `declared` reads: the group label and annotations, `spec.
+  schedulingGates`); the sources' informers, for the two PodGroup CRDs where installed (`PodGroups`).
 """
 
 from __future__ import annotations
@@ -174,7 +185,7 @@ def _kueue(pod: Raw, namespace: str) -> Declared | None:
     key = GroupKey(Scheme.KUEUE, namespace, name)
     if not name or total is None:
         return Declared(key, 0, f"both the label {KUEUE_GROUP} and the annotation {KUEUE_TOTAL} are needed")
-    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+    if not _DNS_SUBDOMAIN.fullmatch(name):  # its 253 characters are more than a label value's 63
         return Declared(key, 0, f"{KUEUE_GROUP} {name!r} is not a DNS-1123 subdomain, as Kueue requires")
     count = _atoi(total)
     if count is None or count < 1:

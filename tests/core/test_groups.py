@@ -84,7 +84,7 @@ def coscheduled(name: str, group: str, **kwargs: Any) -> dict[str, Any]:
 
 
 def test_kueue_group_is_its_label_and_total_count() -> None:
-    """kq/pod_webhook_test.go:809-813: a pod of group "group-name" with total count "3" is valid."""
+    """kq/pod_webhook_test.go:808-814: a pod of group "group-name" with total count "3" is valid."""
     said = declared(kueue("p", "group-name", "3"))
     assert said == Declared(GroupKey(Scheme.KUEUE, "test-ns", "group-name"), 3)
 
@@ -146,7 +146,7 @@ def test_coscheduling_label_means_nothing_without_its_crd() -> None:
 
 
 def test_coscheduling_pod_naming_a_missing_podgroup_is_refused() -> None:
-    """cs/core/core_test.go:218-224: a pod naming a PodGroup that does not exist gets `PodGroupNotFound`."""
+    """cs/core/core_test.go:217-224: a pod naming a PodGroup that does not exist gets `PodGroupNotFound`."""
     said = declared(coscheduled("p", "pg-non-existent"), crds(podgroup("pg1", 2)))
     assert said == Declared(
         GroupKey(Scheme.COSCHEDULING, "ns", "pg-non-existent"),
@@ -156,7 +156,7 @@ def test_coscheduling_pod_naming_a_missing_podgroup_is_refused() -> None:
 
 
 def test_coscheduling_group_without_quorum_waits_for_its_pods() -> None:
-    """cs/core/core_test.go:226-232: pg1 of minMember 2 with one pod waits."""
+    """cs/core/core_test.go:225-232: pg1 of minMember 2 with one pod waits."""
     found = membership([coscheduled("p", "pg1")], crds(podgroup("pg1", 2)))
     assert found.groups[GroupKey(Scheme.COSCHEDULING, "ns", "pg1")].gang().waiting == (
         "job ns/pg1 needs 2 pods to start; 1 exist, 0 bound"
@@ -164,7 +164,7 @@ def test_coscheduling_group_without_quorum_waits_for_its_pods() -> None:
 
 
 def test_coscheduling_group_with_a_member_bound_plans_the_one_it_lacks() -> None:
-    """cs/core/core_test.go:233-241: p1b bound and p1a asking make pg1's minMember of 2."""
+    """cs/core/core_test.go:233-243: p1b bound and p1a asking make pg1's minMember of 2."""
     pods = [coscheduled("p1a", "pg1"), coscheduled("p1b", "pg1", node="node")]
     group = membership(pods, crds(podgroup("pg1", 2))).groups[GroupKey(Scheme.COSCHEDULING, "ns", "pg1")]
     assert [member.name for member in group.gang().members] == ["p1a"]
@@ -179,6 +179,12 @@ def test_members_past_the_minimum_are_placed_as_any_pod() -> None:
     pods[0]["spec"]["nodeName"] = pods[1]["spec"]["nodeName"] = "node"
     group = membership(pods, crds(podgroup("pg1", 2))).groups[GroupKey(Scheme.COSCHEDULING, "ns", "pg1")]
     assert group.gang().members == () and group.gang().waiting == ""
+
+
+def test_gang_takes_the_pending_members_first_by_name_whatever_order_they_come_in() -> None:
+    pods = [coscheduled(name, "pg1") for name in ("w-2", "w-0", "w-1")]
+    group = membership(pods, crds(podgroup("pg1", 2))).groups[GroupKey(Scheme.COSCHEDULING, "ns", "pg1")]
+    assert [member.name for member in group.gang().members] == ["w-0", "w-1"]
 
 
 def test_gated_members_do_not_count_as_ready_to_place() -> None:
