@@ -29,6 +29,7 @@ from extender.core.groups import (
 )
 from extender.core.holds import Hold, HoldState
 from extender.core.objects import pod_key
+from extender.core.placement.config import Ask
 from extender.core.resources import pod_request
 from tests.builders import (
     FakeClock,
@@ -39,6 +40,7 @@ from tests.builders import (
     make_mig_node,
     make_node,
     make_pod,
+    placer_for,
     random_cluster,
 )
 
@@ -451,3 +453,14 @@ def test_nodes_not_ready_or_locked_take_no_member() -> None:
     assert hami.nodes["gpu-1"].lock is not None
     plan = plan_group("j", [member_of(hami, make_hami_pod("w", mem=1000))], hami.nodes, "MiB")
     assert isinstance(plan, Plan) and plan.allocations[0].node == "gpu-2"
+
+
+def test_the_fragmentation_policys_choice_plans_on_scratch_nodes_too() -> None:
+    """`Placer.choose` as the planner's `choose`: it judges a node it does not know as the cache's afresh, so the
+    GPUs it gives on a node a member was planned on count that member."""
+    cluster = make_cluster(make_node("n1", gpus=4), make_node("n2", gpus=2))
+    placer = placer_for(cluster)
+    group = members(cluster, "w", 5, gpu_mem=12) + members(cluster, "x", 1, gpu_mem=4)
+    plan = plan_group("j", group, cluster.nodes, GIB, lambda demand, state: placer.choose(demand, state, Ask(demand)))
+    assert isinstance(plan, Plan)
+    assert applied(cluster, plan) == []
