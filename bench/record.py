@@ -40,6 +40,8 @@ from typing import Any, TextIO
 
 import orjson
 
+from devtools.harness import cpu_model
+
 RECORDS = Path(__file__).resolve().parent / "records"
 """The repository's records: one folder per bench (`RECORDS / "node_burst"`)."""
 FORMAT = 1
@@ -66,12 +68,7 @@ class Machine:
 
 
 def this_machine() -> Machine:
-    model = "unknown CPU"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    model = cpu_model()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
     return Machine(model, cores, f"{platform.python_version()} ({platform.python_implementation()})")
 

@@ -64,15 +64,19 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def machine() -> str:
-    """The CPU model, cores and Python, for the header of a report."""
-    model = "unknown CPU"
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it, or "unknown CPU"."""
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
         for line in info:
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()} ({platform.python_implementation()})"
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def machine() -> str:
+    """The CPU model, cores and Python, for the header of a report."""
+    python = f"{platform.python_version()} ({platform.python_implementation()})"
+    return f"{cpu_model()}, {os.cpu_count()} cores, Python {python}"
 
 
 class ServedExtender:

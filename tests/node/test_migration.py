@@ -119,6 +119,18 @@ def peer_log(cluster: Operator) -> str:
     return cluster.kubectl("-n", "kube-system", "logs", "deployment/gpushare-schd-extender", check=False)
 
 
+def see_and_install_beside(cluster: Operator, page: Path, placed: list[str], peer: str) -> None:
+    """A guide's first two steps, as its page gives them: the pods `peer` placed are listed, then the extender is
+    installed beside it and `extender inspect` shows them on their GPUs."""
+    (see,) = commands(page, "1. See where you stand")
+    listed = cluster.run(see)
+    assert all(name in listed for name in placed), listed
+    (install,) = commands(page, "2. Install the extender beside it")
+    cluster.run(install)
+    held = inspect_output(cluster)
+    assert all(name in held for name in placed), f"extender inspect does not show {peer}'s pods:\n{held}"
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
@@ -137,13 +149,7 @@ def test_from_gpushare_to_us_and_back(cluster: Operator, workdir: Path) -> None:
         judge(cluster)
 
         # The guide, in: see, install beside, point kube-scheduler at us, remove gpushare's extender.
-        (see,) = guide("1. See where you stand")
-        listed = cluster.run(see)
-        assert all(name in listed for name in first), listed
-        (install,) = guide("2. Install the extender beside it")
-        cluster.run(install)
-        held = inspect_output(cluster)
-        assert all(name in held for name in first), f"extender inspect does not show gpushare's pods:\n{held}"
+        see_and_install_beside(cluster, GUIDE, first, "gpushare's extender")
         files, check = guide("3. Point kube-scheduler at it")
         cluster.run(files)
         cluster.restart_scheduler(Path("/etc/kubernetes/kube-scheduler-config.yaml"))  # the static pod's edit
@@ -274,13 +280,7 @@ def test_from_hami_scheduler_to_us_and_back(cluster: Operator, workdir: Path) ->
                 before = containers(running(cluster, first))
                 judge_hami(cluster)
 
-                (see,) = hami_guide("1. See where you stand")
-                listed = cluster.run(see)
-                assert all(name in listed for name in first), listed
-                (install,) = hami_guide("2. Install the extender beside it")
-                cluster.run(install)
-                held = inspect_output(cluster)
-                assert all(name in held for name in first), f"extender inspect does not show HAMi's pods:\n{held}"
+                see_and_install_beside(cluster, HAMI_GUIDE, first, "hami-scheduler")
                 (stop,) = hami_guide("3. Stop hami-scheduler's kube-scheduler")
                 assert "--set scheduler.kubeScheduler.enabled=false" in stop
             # Step 3 done (its kube-scheduler stopped): pods created now wait, no scheduler answers to hami-scheduler.
