@@ -1,7 +1,8 @@
 """What the protocols read that `make mutation` found unguarded (`core/protocols/`): each way our per-device
 annotation can be wrong, said exactly (the cache shows it as the node's unreadable reason), its bounds; the
 unhealthy-GPU ConfigMap as the Go extender reads it; JSON annotation text and its size; HAMi's allocation texts
-(devices and MIG reservations) at their bounds, as HAMi's own decoders refuse them."""
+(devices and MIG reservations) and its node registration (GPUs, MIG profiles) at their bounds and defaults, as
+HAMi's own decoders read them."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ import pytest
 
 from extender.core.devices import Device
 from extender.core.holds import Grant
-from extender.core.mig import MigInstance
+from extender.core.mig import MigInstance, MigProfile
 from extender.core.protocols.gofields import json_text
 from extender.core.protocols.gpushare import Profile
 from extender.core.protocols.hami import decode, encode
-from extender.core.protocols.hami_mig import decode_instances
-from tests.builders import PROFILE, make_node
+from extender.core.protocols.hami_mig import decode_instances, read_profiles
+from tests.builders import HAMI, PROFILE, make_hami_node, make_node
 
 IGNORED = "annotation gpu-extender.io/devices ignored: "
 
@@ -156,3 +157,62 @@ def test_mig_reservations_are_read_whole_or_refused_saying_which() -> None:
             decode_instances(orjson.dumps(broken).decode())
     complete = reservation(migUUID="MIG-1", gpuInstanceID=1, computeInstanceID=0)
     assert decode_instances(orjson.dumps([complete]).decode()) == [("GPU-a", MigInstance("1g.5gb", 6, 1))]
+
+
+# ---- HAMi: hami.io/node-nvidia-register and its migProfiles -------------------------------------------------
+
+
+def registered(listed: object) -> Any:
+    node = make_hami_node("gpu-1", gpus=1)
+    node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = (
+        listed if isinstance(listed, str) or not isinstance(listed, list) else orjson.dumps(listed).decode()
+    )
+    return HAMI.node_devices(node)
+
+
+def gpu(index: int = 0, **fields: Any) -> dict[str, Any]:
+    return {"type": "NVIDIA A100", "index": index} | fields
+
+
+@pytest.mark.parametrize(
+    ("listed", "why"),
+    [
+        (5, "not a string"),
+        ("{", "not JSON (HAMi v2.8 and later write a JSON array)"),
+        ('{"index": 0}', "expected a JSON array of GPUs"),
+        ([gpu(i) for i in range(257)], "257 GPUs is more than 256"),
+        (["GPU-0"], "each GPU must be an object"),
+        ([gpu(0), gpu(0)], "bad or repeated GPU index 0"),
+        ([gpu(0, migProfiles=[{"name": "1g.5gb"}, "2g"])], "each MIG profile must be an object"),
+        ([gpu(0, migProfiles=[{"name": ""}])], "MIG profile name is empty"),
+        ([gpu(0, migProfiles={"name": "1g.5gb"})], "migProfiles must be an array of at most 64 profiles"),
+        ([gpu(0, migProfiles=[{"name": "1g.5gb", "placements": [{"start": 6}]}])],
+         "MIG profile '1g.5gb': placement (6, 0) is not within the GPU's slices"),
+        ([gpu(0, migProfiles=[{"name": "1g.5gb", "placements": [{"start": 60, "size": 5}]}])],
+         "MIG profile '1g.5gb': placement (60, 5) is not within the GPU's slices"),
+        ([gpu(0, migProfiles=[{"name": "1g.5gb", "placements": [6]}])],
+         "MIG profile '1g.5gb': each placement must be an object"),
+        ([gpu(0, migProfiles=[{"name": "1g.5gb", "placements": {"start": 6}}])],
+         "MIG profile '1g.5gb': placements must be an array of at most 64"),
+    ],
+)  # fmt: skip
+def test_a_registration_hami_could_not_read_says_why(listed: object, why: str) -> None:
+    found = registered(listed)
+    assert (found.devices, found.unreadable) == ((), f"hami.io/node-nvidia-register unreadable: {why}")
+
+
+def test_a_registration_gives_go_zero_values_for_what_it_leaves_out_and_skips_other_vendors() -> None:
+    found = registered([{"type": "Ascend910", "index": 0, "devmem": 1}, gpu(1)])
+    assert found.unreadable == ""
+    assert found.devices == (Device(1, 0, healthy=False, cores=0, slots=0, model="NVIDIA A100", uuid="", mode=""),)
+    assert registered([gpu(i) for i in range(256)]).unreadable == ""
+    untyped = registered([{"index": 0, "devmem": 1}])
+    assert (untyped.devices, untyped.unreadable) == ((), "hami.io/node-nvidia-register lists no NVIDIA GPU")
+
+
+def test_a_mig_profile_gives_go_zero_values_for_what_it_leaves_out() -> None:
+    [device] = registered(
+        [gpu(0, mode="mig", migProfiles=[{"name": "1g.5gb", "placements": [{"start": 6, "size": 1}]}])]
+    ).devices
+    assert device.profiles == (MigProfile("1g.5gb", 0, 0, 0, ((6, 1),)),)
+    assert read_profiles(None) == () and read_profiles([]) == ()
