@@ -5,6 +5,7 @@ refusals at their edges (several GPUs, equal GPUs, nothing free, MIG slices, NUM
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +23,7 @@ from extender.core.placement.fit import Cause, Judgement, Usage, Verdict, place
 from extender.core.placement.learned import Learned
 from extender.core.placement.placer import Placer
 from extender.core.placement.topology import LINK_WEIGHT, link_term
-from extender.core.placement.workload import Shape
+from extender.core.placement.workload import Classes, Shape, Workload, moved
 from tests.builders import (
     HAMI,
     bound_pod,
@@ -407,3 +408,25 @@ def test_a_pod_that_did_not_ask_pays_a_little_for_the_links_it_breaks(
     assert link_term(Demand(4, devices=len(positions) or 1), linked(free, scores), positions) == pytest.approx(cost)
     if len(positions) == 1:  # one GPU of a topology-aware pod: no pair to link, the same small cost
         assert link_term(TOPOLOGY, linked(free, scores), positions) == pytest.approx(cost)
+
+
+def test_weights_grown_too_large_are_scaled_down_together_and_the_faded_dropped() -> None:
+    """Weights are e^(age / half-life) from the first observation; past e^500 they are all scaled back to the
+    present: proportions kept, what fell under 1e-12 of a pod dropped, the next pod weighed from the new origin."""
+    workload = Workload(half_life=60.0)
+    step = 60.0 / math.log(2)  # the time that multiplies a new pod's weight by e
+    faded, kept, new, later = (Shape(1000 * n, 1 << 30, 1, 100 * n) for n in range(1, 5))
+    workload.observe(faded, 0.0)
+    workload.observe(kept, 499 * step)
+    workload.observe(new, 502 * step)  # e^502: rescaled, the origin moved to now
+    assert set(workload.weights) == {kept, new}
+    assert workload.weights[kept] == pytest.approx(math.exp(-3)) and workload.weights[new] == 1.0
+    assert workload.total == pytest.approx(1.0 + math.exp(-3))
+    workload.observe(later, 502 * step + 60.0)  # one half-life on: twice a pod's weight at the new origin
+    assert workload.weights[later] == pytest.approx(2.0)
+
+
+def test_two_builds_with_no_shape_in_common_moved_all_their_weight() -> None:
+    a, b, c = (Shape(1000 * n, 1 << 30, 1, 100 * n) for n in range(1, 4))
+    assert moved(Classes(1, (a,), (1.0,)), Classes(2, (b,), (1.0,))) == 1.0
+    assert moved(Classes(1, (a, b), (0.5, 0.5)), Classes(2, (b, c), (0.5, 0.5))) == 0.5
