@@ -84,22 +84,6 @@ def ready(cluster: Operator, deployment: str, replicas: int = 2) -> None:
     )
 
 
-def test_kustomize_without_cert_manager_and_the_second_scheduler(cluster: Operator) -> None:
-    kustomize = DOCS / "install" / "kustomize.md"
-    (extender,) = commands(kustomize, "1. The extender")
-    certificates = next(b for b in commands(kustomize, "2. Certificates") if "extender certs" in b)
-    second_scheduler = commands(DOCS / "install" / "second-scheduler.md")
-    try:
-        cluster.run(extender)
-        cluster.run(certificates)
-        ready(cluster, "gpu-extender")
-        cluster.run(second_scheduler[0])
-        gpu_share_demo_runs_on_its_gpu(cluster)
-    finally:
-        cluster.kubectl("delete", "pod", "gpu-share-demo", "--ignore-not-found", check=False)
-        uninstall(cluster, ["manifests/second-scheduler/", "manifests/"])
-
-
 def installed_and_placing(cluster: Operator, install: str, remove: Callable[[], None]) -> None:
     """`install` (the README's block), then both Deployments Ready and the example pod Running on its GPU;
     `remove` undoes the install, whatever happened."""

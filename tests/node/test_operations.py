@@ -27,7 +27,7 @@ import yaml
 from devtools.cluster.clients import ctr
 from devtools.cluster.layout import NODE_NAME
 from tests.node.operator import Operator, commands
-from tests.node.test_install import DOCS, WORKLOAD_IMAGE, ready, uninstall
+from tests.node.test_install import DOCS, WORKLOAD_IMAGE, gpu_share_demo_runs_on_its_gpu, ready, uninstall
 from tests.node.test_refusals import events_of, pod_asking
 
 GPUS = 2
@@ -48,6 +48,15 @@ def installed(cluster: Operator) -> Iterator[Operator]:
     yield cluster
     delete_bursts(cluster)
     uninstall(cluster, ["manifests/second-scheduler/", "manifests/"])
+
+
+def test_kustomize_without_cert_manager_and_the_second_scheduler(installed: Operator) -> None:
+    """The install the operations below run on, as kustomize.md's steps 1 and 2 (`extender certs`) and
+    second-scheduler.md give it: the README's example pod Running on its GPU, shown by `extender inspect`."""
+    try:
+        gpu_share_demo_runs_on_its_gpu(installed)
+    finally:
+        installed.kubectl("delete", "pod", "gpu-share-demo", "--ignore-not-found", "--wait=true", check=False)
 
 
 def burst(cluster: Operator, name: str, count: int, units: int) -> list[str]:
