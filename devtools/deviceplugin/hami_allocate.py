@@ -149,11 +149,15 @@ class MigState:
 
     def adopt(self, pod: Obj) -> None:
         """The instances a pod bound before the plugin started holds: those its reservations give a runtime
-        identity for (`primeMigManagerFromAnnotations`, plug/server.go:447-484)."""
+        identity for (`primeMigManagerFromAnnotations`, plug/server.go:447-484), every pod's but a deleted or
+        ended one's (:455-457): a pod whose `bind-phase` is `failed` keeps its instances until it ends."""
         uid = pod["metadata"]["uid"]
         annotations = pod["metadata"].get("annotations") or {}
-        if annotations.get(BIND_PHASE) == "failed" or any(
-            instance.uid == uid for instances in self.instances.values() for instance in instances
+        ended = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if (
+            pod["metadata"].get("deletionTimestamp")
+            or ended
+            or any(instance.uid == uid for instances in self.instances.values() for instance in instances)
         ):
             return
         with contextlib.suppress(ValueError):
