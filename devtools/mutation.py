@@ -93,12 +93,22 @@ def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, Equivalent]:
     return {e["mutant"]: Equivalent(e["mutant"], e["line"].strip(), e["why"]) for e in entries}
 
 
-def copy_tree(work: Path, area: Area, properties: bool = False) -> None:
-    """The package, the tests and pyproject.toml with a `[tool.mutmut]` table for this area, into `work`."""
-    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.pyc")
-    for name in ("extender", "tests"):
-        shutil.copytree(ROOT / name, work / name, ignore=ignore)
-    tests = [t for t in (*area.tests, *([PROPERTY_TESTS] if properties else [])) if (ROOT / t).exists()]
+def copy_tree(work: Path, area: Area, properties: bool = False, committed: bool = False) -> None:
+    """The package, the tests and pyproject.toml with a `[tool.mutmut]` table for this area, into `work`: as the
+    working tree has them, or with `committed` as HEAD does (what others are editing meanwhile left out)."""
+    if committed:
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", "HEAD", "extender", "tests"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive.stdout, check=True)
+    else:
+        ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.pyc")
+        for name in ("extender", "tests"):
+            shutil.copytree(ROOT / name, work / name, ignore=ignore)
+    tests = [t for t in (*area.tests, *([PROPERTY_TESTS] if properties else [])) if (work / t).exists()]
     table = [
         "",
         "[tool.mutmut]",
@@ -110,7 +120,13 @@ def copy_tree(work: Path, area: Area, properties: bool = False) -> None:
         # process instead, it would inherit the lru_caches (mig._choice, ...) that the unmutated run filled.
         'process_isolation = "forkserver"',
     ]
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    text = (
+        subprocess.run(
+            ["git", "show", "HEAD:pyproject.toml"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+        if committed
+        else (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    )
     (work / "pyproject.toml").write_text(text + "\n".join(table) + "\n", encoding="utf-8")
 
 
@@ -212,6 +228,7 @@ def run_area(
     recheck: bool,
     only: str = "*",
     properties: bool = False,
+    committed: bool = False,
 ) -> tuple[float, str]:
     """Mutate one area in a fresh copy (with `recheck`, only the mutants its last run left alive, the others
     keeping their outcome; with `only`, those whose name matches it); print the report; its share and the copy's
@@ -233,7 +250,7 @@ def run_area(
     work = Path(tempfile.mkdtemp(prefix=f"mutation-{area.name}-"))
     started = time.monotonic()
     try:
-        copy_tree(work, area, properties)
+        copy_tree(work, area, properties, committed)
         run = mutmut(work, "run", "--max-children", str(children), *alive)
         elapsed = time.monotonic() - started
         if run.returncode != 0 or not (work / "mutants").exists():
@@ -267,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         "--recheck", action="store_true", help="run only what the last run left alive (after new tests): minutes"
     )
     parser.add_argument("--with-properties", action="store_true", help=f"also run {PROPERTY_TESTS} (slow)")
+    parser.add_argument("--committed", action="store_true", help="mutate HEAD, not the working tree")
     parser.add_argument(
         "--only", default="*", help="with --recheck, the survivors whose name matches this pattern (*fit.x__refusal*)"
     )
@@ -279,7 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     shares = {}
     for area in chosen:
         shares[area.name], work = run_area(
-            area, args.max_children, equivalents, args.keep, args.recheck, args.only, args.with_properties
+            area,
+            args.max_children,
+            equivalents,
+            args.keep,
+            args.recheck,
+            args.only,
+            args.with_properties,
+            args.committed,
         )
         if args.keep:
             print(f"  kept: {work}")
