@@ -366,16 +366,18 @@ class NodeHamiScheduler(peers.HamiProcess):
     """`peers.HamiProcess` in the node's network namespace: the same binary, flags and device configuration, on
     ports free there, reached by a kube-scheduler there."""
 
-    def __init__(self, binary: Path, workdir: Path, kubeconfig: Path) -> None:
+    def __init__(self, binary: Path, workdir: Path, kubeconfig: Path, extra: Sequence[str] = ()) -> None:
         super().__init__(binary, workdir, kubeconfig)
         self.port, self.metrics_port = in_node_ports(2)
+        self.extra = tuple(extra)
+        """Further flags, as its chart's `scheduler.extender.extraArgs` adds them."""
 
     def command(self) -> list[str]:
         from devtools.cluster.network import in_node
 
         metrics = f"--metrics-bind-address=127.0.0.1:{self.metrics_port}"
         argv = [metrics if arg.startswith("--metrics-bind-address=") else arg for arg in super().command()]
-        return in_node(*argv)
+        return in_node(*argv, *self.extra)
 
     def start(self) -> None:
         self._spawn()
@@ -497,11 +499,11 @@ class Bench:
             uninstall(self.operator, folders)
 
     @contextlib.contextmanager
-    def hami_scheduler(self, built: peers.Built) -> Iterator[None]:
+    def hami_scheduler(self, built: peers.Built, extra: Sequence[str] = ()) -> Iterator[None]:
         """hami-scheduler and its kube-scheduler in the node's network namespace, stopped at the end."""
         try:
             with (
-                hami_extender(self.operator, built, self.workdir) as peer,
+                hami_extender(self.operator, built, self.workdir, extra) as peer,
                 hami_kube_scheduler(self.operator, peer, self.workdir),
             ):
                 yield
@@ -510,12 +512,14 @@ class Bench:
 
 
 @contextlib.contextmanager
-def hami_extender(operator: Any, built: peers.Built, workdir: Path) -> Iterator[NodeHamiScheduler]:
+def hami_extender(
+    operator: Any, built: peers.Built, workdir: Path, extra: Sequence[str] = ()
+) -> Iterator[NodeHamiScheduler]:
     """hami-scheduler (HAMi's extender, as its chart's Deployment runs it, the webhook off) in the node's network
     namespace, once it has shaken hands with the node's device plugin; stopped at the end."""
     from devtools.cluster.layout import NODE_NAME
 
-    peer = NodeHamiScheduler(built.binary, workdir, operator.paths.kubeconfig("admin"))
+    peer = NodeHamiScheduler(built.binary, workdir, operator.paths.kubeconfig("admin"), extra)
     say(f"starting hami-scheduler ({built.binary.name}) in the node's network namespace")
     try:
         peer.start()
@@ -645,6 +649,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--peer", action="append", default=[], help="hami=DIR: hami-scheduler built from DIR, in place of ours."
     )
+    parser.add_argument(
+        "--peer-qps",
+        type=int,
+        help="hami-scheduler's API client raised to QPS requests a second, bursts of twice that (its flags "
+        "--kube-qps and --kube-burst, which its chart sets through scheduler.extender.extraArgs); its chart's "
+        "default is client-go's, 5 and 10. Reported as hami-scheduler-qpsQPS.",
+    )
     parser.add_argument("--pods", type=int, default=64, help="Pods per run, created at once.")
     parser.add_argument("--runs", type=int, default=3, help="Runs per scheduler.")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="Seconds for a run's pods to be Running.")
@@ -657,6 +668,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(str(error))
     if set(arguments.peer) - {"hami"} or (arguments.peer and arguments.protocol != "hami"):
         parser.error("--peer: only hami=DIR, with --protocol hami")
+    if arguments.peer_qps is not None and (not arguments.peer or not 1 <= arguments.peer_qps <= 10_000):
+        parser.error("--peer-qps: a number of requests a second, 1 to 10000, with --peer hami=DIR")
     if not 1 <= arguments.pods <= GPUS * SPLIT_COUNT or arguments.runs < 1:
         parser.error(f"--pods between 1 and {GPUS * SPLIT_COUNT} (what {GPUS} GPUs hold), --runs at least 1")
     return arguments
@@ -702,9 +715,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if operator.kubectl("get", "namespace", "gpu-extender", "--ignore-not-found"):
                 raise BurstError("the namespace gpu-extender exists: something of ours is installed already")
             bench = Bench(operator, arguments.protocol, arguments.pods, workdir, arguments.timeout)
-            schedulers = (
-                [("hami-scheduler", bench.hami_scheduler(built["hami"]))] if built else [("ours", bench.ours())]
-            )
+            if built and arguments.peer_qps:
+                qps = arguments.peer_qps
+                client = (f"--kube-qps={qps}", f"--kube-burst={2 * qps}")
+                schedulers = [(f"hami-scheduler-qps{qps}", bench.hami_scheduler(built["hami"], client))]
+            elif built:
+                schedulers = [("hami-scheduler", bench.hami_scheduler(built["hami"]))]
+            else:
+                schedulers = [("ours", bench.ours())]
             print(HEADER, flush=True)
             with node_prepared(operator, arguments.protocol, workdir):
                 for scheduler, installed in schedulers:

@@ -180,6 +180,8 @@ def test_a_run_line_says_whether_the_check_passed() -> None:
         ["--protocol", "hami", "--peer", "gpushare=/src/g"],
         ["--protocol", "hami", "--pods", "81"],
         ["--protocol", "hami", "--runs", "0"],
+        ["--protocol", "hami", "--peer-qps", "50"],
+        ["--protocol", "hami", "--peer", "hami=/src/HAMi", "--peer-qps", "0"],
         [],
     ],
 )
@@ -191,3 +193,6 @@ def test_flags_refused(argv: list[str]) -> None:
 def test_flags_accepted() -> None:
     arguments = burst.parse(["--protocol", "hami", "--peer", "hami=/src/HAMi", "--pods", "80"])
     assert (arguments.peer, arguments.pods, arguments.runs) == ({"hami": Path("/src/HAMi")}, 80, 3)
+    assert arguments.peer_qps is None
+    raised = burst.parse(["--protocol", "hami", "--peer", "hami=/src/HAMi", "--peer-qps", "50"])
+    assert raised.peer_qps == 50
