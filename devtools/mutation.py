@@ -220,6 +220,24 @@ def report(area: Area, codes: Codes, diff_of: dict[str, str], equivalents: dict[
     return share(killed, judged)
 
 
+def merged(previous: Codes, fresh: Codes, rechecked: set[str]) -> Codes:
+    """The mutants of the tree now, each with its outcome of this run where it ran, else its earlier one. One new
+    since (its function changed or came) has none: counted alive, and said, so that a full run follows."""
+    codes: Codes = {}
+    new = 0
+    for path, by_mutant in fresh.items():
+        before = previous.get(path, {})
+        codes[path] = {}
+        for mutant, code in by_mutant.items():
+            if mutant not in rechecked and mutant in before:
+                code = before[mutant]
+            new += mutant not in before
+            codes[path][mutant] = code
+    if new:
+        print(f"{new} mutants were not in the last full run (the code changed since): run without --recheck")
+    return codes
+
+
 def run_area(
     area: Area,
     children: int,
@@ -258,10 +276,7 @@ def run_area(
             return 0.0, str(work)
         codes = read_codes(work)
         if recheck:
-            for path, by_mutant in previous.items():
-                fresh = codes.get(path, {})
-                by_mutant.update((m, fresh[m]) for m in by_mutant if m in fresh and m in alive)
-            codes = previous
+            codes = merged(previous, codes, set(alive))
         results_file(area).parent.mkdir(parents=True, exist_ok=True)
         results_file(area).write_text(json.dumps(codes, indent=1, sort_keys=True), encoding="utf-8")
         diff_of = diffs(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from devtools import mutation
 from devtools.mutation import AREAS, Equivalent, load_equivalents, mutated_line, share, tally
 
@@ -63,3 +65,15 @@ def test_every_listed_equivalent_says_why_and_names_a_function_of_a_mutated_modu
         function = mangled.split("__mutmut_")[0].split("ǁ")[-1].removeprefix("x_")  # x_f, xǁClassǁf
         source = (root / module.replace(".", "/")).with_suffix(".py").read_text()
         assert f"def {function}(" in source, name
+
+
+def test_a_recheck_keeps_earlier_outcomes_takes_its_own_and_counts_a_new_mutant_alive(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    previous: mutation.Codes = {"extender/core/mig.py": {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0}}
+    fresh: mutation.Codes = {
+        "extender/core/mig.py": {"m.x_f__mutmut_1": None, "m.x_f__mutmut_2": 1, "m.x_g__mutmut_1": None}
+    }
+    codes = mutation.merged(previous, fresh, {"m.x_f__mutmut_2"})
+    assert codes == {"extender/core/mig.py": {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 1, "m.x_g__mutmut_1": None}}
+    assert "1 mutants were not in the last full run" in capsys.readouterr().out
