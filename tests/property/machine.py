@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from extender.core.cache import Cache
-from extender.core.holds import Allocation, HoldState
+from extender.core.devices import Device
+from extender.core.holds import Allocation, Grant, HoldState
 from extender.core.ledger import Ledger
 from extender.core.placement.config import PolicyConfig, ask_of
 from extender.core.placement.learned import Learned
@@ -28,6 +29,7 @@ from extender.core.placement.workload import Workload, shape_of
 from extender.core.pods import pod_record
 from extender.core.protocols import DeviceProtocol
 from tests.builders import FakeClock
+from tests.property import oracle
 from tests.property.fresh import (
     arrays_differences,
     cache_differences,
@@ -39,6 +41,8 @@ from tests.property.fresh import (
 )
 
 NODE_NAMES = tuple(f"n{number}" for number in range(6))
+FILL_LIMIT = 20
+"""Reservations `fill_a_gpu` makes at most: more than a GPU's split count, or its memory in gpushare's units."""
 OUTCOMES = ("accepted", "failed", "landed", "lost", "assumed")
 """How a bind ends (its binding accepted; refused; failed uncertainly, having landed or not), or that the filter
 only assumed the GPUs."""
@@ -292,7 +296,44 @@ class CacheMachine(RuleBasedStateMachine):
         uid = data.draw(st.sampled_from([*candidates, f"uid-unseen-{self.names}"]))
         node = data.draw(st.sampled_from(sorted(self.nodes)))
         key = f"default/{self.api[uid]['metadata']['name']}" if uid in self.api else f"default/unseen-{self.names}"
-        self.ledger.reserve(self.random_allocation(data, uid, key, node))
+        allocation = self.random_allocation(data, uid, key, node)
+        expected = oracle.fits(self.cache, allocation)
+        refusal = self.ledger.reserve(allocation)
+        assert (refusal is None) == expected, f"{allocation}: the ledger says {refusal!r}, the rules {expected}"
+
+    @precondition(lambda self: any(state.known and state.devices for state in self.cache.nodes.values()))
+    @rule(data=st.data())
+    def fill_a_gpu(self, data: st.DataObject) -> None:
+        """Reservations of the least a pod can take, one after another on one GPU, until the ledger refuses one: its
+        memory, compute or split count is then full, as the rules say."""
+        node = data.draw(st.sampled_from(sorted(name for name, state in self.cache.nodes.items() if state.known)))
+        state = self.cache.nodes[node]
+        if not state.devices:
+            return
+        device = data.draw(st.sampled_from(state.devices))
+        for _ in range(FILL_LIMIT):
+            self.names += 1
+            allocation = self.smallest(f"uid-filler-{self.names}", f"default/filler-{self.names}", node, device)
+            expected = oracle.fits(self.cache, allocation)
+            refusal = self.ledger.reserve(allocation)
+            assert (refusal is None) == expected, f"{allocation}: the ledger says {refusal!r}, the rules {expected}"
+            if refusal is not None:
+                return
+
+    def smallest(self, uid: str, key: str, node: str, device: Device) -> Allocation:
+        """The least a pod can take of the GPU."""
+        return Allocation(uid, key, node, ((Grant(device.index, 1, 0, device.uuid),),))
+
+    @precondition(lambda self: any(hold.state is not HoldState.ASSUMED for hold in self.cache.reserved.values()))
+    @rule(data=st.data())
+    def reserve_again(self, data: st.DataObject) -> None:
+        """A pod's reservation taken again as it is (its own hold given back first: it still fits, unless its GPUs
+        changed meanwhile)."""
+        held = sorted(uid for uid, hold in self.cache.reserved.items() if hold.state is not HoldState.ASSUMED)
+        allocation = self.cache.reserved[data.draw(st.sampled_from(held))].allocation
+        expected = oracle.fits(self.cache, allocation)
+        refusal = self.ledger.reserve(allocation)
+        assert (refusal is None) == expected, f"{allocation}: the ledger says {refusal!r}, the rules {expected}"
 
     @precondition(lambda self: self.cache.reserved)
     @rule(data=st.data())
@@ -306,7 +347,10 @@ class CacheMachine(RuleBasedStateMachine):
     def time_passes(self, seconds: float, watching: bool) -> None:
         """Time passes, and the ledger expires what waited too long (while the watch fails, not what is bound)."""
         self.clock.advance(seconds)
-        self.ledger.expire(include_bound=watching)
+        expired, dropped = oracle.due(self.cache, self.clock(), TTL, watching)
+        freed = {hold.allocation.pod_uid for hold in self.ledger.expire(include_bound=watching)}
+        assert freed == expired, f"expired {sorted(freed)}, due {sorted(expired)}"
+        assert not (expired | dropped) & self.cache.reserved.keys(), f"still held: {sorted(self.cache.reserved)}"
 
     @rule()
     def measure_every_node(self) -> None:

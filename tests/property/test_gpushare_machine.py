@@ -49,8 +49,13 @@ class GpushareMachine(CacheMachine):
         )
 
     def random_allocation(self, data: st.DataObject, uid: str, key: str, node: str) -> Allocation:
+        """One GPU (maybe one the node does not have) and memory at random, or exactly what it has free, or 1 more."""
         index = data.draw(st.integers(min_value=0, max_value=4))
-        return Allocation.uniform(uid, key, node, (index,), data.draw(st.integers(min_value=1, max_value=17)))
+        state = self.cache.nodes.get(node)
+        position = state.position(index) if state is not None else -1
+        left = state.devices[position].capacity - state.used[position] if state is not None and position >= 0 else 8
+        memory = data.draw(st.one_of(st.integers(min_value=1, max_value=17), st.sampled_from((left, left + 1))))
+        return Allocation.uniform(uid, key, node, (index,), max(memory, 1))
 
 
 GpushareMachine.TestCase.settings = property_settings(EXAMPLES, STEPS)

@@ -39,13 +39,17 @@ A100_80GB_PROFILES = [
 pairs of profiles of equal memory."""
 TABLES = ((40960, A100_PROFILES), (81920, A100_80GB_PROFILES))
 """(devmem, profiles) of the MIG GPUs drawn: HAMi's own A100-40GB table, and the A100-80GB's."""
+HEALTH = st.sampled_from((True, True, True, False))
+"""Whether a GPU is registered healthy (an unhealthy one keeps its pods and takes no new one)."""
 
 
-def gpu(name: str, index: int, mode: str, mem: int, split: int, profiles: list[dict[str, Any]]) -> dict[str, Any]:
+def gpu(
+    name: str, index: int, mode: str, mem: int, split: int, profiles: list[dict[str, Any]], health: bool
+) -> dict[str, Any]:
     """One GPU as HAMi's device plugin registers it (`hami.io/node-nvidia-register`)."""
     entry = {"id": f"GPU-{name}-{index}", "index": index, "count": split, "devmem": mem, "devcore": 100,
              "type": "NVIDIA A100-SXM4-80GB" if mem == 81920 else "NVIDIA A100-SXM4-40GB", "mode": mode,
-             "health": True}  # fmt: skip
+             "health": health}  # fmt: skip
     return entry | ({"migProfiles": profiles} if mode == "mig" else {})
 
 
@@ -57,10 +61,11 @@ class HamiMachine(CacheMachine):
         kind = data.draw(st.sampled_from(("core", "mig", "mixed")))
         gpus = data.draw(st.integers(min_value=1, max_value=3 if kind == "core" else 2))
         mem, profiles = data.draw(st.sampled_from(TABLES))
-        split = data.draw(st.sampled_from((2, 4, 10)))
+        split = data.draw(st.sampled_from((2, 2, 4, 10)))
         modes = {"core": ["hami-core"] * gpus, "mig": ["mig"] * gpus, "mixed": ["mig", "hami-core"][:gpus]}[kind]
         register = [
-            gpu(name, index, mode, mem, 7 if mode == "mig" else split, profiles) for index, mode in enumerate(modes)
+            gpu(name, index, mode, mem, 7 if mode == "mig" else split, profiles, data.draw(HEALTH))
+            for index, mode in enumerate(modes)
         ]
         allocatable = {"nvidia.com/gpu": str(gpus * split)} | data.draw(st.sampled_from(({}, {"cpu": "8"})))
         annotations = {"hami.io/node-nvidia-register": orjson.dumps(register).decode()}
@@ -101,8 +106,11 @@ class HamiMachine(CacheMachine):
         devices = self.cache.nodes[node].devices if node in self.cache.nodes else ()
         containers = []
         for _ in range(data.draw(st.integers(min_value=1, max_value=2))):
-            position = data.draw(st.integers(min_value=0, max_value=len(devices)))
-            if position == len(devices):  # a GPU the node does not have
+            state = self.cache.nodes.get(node)
+            busy = [position for position, slots in enumerate(state.used_slots) if slots] if state is not None else []
+            anywhere = st.integers(min_value=0, max_value=len(devices))  # len(devices): a GPU the node does not have
+            position = data.draw(st.one_of(anywhere, st.sampled_from(busy)) if busy else anywhere)
+            if position == len(devices):
                 containers.append((Grant(position, 1000, 10, f"GPU-{node}-{position}"),))
                 continue
             device = devices[position]
@@ -111,10 +119,14 @@ class HamiMachine(CacheMachine):
                 start, size = data.draw(st.sampled_from(profile.placements))
                 instance = MigInstance(profile.name, start, size)
                 containers.append((Grant(device.index, profile.memory, profile.cores, device.uuid, instance),))
-            else:
-                memory = data.draw(st.integers(min_value=1, max_value=device.capacity + 1))
-                cores = data.draw(st.sampled_from((0, 30, 60, 100)))
-                containers.append((Grant(device.index, memory, cores, device.uuid),))
+            else:  # at random, or exactly what is left, or 1 more (and small, to fill a split count)
+                assert state is not None
+                left, cores_left = device.capacity - state.used[position], device.cores - state.used_cores[position]
+                memory = data.draw(st.one_of(st.integers(1, device.capacity + 1), st.sampled_from((1, left, left + 1))))
+                cores = data.draw(
+                    st.one_of(st.just(0), st.sampled_from((30, 60, 100)), st.sampled_from((cores_left, cores_left + 1)))
+                )
+                containers.append((Grant(device.index, max(memory, 1), max(cores, 0), device.uuid),))
         return Allocation(uid, key, node, tuple(containers))
 
 
