@@ -93,7 +93,9 @@ def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, Equivalent]:
     return {e["mutant"]: Equivalent(e["mutant"], e["line"].strip(), e["why"]) for e in entries}
 
 
-def copy_tree(work: Path, area: Area, properties: bool = False, committed: bool = False) -> None:
+def copy_tree(
+    work: Path, area: Area, properties: bool = False, committed: bool = False, tests: tuple[str, ...] = ()
+) -> None:
     """The package, the tests and pyproject.toml with a `[tool.mutmut]` table for this area, into `work`: as the
     working tree has them, or with `committed` as HEAD does (what others are editing meanwhile left out)."""
     if committed:
@@ -108,13 +110,14 @@ def copy_tree(work: Path, area: Area, properties: bool = False, committed: bool 
         ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.pyc")
         for name in ("extender", "tests"):
             shutil.copytree(ROOT / name, work / name, ignore=ignore)
-    tests = [t for t in (*area.tests, *([PROPERTY_TESTS] if properties else [])) if (work / t).exists()]
+    chosen = tests or (*area.tests, *([PROPERTY_TESTS] if properties else []))
+    selection = [t for t in chosen if (work / t).exists()]
     table = [
         "",
         "[tool.mutmut]",
         'source_paths = ["extender"]',
         f"only_mutate = {json.dumps(list(area.sources))}",
-        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(selection)}",
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]',
         # Each mutant's run forks from a process that has only collected the tests: forked from mutmut's own
         # process instead, it would inherit the lru_caches (mig._choice, ...) that the unmutated run filled.
@@ -247,6 +250,7 @@ def run_area(
     only: str = "*",
     properties: bool = False,
     committed: bool = False,
+    tests: tuple[str, ...] = (),
 ) -> tuple[float, str]:
     """Mutate one area in a fresh copy (with `recheck`, only the mutants its last run left alive, the others
     keeping their outcome; with `only`, those whose name matches it); print the report; its share and the copy's
@@ -268,7 +272,7 @@ def run_area(
     work = Path(tempfile.mkdtemp(prefix=f"mutation-{area.name}-"))
     started = time.monotonic()
     try:
-        copy_tree(work, area, properties, committed)
+        copy_tree(work, area, properties, committed, tests)
         run = mutmut(work, "run", "--max-children", str(children), *alive)
         elapsed = time.monotonic() - started
         if run.returncode != 0 or not (work / "mutants").exists():
@@ -300,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--with-properties", action="store_true", help=f"also run {PROPERTY_TESTS} (slow)")
     parser.add_argument("--committed", action="store_true", help="mutate HEAD, not the working tree")
+    parser.add_argument("--tests", nargs="+", default=(), help="these tests instead of the area's (tests/core ...)")
     parser.add_argument(
         "--only", default="*", help="with --recheck, the survivors whose name matches this pattern (*fit.x__refusal*)"
     )
@@ -320,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             args.only,
             args.with_properties,
             args.committed,
+            tuple(args.tests),
         )
         if args.keep:
             print(f"  kept: {work}")
