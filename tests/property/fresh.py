@@ -185,6 +185,11 @@ def arrays_differences(learned: Learned, fresh: Learned) -> list[str]:
             found.append(f"{name}: its row {row} holds {rows.states[row].name}'s state")
         if arrays.codes.get(name) != rows.number << 32 | row:
             found.append(f"{name}: code {arrays.codes.get(name)} for row {row} of kind {rows.number}")
+        room = room_of(state)
+        summary = (list(state.free), room.cpu, room.memory, state.free_gpus)
+        written = (rows.free[row].tolist(), int(rows.cpu[row]), int(rows.memory[row]), float(rows.free_gpus[row]))
+        if written != summary:
+            found.append(f"{name}: row (free, cpu, memory, free GPU) {written}, the node's {summary}")
         for column in ("free", "slotted", "cpu", "memory", "free_gpus"):
             kept, afresh = getattr(rows, column)[row], getattr(fresh_rows, column)[fresh_row]
             if not (kept == afresh).all():
