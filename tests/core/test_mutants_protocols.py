@@ -6,6 +6,7 @@ HAMi's own decoders read them."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -18,6 +19,7 @@ from extender.core.protocols.gofields import json_text
 from extender.core.protocols.gpushare import Profile
 from extender.core.protocols.hami import decode, encode
 from extender.core.protocols.hami_mig import decode_instances, read_profiles
+from extender.core.protocols.hami_policy import weights, with_links
 from tests.builders import HAMI, PROFILE, make_hami_node, make_node
 
 IGNORED = "annotation gpu-extender.io/devices ignored: "
@@ -216,3 +218,69 @@ def test_a_mig_profile_gives_go_zero_values_for_what_it_leaves_out() -> None:
     ).devices
     assert device.profiles == (MigProfile("1g.5gb", 0, 0, 0, ((6, 1),)),)
     assert read_profiles(None) == () and read_profiles([]) == ()
+
+
+# ---- HAMi's scoring weights and pair scores (hami_policy) ---------------------------------------------------
+
+LONG = "k" * 30
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("slot=1,core=1", "expected slot, core and memory weights (slot=1,core=1,memory=3)"),
+        ("slot=1,core=1,memory", "expected key=value entries (slot=1,core=1,memory=3)"),
+        ("slot=1,slot=1,memory=1", "duplicate 'slot' weight"),
+        (f"slot=1,core=1,{LONG}=1", f"unknown weight {LONG[:20]!r}"),
+        ("slot=1,core=1,memory=" + "9" * 19, f"memory weight {'9' * 19!r} must be a whole number of at least 0"),
+        ("slot=1,core=1,memory=1=2", "memory weight '1=2' must be a whole number of at least 0"),
+        ("slot=1,core=1,memory=++1", "memory weight '++1' must be a whole number of at least 0"),
+        ("slot=0,core=0,memory=0", "at least one weight must be above 0"),
+    ],
+)  # fmt: skip
+def test_scoring_weights_that_hami_would_refuse_say_why(text: str, why: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        weights(text)
+    assert str(refused.value).startswith(why)
+
+
+def test_scoring_weights_read_a_plus_and_up_to_18_digits() -> None:
+    assert weights(None) == (1, 1, 1)
+    assert weights(" slot = +2 , core=0,memory=" + "9" * 18) == (2, 0, 999_999_999_999_999_999)
+    with pytest.raises(ValueError) as refused:
+        weights(f"slot=1,core=1,memory={'9' * 25}")
+    assert str(refused.value) == f"memory weight {'9' * 20!r} must be a whole number of at least 0"
+
+
+def gpus_named(*uuids: str) -> list[Device]:
+    return [Device(index, 40960, uuid=uuid) for index, uuid in enumerate(uuids)]
+
+
+@pytest.mark.parametrize(
+    ("listed", "why"),
+    [
+        ({"uuid": "GPU-0"}, "expected a JSON array of at most 256 GPUs"),
+        ([{"uuid": f"GPU-{i}"} for i in range(257)], "expected a JSON array of at most 256 GPUs"),
+        (["GPU-0"], "each GPU's scores must be an object"),
+        ([{"uuid": 5}], "expected {uuid: string, score: {uuid: number}}"),
+        ([{"uuid": "GPU-0", "score": "GPU-1"}], "expected {uuid: string, score: {uuid: number}}"),
+        ([{"uuid": "GPU-0", "score": {"GPU-1": True}}], "score 'True' of GPU-0 to GPU-1 is not a whole number"),
+        ([{"uuid": "GPU-0", "score": {"GPU-1": 10001}}], "score '10001' of GPU-0 to GPU-1 is not a whole number"),
+    ],
+)  # fmt: skip
+def test_pair_scores_that_gos_decoder_would_refuse_say_why(listed: object, why: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(why)}$"):
+        with_links(gpus_named("GPU-0", "GPU-1"), orjson.dumps(listed).decode())
+
+
+def test_pair_scores_are_given_to_the_gpus_they_name_the_first_entry_of_a_uuid_winning() -> None:
+    devices = gpus_named("GPU-0", "GPU-1")
+    assert with_links(devices, None) == tuple(devices) and with_links(devices, "null") == tuple(devices)
+    listed = [
+        {"uuid": "GPU-0", "score": {"GPU-1": 100, "GPU-2": -10000}},
+        {"uuid": "GPU-0", "score": {"GPU-1": 1}},
+        {"score": {"GPU-0": 5}},
+    ]
+    linked = with_links(devices, orjson.dumps(listed).decode())
+    assert [device.links for device in linked] == [(("GPU-1", 100), ("GPU-2", -10000)), ()]
+    assert len(with_links(devices, orjson.dumps([{"uuid": f"GPU-{i}"} for i in range(256)]).decode())) == 2
