@@ -284,3 +284,24 @@ def test_pair_scores_are_given_to_the_gpus_they_name_the_first_entry_of_a_uuid_w
     linked = with_links(devices, orjson.dumps(listed).decode())
     assert [device.links for device in linked] == [(("GPU-1", 100), ("GPU-2", -10000)), ()]
     assert len(with_links(devices, orjson.dumps([{"uuid": f"GPU-{i}"} for i in range(256)]).decode())) == 2
+
+
+def test_mig_reservations_are_told_apart_by_container_and_device_their_go_zero_values_counting() -> None:
+    def read(*entries: dict[str, Any]) -> list[tuple[str, MigInstance]]:
+        return decode_instances(orjson.dumps(list(entries)).decode())
+
+    one = {"gpuUUID": "GPU-a", "profile": "1g.5gb", "placement": {"size": 1}}  # start 0, container 0, device 0
+    assert (
+        read(one, one | {"deviceIndex": 1}, one | {"containerIndex": 1}) == [("GPU-a", MigInstance("1g.5gb", 0, 1))] * 3
+    )
+    with pytest.raises(ValueError, match=r"^duplicate MIG allocation for container 1 device 0$"):
+        read(one | {"containerIndex": 1}, one | {"containerIndex": 1, "deviceIndex": 0})
+    for missing in ("gpuUUID", "profile"):
+        with pytest.raises(ValueError, match=r"^MIG allocation 0 is incomplete$"):
+            read({key: value for key, value in one.items() if key != missing})
+    runtime_empty = one | {"migUUID": "", "gpuInstanceID": None, "computeInstanceID": ""}
+    assert read(runtime_empty) == [("GPU-a", MigInstance("1g.5gb", 0, 1))]
+    with pytest.raises(ValueError, match=r"^MIG allocation 0 is incomplete$"):
+        read(*[{}] * 4096)  # as many as HAMi may write: read, and refused for what they lack
+    with pytest.raises(ValueError, match=r"^not a string of at most 64 KiB$"):
+        decode_instances("[]" + " " * (64 * 1024 - 1))
