@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from extender.core.devices import Device
-from extender.core.holds import Grant
+from extender.core.devices import Demand, Device
+from extender.core.holds import Allocation, Grant
 from extender.core.mig import MigInstance, MigProfile
 from extender.core.protocols.gofields import json_text
 from extender.core.protocols.gpushare import Profile
@@ -305,3 +305,25 @@ def test_mig_reservations_are_told_apart_by_container_and_device_their_go_zero_v
         read(*[{}] * 4096)  # as many as HAMi may write: read, and refused for what they lack
     with pytest.raises(ValueError, match=r"^not a string of at most 64 KiB$"):
         decode_instances("[]" + " " * (64 * 1024 - 1))
+
+
+def pod_annotated(node_name: str = "", **annotations: str) -> dict[str, Any]:
+    spec = {"nodeName": node_name} if node_name else {}
+    meta = {"name": "p", "namespace": "default", "uid": "uid-p", "annotations": annotations}
+    return {"kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def test_gpushare_reads_a_pods_node_from_its_binding_else_our_annotation_and_its_memory_else_its_demand() -> None:
+    idx, mem, ours = "ALIYUN_COM_GPU_MEM_IDX", "ALIYUN_COM_GPU_MEM_POD", "gpu-extender.io/node"
+    recorded = PROFILE.recorded(pod_annotated("n1", **{idx: "1", mem: "6"}), Demand(4))
+    assert (recorded.node, recorded.allocation) == ("n1", Allocation.uniform("uid-p", "default/p", "n1", (1,), 6))
+    assert PROFILE.recorded(pod_annotated(**{ours: "n2", idx: "0"}), Demand(4)).allocation == Allocation.uniform(
+        "uid-p", "default/p", "n2", (0,), 4
+    )
+    assert PROFILE.recorded(pod_annotated("n1", **{idx: "0,1"}), None).allocation == Allocation.uniform(
+        "uid-p", "default/p", "n1", (0, 1), 0
+    )
+    assert PROFILE.recorded(pod_annotated("n1", **{idx: "0", mem: "0"}), Demand(4)).allocation is not None
+    assert PROFILE.recorded(pod_annotated("n1", **{idx: "-1", mem: "4"}), Demand(4)).allocation is None
+    assert PROFILE.recorded(pod_annotated("n1", **{idx: "0", mem: "-4"}), Demand(4)).allocation is None
+    assert PROFILE.recorded(pod_annotated(**{idx: "0", mem: "4"}), Demand(4)).node in ("", None)
