@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint docs e2e-build helm-build promtool-build node-build cluster cluster-down cluster-status bench bench-e2e bench-placement loadtest loadtest-saturation clean
+.PHONY: demo test lint docs e2e-build helm-build promtool-build node-build cluster cluster-down cluster-status bench bench-e2e bench-placement loadtest loadtest-saturation mutation clean
 
 # `make loadtest` settings: cluster size, target pods/s, seconds of load, node names per filter call
 # (a number, or `adaptive` for kube-scheduler's default percentageOfNodesToScore), initial GPU fill.
@@ -155,6 +155,18 @@ loadtest: $(VENV)/.loadtest
 loadtest-saturation: $(VENV)/.loadtest
 	$(BIN)/python -m loadtest.run --nodes $(NODES) --duration 15 --names $(NAMES) --fill $(FILL) \
 		--find-saturation $(RECORD_ARG) $(LOADTEST_ARGS)
+
+# Runtime plus the test tools and mutmut, for `make mutation`.
+$(VENV)/.mutation: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test,mutation]'
+	touch $@ $(VENV)/.runtime
+
+# The share of mutmut's small changes to the core (ledger, mig, placement, protocols) that each area's tests notice,
+# per module (devtools/mutation.py; equivalents with why in devtools/mutation_equivalents.toml). Not in `make test`:
+# tens of minutes. MUTATION_ARGS: areas, --recheck [--only PATTERN], --committed, --with-properties, --max-children N.
+MUTATION_ARGS ?=
+mutation: $(VENV)/.mutation
+	nice -n 10 $(BIN)/python -m devtools.mutation $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache site
