@@ -345,7 +345,15 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from((1.0, 10.0, TTL + 1)), watching=st.booleans())
     def time_passes(self, seconds: float, watching: bool) -> None:
-        """Time passes, and the ledger expires what waited too long (while the watch fails, not what is bound)."""
+        """Time passes, and the ledger expires what waited too long (while the watch fails, not what is bound).
+
+        A watch that works has shown every binding that landed by then: the ledger frees a bound pod's hold after
+        the TTL on that assumption (DESIGN §3.4), so a binding shown only after its hold was given away would put
+        the GPU over capacity by a history the product rules out, not by a decision it made."""
+        if watching:
+            for uid in sorted(self.api):
+                if self.api[uid]["spec"].get("nodeName") and self.api[uid] is not self.shown.get(uid):
+                    self.show(uid)
         self.clock.advance(seconds)
         expired, dropped = oracle.due(self.cache, self.clock(), TTL, watching)
         freed = {hold.allocation.pod_uid for hold in self.ledger.expire(include_bound=watching)}
