@@ -62,6 +62,10 @@ def _instances_refusal(state: NodeState, position: int, use: Use, mine: Use | No
     return ""
 
 
+MAY_HAVE_LANDED = frozenset({HoldState.BOUND, HoldState.UNCERTAIN})
+"""Holds whose pod the API may have bound: kept past the TTL while the watch fails (`Ledger.expire`)."""
+
+
 class Ledger:
     """Mutable: the reservations' bookkeeping over the cache's holds."""
 
@@ -223,8 +227,11 @@ class Ledger:
     def expire(self, include_bound: bool = True) -> list[Hold]:
         """Free every reservation older than the TTL whose bind is not running; returns them.
 
-        With `include_bound=False` (the watch is failing), reservations whose binding the API accepted are
-        kept: the pod is bound, only its confirmation is late, and freeing it would give its memory away.
+        With `include_bound=False` (the watch is failing), reservations whose binding the API accepted, or may
+        have accepted (an uncertain outcome), are kept: the pod may be bound with only its confirmation late, and
+        freeing it would give its memory away to a pod the watch, once back, would show beside it on the same
+        GPU. Only the watch decides those; while it fails, the TTL frees only reservations no binding was sent
+        for (or whose binding failed for sure, which are released at once).
         """
         now = self.clock()
         deadline = now - self.ttl
@@ -241,7 +248,7 @@ class Ledger:
             if hold.since < deadline
             and uid not in self._in_flight
             and hold.state is not HoldState.ASSUMED
-            and (include_bound or hold.state is not HoldState.BOUND)
+            and (include_bound or hold.state not in MAY_HAVE_LANDED)
         ]
         for hold in expired:
             self.release(hold.allocation.pod_uid)

@@ -88,6 +88,20 @@ def test_a_bound_reservation_is_kept_while_the_watch_is_failing() -> None:
     assert [hold.allocation.pod_uid for hold in ledger.expire(include_bound=True)] == ["bound"]
 
 
+def test_an_uncertain_reservation_is_kept_while_the_watch_is_failing() -> None:
+    """A bind whose outcome is unknown may have landed: while the watch fails, nothing can say it did not, so its
+    GPU is not given to another pod (which the watch, once back, would show beside it: 21 of 16 units)."""
+    clock = FakeClock()
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16))
+    ledger = make_ledger(cluster, ttl=1, clock=clock)
+    ledger.reserve(allocation("maybe", each=5))
+    ledger.mark_uncertain("maybe")
+    clock.advance(5)
+    assert ledger.expire(include_bound=False) == []
+    assert ledger.reserve(allocation("filler", each=16)) is not None, "the uncertain pod's memory was given away"
+    assert [hold.allocation.pod_uid for hold in ledger.expire(include_bound=True)] == ["maybe"]
+
+
 def test_an_observed_pod_is_never_expired() -> None:
     clock = FakeClock()
     pod = bound_pod("seen", "n1", (0,), 4, assume_time=clock.now - 3600)

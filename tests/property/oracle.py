@@ -60,7 +60,7 @@ def due(cache: Cache, now: float, ttl: float, include_bound: bool) -> tuple[set[
         for uid, hold in cache.reserved.items()
         if hold.state is not HoldState.ASSUMED
         and hold.since < now - ttl
-        and (include_bound or hold.state is not HoldState.BOUND)
+        and (include_bound or hold.state not in (HoldState.BOUND, HoldState.UNCERTAIN))
     }
     dropped = {
         uid
