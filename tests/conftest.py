@@ -7,7 +7,7 @@ import asyncio
 import os
 import shutil
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,8 @@ import aiohttp
 import orjson
 import pytest
 import trustme
+from hypothesis.internal.conjecture import providers
+from hypothesis.internal.constants_ast import Constants
 
 from extender.core.binding import BindRequest
 from extender.core.cache import Cache
@@ -299,3 +301,18 @@ async def start(running: Running, api: ApiDouble) -> None:
 async def watching(api: ApiDouble, count: int) -> None:
     """Wait until `count` watches are open on the double (a change made earlier would reach them as a list)."""
     await eventually(lambda: api.open_watches >= count, what=f"{count} open watches")
+
+
+@pytest.fixture(autouse=True)
+def no_hypothesis_constants_from_imported_modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every Hypothesis test draws the same examples in any process: alone, in a subset, or in the whole suite.
+
+    `derandomize` fixes Hypothesis' seed, but about one draw in twenty is taken from a pool of constants Hypothesis
+    reads out of every local (not test, not installed) module imported so far, so the examples depended on which
+    modules the tests run before had imported (a state machine failed only in full-suite runs). Here that pool is
+    empty, and Hypothesis' memo of it is cleared on the way in and out. This reaches into Hypothesis' internals:
+    should they be renamed, `monkeypatch.setattr` fails loudly rather than letting the examples drift again."""
+    providers.CONSTANTS_CACHE.cache.clear()
+    monkeypatch.setattr(providers, "_get_local_constants", Constants)
+    yield
+    providers.CONSTANTS_CACHE.cache.clear()
