@@ -382,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             url, running = ours.recv()
             took = time.perf_counter() - started
             print(f"API double: {arguments.nodes:,} nodes, {running:,} running pods, in {took:.0f} s", file=sys.stderr)
+            recording.result("running_pods", running)  # the pods in the cache besides the bench's own
             started = time.perf_counter()
             extender = start_extender(url, Path(workdir))
             print(f"extender ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)

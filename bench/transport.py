@@ -387,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{arguments.connections} keep-alive connections from {arguments.clients} client processes\n"
     )
     print(f"Machine: {machine()}. Median of {arguments.rounds} runs of {arguments.seconds:g} s per server.\n")
+    recording.result("servers", list(rows.values()))
     print("| server | req/s | server CPU µs/request |")
     print("|---|---:|---:|")
     for row in rows.values():
