@@ -49,7 +49,7 @@ def build_service(
     learned = Learned(cache, Workload(settings.workload_half_life))
     return Service(
         cache=cache,
-        ledger=Ledger(cache, settings.reservation_ttl, quotas=quotas),
+        ledger=Ledger(cache, settings.reservation_ttl, quotas=quotas, group_ttl=settings.group_hold_ttl),
         placer=Placer(cache, settings.policy, learned),
         quotas=quotas,
         source=source,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.core.devices import Strategy
+from extender.core.ledger import GROUP_HOLD_TTL
 from extender.core.placement.config import Narrowing, Policy, PolicyConfig
 from extender.core.placement.workload import HALF_LIFE
 from extender.core.protocols import DeviceProtocol
@@ -142,6 +143,11 @@ class Settings:
         "Seconds a reservation waits for the API to show its pod bound before it is freed.", default=300.0
     )
     expiry_interval: float = _doc("Seconds between sweeps for expired reservations.", default=5.0)
+    group_hold_ttl: float = _doc(
+        "Seconds the GPUs held for a job placed whole (a Kueue pod group) wait for all its members' binds before "
+        "they are let go together and the job is planned again.",
+        default=GROUP_HOLD_TTL,
+    )
     # -- the API server (when --cluster is not given)
     kubeconfig: str = _doc(
         "Kubeconfig to reach the API server; when empty: the in-cluster service account, else $KUBECONFIG, "
@@ -404,6 +410,7 @@ class Settings:
             "handshake_timeout",
             "reservation_ttl",
             "expiry_interval",
+            "group_hold_ttl",
             "tls_reload_interval",
             "http_timeout",
             "max_body_bytes",

@@ -10,6 +10,9 @@ This is where the ledger's rules meet I/O (DESIGN §3). Under the node's lock, i
    to the same node, the same allocation is written again, so whichever binding lands carries the devices the
    cache counts; to another node, it is released and the pod decided afresh, unless that binding may still
    land.
+   A member of a job held whole takes its hold (`jobs.py`) when the bind is to the node planned for it, and is
+   refused elsewhere; one whose job lacks members bound and holds nothing is refused (its next filter plans
+   the job whole), so a job is never placed in part.
 4. **A new allocation:** the policy chooses devices and the ledger reserves them (check and record in one
    step); or, when the pod's filter assumed it on this node and it still fits there, what it assumed is reserved
    as it is (`assume.py`).
@@ -34,7 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from extender.core import objects
+from extender.core import jobs, objects
 from extender.core.cache import Cache
 from extender.core.devices import Demand
 from extender.core.holds import Allocation, Hold, HoldState
@@ -112,8 +115,9 @@ class BindRequest:
 
 
 def slim_pod(pod: Raw) -> Raw:
-    """The parts of a pod a bind needs (identity, annotations, container resources and overhead, node and phase),
-    to keep many pods cheaply: a whole pod is kilobytes of volumes, probes and managed fields."""
+    """The parts of a pod a bind needs (identity, labels and annotations, container resources and overhead,
+    scheduling gates, node and phase), to keep many pods cheaply: a whole pod is kilobytes of volumes, probes and
+    managed fields. Labels and gates: the job it starts with (`groups.declared`) and whether it may start yet."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     slim_spec: Raw = {}
@@ -128,11 +132,14 @@ def slim_pod(pod: Raw) -> Raw:
         slim_spec["priority"] = spec["priority"]
     if isinstance(spec.get("overhead"), dict):
         slim_spec["overhead"] = spec["overhead"]  # counted with the containers' cpu and memory
+    if spec.get("schedulingGates"):
+        slim_spec["schedulingGates"] = spec["schedulingGates"]
     return {
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace") or "default",
             "uid": meta.get("uid"),
+            "labels": dict(meta.get("labels") or {}),
             "annotations": dict(meta.get("annotations") or {}),
         },
         "spec": slim_spec,
@@ -265,6 +272,16 @@ def _decide(request: BindRequest, context: BindContext) -> BindOutcome | Write:
     if refusal is not None:  # as its filter refused it on every node
         return _refused(f"pod {request.key}: {refusal}")
     hold = context.cache.hold_of(request.uid)
+    if hold is not None and hold.state is HoldState.GROUPED:  # a member of a job held whole (`jobs.py`)
+        taken = context.ledger.take_grouped(request.uid, request.node)
+        if taken is not None:
+            return Write(pod, taken, state)
+        job = context.ledger.group_of(request.uid)
+        return _refused(f"pod {request.key} is held on {hold.allocation.node} for job {job}, not on {request.node}")
+    if hold is None:
+        unheld = jobs.unheld(record, context.cache, context.ledger)
+        if unheld is not None:
+            return _refused(unheld)
     if hold is not None and hold.state is HoldState.ASSUMED:  # its filter's assumption: now decided for real
         taken = context.ledger.take_assumed(request.uid, request.node, context.placer.build())
         if taken is not None:
@@ -406,6 +423,9 @@ async def _write(request: BindRequest, context: BindContext, write: Write) -> Bi
             log.warning("bind of %s to %s failed: %s; reservation kept until the API shows the pod", key, node, error)
             return BindOutcome(Outcome.UNCERTAIN, f"binding {key} to {node} failed: {error}")
         released = ledger.release(request.uid)
+        let_go = ledger.release_group(ledger.group_of(request.uid))  # the job is planned again, whole
+        if let_go:
+            log.warning("bind of %s failed: the %d other holds of its job let go", key, len(let_go))
         if error.refused:
             return _refused(f"pod {key}: {error}")
         log.warning("bind of %s to %s failed: %s%s", key, node, error, "; reservation released" if released else "")

@@ -20,11 +20,12 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Protocol
 
-from extender.core import mig, objects
+from extender.core import objects
 from extender.core.devices import Device, NodeLock
+from extender.core.groups import Jobs
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.memo import FitIndex, Lru, NodeMemo
-from extender.core.nodes import NodeState
+from extender.core.nodes import NodeState, overcommitted
 from extender.core.objects import Raw
 from extender.core.pods import PodRecord, pod_record
 from extender.core.protocols import DeviceProtocol
@@ -109,6 +110,8 @@ class Cache:
         """Node -> [millicores, bytes] its pods request (`_placed` summed)."""
         self.listeners: list[Listener] = []
         """Told of every change (`listen`)."""
+        self.groups = Jobs()
+        """Every job's pods, by UID: what `core/jobs.py` plans."""
 
     def _changed(self, state: NodeState) -> None:
         """Recompute a node's summary after any change, and the indexes built on it (once per node at the end
@@ -372,8 +375,10 @@ class Cache:
             return
         if uid in self._gone:  # a UID is never reused: a pod shown gone stays gone
             return
-        arrived = uid not in self.pods
+        previous = self.pods.get(uid)
         self.pods[uid] = record
+        arrived = previous is None
+        self.groups.move(uid, previous.group if previous is not None else None, record.group)
         if arrived:
             for listener in self.listeners:
                 listener.pod_arrived(record)
@@ -411,7 +416,9 @@ class Cache:
     def _forget_pod(self, uid: str, gone: bool = False) -> None:
         if gone:
             self._gone.put(uid, True)
-        self.pods.pop(uid, None)
+        record = self.pods.pop(uid, None)
+        if record is not None:
+            self.groups.move(uid, record.group, None)
         self.abandoned.discard(uid)
         self.release(uid)
         self._account(uid)
@@ -481,19 +488,5 @@ class Cache:
     # -- checks
 
     def overcommitted(self) -> list[str]:
-        """Every device whose holds exceed its memory, compute or slots, as messages; empty when the invariant
-        holds (DESIGN §3: `used <= capacity` in every dimension the device plugin enforces)."""
-        found = []
-        for state in self.nodes.values():
-            for position, device in enumerate(state.devices):
-                used, cores, slots = state.used[position], state.used_cores[position], state.used_slots[position]
-                if used > device.capacity:
-                    found.append(f"{state.name} GPU {device.index}: used {used} > capacity {device.capacity}")
-                if device.cores and cores > device.cores and not device.mig:  # MIG: profile cores may pass 100
-                    found.append(f"{state.name} GPU {device.index}: compute {cores} > {device.cores}")
-                if device.slots and slots > device.slots:
-                    found.append(f"{state.name} GPU {device.index}: {slots} pods > split count {device.slots}")
-                clash = mig.clash(state.occupied[position]) if position < len(state.occupied) else None
-                if clash is not None:
-                    found.append(f"{state.name} GPU {device.index}: MIG instances overlap at slice {clash[0]}")
-        return found
+        """Every device whose holds exceed its memory, compute or slots, as messages (`nodes.overcommitted`)."""
+        return overcommitted(self.nodes.values())

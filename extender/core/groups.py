@@ -309,10 +309,15 @@ def membership(pods: Iterable[Raw], podgroups: PodGroups = NO_CRDS) -> Membershi
         declarations.setdefault(said.group, []).append((member, said.minimum))
         found.group_of[uid] = said.group
     for key, said_by in declarations.items():
-        said_by.sort(key=lambda pair: (pair[0].name, pair[0].uid))
-        members = tuple(member for member, _ in said_by)
-        found.groups[key] = Group(key, said_by[0][1], members, _disagreement(key, said_by))
+        found.groups[key] = group_of(key, said_by)
     return found
+
+
+def group_of(key: GroupKey, said_by: Iterable[tuple[MemberPod, int]]) -> Group:
+    """The group its members make, each with the size it declares (at least one member)."""
+    ordered = sorted(said_by, key=lambda pair: (pair[0].name, pair[0].uid))
+    members = tuple(member for member, _ in ordered)
+    return Group(key, ordered[0][1], members, _disagreement(key, ordered))
 
 
 def _disagreement(key: GroupKey, said_by: list[tuple[MemberPod, int]]) -> str:
@@ -326,3 +331,30 @@ def _disagreement(key: GroupKey, said_by: list[tuple[MemberPod, int]]) -> str:
                 f"{other})"
             )
     return ""
+
+
+class Jobs:
+    """Every job's pods whose declaration can be used, by pod UID, kept by the cache as pods come, change and go.
+    Mutable."""
+
+    def __init__(self) -> None:
+        self._members: dict[GroupKey, set[str]] = {}
+
+    def move(self, uid: str, before: Declared | None, after: Declared | None) -> None:
+        """The pod declared `before` and now declares `after` (None: nothing, or it is gone)."""
+        if before == after:
+            return
+        if before is not None and before.group is not None:
+            members = self._members.get(before.group)
+            if members is not None:
+                members.discard(uid)
+                if not members:
+                    del self._members[before.group]
+        if after is not None and after.group is not None and not after.problem:
+            self._members.setdefault(after.group, set()).add(uid)
+
+    def members(self, key: GroupKey) -> frozenset[str]:
+        return frozenset(self._members.get(key, ()))
+
+    def __len__(self) -> int:
+        return len(self._members)

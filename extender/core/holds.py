@@ -3,6 +3,8 @@
     ASSUMED ──its bind comes to that node, where it still fits: taken as decided──▶ RESERVED
         ├──its bind comes otherwise: released, and decided again──▶ RESERVED
         └──no bind within ASSUMED_TTL, the pod filtered again, or gone: released
+    GROUPED ──its bind comes to the node planned for it: taken as decided──▶ RESERVED
+        └──its job's hold expires, a member's bind fails or a member is gone: released with the job's others
     RESERVED ──binding accepted──▶ BOUND ──watch shows the pod──▶ OBSERVED
         │  └──binding failed, may have landed──▶ UNCERTAIN ──watch shows the pod──▶ OBSERVED
         └──failed, expired (TTL) or pod gone: released (the hold is removed)
@@ -11,6 +13,10 @@ A hold is ASSUMED when a filter passed its pod one node alone (`assume.py`): kub
 and until it does the next filters must judge that node as taken, or every pod of a burst is sent to the same
 best node before the first bind lands (kube-scheduler tells an extender nothing of what it assumed). Nothing is
 written for it; it only counts.
+
+A hold is GROUPED when the pod is a member of a job that starts whole (`core/jobs.py`): its filter, or another
+member's, planned every member at once and the ledger holds all their GPUs together (`Ledger.reserve_group`).
+Nothing is written for it either; it counts as a reservation does, so no other pod can take those GPUs.
 
 A hold is RESERVED from the moment the ledger records a decision until its binding is answered; BOUND once
 the API accepted the binding (only its confirmation by the watch is missing); UNCERTAIN when the binding
@@ -167,6 +173,9 @@ def _collapse(containers: tuple[tuple[Grant, ...], ...], init_containers: int) -
 class HoldState(enum.Enum):
     ASSUMED = "assumed"
     """A filter passed the pod this node alone; no bind has come yet (nothing written)."""
+    GROUPED = "grouped"
+    """Held for a member of a job placed whole, with the other members' holds; no bind has come yet (nothing
+    written)."""
     RESERVED = "reserved"
     """Decided by this extender; the binding is not answered yet."""
     BOUND = "bound"

@@ -9,6 +9,10 @@ The rules live here and nowhere else:
 - `release` undoes a reservation after any failure and marks the pod abandoned (its annotations alone no
   longer reserve); an observed allocation is never released from here.
 - `expire` frees reservations the API has not confirmed within the TTL, except those whose bind is running.
+- A job that starts whole is held whole (`reserve_group`): every member's allocation recorded in one step, each
+  checked as a reservation is and the namespace's quota charged with their sum, or none recorded. Its holds
+  leave together (`release_group`, `expire_groups`), except each member's own, which its bind takes
+  (`take_grouped`) and which then follows a reservation's rules.
 - After every operation `used <= capacity` holds for every device a reservation touched.
 
 Decisions about *which* devices are the policy's; this module only refuses what does not fit.
@@ -19,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 
 from extender.core import mig
 from extender.core.cache import Cache
+from extender.core.groups import GroupKey
 from extender.core.holds import Allocation, Hold, HoldState, Use
 from extender.core.nodes import NodeState
 from extender.core.quota.book import Quotas
@@ -64,22 +70,63 @@ def _instances_refusal(state: NodeState, position: int, use: Use, mine: Use | No
 
 MAY_HAVE_LANDED = frozenset({HoldState.BOUND, HoldState.UNCERTAIN})
 """Holds whose pod the API may have bound: kept past the TTL while the watch fails (`Ledger.expire`)."""
+UNWRITTEN = frozenset({HoldState.ASSUMED, HoldState.GROUPED})
+"""Holds nothing was written for: their release marks no pod abandoned."""
+GROUP_HOLD_TTL = 60.0
+"""Seconds a job's hold waits for its members' binds by default (`Settings.group_hold_ttl`)."""
+
+
+@dataclass(slots=True)
+class GroupHold:
+    """A job held whole: the node planned for each member, and the members whose bind has taken its hold."""
+
+    key: GroupKey
+    planned: dict[str, str]
+    """Member pod UID -> the node planned for it."""
+    since: float
+    """When it was held (Unix seconds, the ledger's clock)."""
+    taken: set[str] = field(default_factory=set)
+    """Members whose bind took their hold (`Ledger.take_grouped`): reservations of their own from then on."""
+
+    @property
+    def waiting(self) -> list[str]:
+        """Members whose bind has not come yet."""
+        return [uid for uid in self.planned if uid not in self.taken]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRelease:
+    """A job's hold let go by the expiry sweep: which, why, and the members' holds freed."""
+
+    group: GroupHold
+    why: str
+    holds: tuple[Hold, ...]
 
 
 class Ledger:
     """Mutable: the reservations' bookkeeping over the cache's holds."""
 
     def __init__(
-        self, cluster: Cache, ttl: float, clock: Callable[[], float] = time.time, quotas: Quotas | None = None
+        self,
+        cluster: Cache,
+        ttl: float,
+        clock: Callable[[], float] = time.time,
+        quotas: Quotas | None = None,
+        group_ttl: float = GROUP_HOLD_TTL,
     ) -> None:
         self.cluster = cluster
         self.quotas = quotas
         """The book every reservation is checked against (None: no quota is enforced)."""
         self.ttl = ttl
         """Seconds a reservation may wait for the API to show its pod bound."""
+        self.group_ttl = group_ttl
+        """Seconds a job's hold may wait for all its members' binds (`expire_groups`)."""
         self.clock = clock
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._in_flight: dict[str, str] = {}
+        self._groups: dict[GroupKey, GroupHold] = {}
+        self._group_of: dict[str, GroupKey] = {}
+        """Member pod UID -> the job holding it, while the job's hold lasts."""
 
     @asynccontextmanager
     async def locked(self, node: str) -> AsyncIterator[None]:
@@ -222,7 +269,7 @@ class Ledger:
         hold = self.cluster.reserved.get(uid)
         if hold is None:
             return None
-        return self.cluster.release(uid, abandon=hold.state is not HoldState.ASSUMED)
+        return self.cluster.release(uid, abandon=hold.state not in UNWRITTEN)
 
     def expire(self, include_bound: bool = True) -> list[Hold]:
         """Free every reservation older than the TTL whose bind is not running; returns them.
@@ -247,9 +294,121 @@ class Ledger:
             for uid, hold in self.cluster.reserved.items()
             if hold.since < deadline
             and uid not in self._in_flight
-            and hold.state is not HoldState.ASSUMED
+            and hold.state not in UNWRITTEN  # a job's holds leave together (`expire_groups`)
             and (include_bound or hold.state not in MAY_HAVE_LANDED)
         ]
         for hold in expired:
             self.release(hold.allocation.pod_uid)
         return expired
+
+    # -- jobs held whole
+
+    def reserve_group(self, key: GroupKey, allocations: Sequence[Allocation]) -> str | None:
+        """Hold every member's allocation as GROUPED, or none; returns None when all are held, else why not.
+
+        Each is checked as `reserve` checks one (room, MIG instances, the namespace's quota) against the node as
+        the members recorded before it left it, in one step with no await: the quota book counts each hold as
+        it is recorded, so the namespace's quota is charged with the members' sum, and a quota with room for
+        five of eight members refuses the job. On a refusal the members recorded are let go again.
+        A job already held is let go first (the caller plans it again)."""
+        self.release_group(key)
+        recorded: list[str] = []
+        now = self.clock()
+        refusal: str | None = None
+        for allocation in allocations:
+            uid = allocation.pod_uid
+            current = self.cluster.hold_of(uid)
+            if uid in self._in_flight:
+                refusal = f"pod {allocation.pod}: a bind of it is running"
+            elif current is not None and current.state is not HoldState.ASSUMED:
+                refusal = f"pod {allocation.pod} holds GPUs already ({current.state.value})"
+            else:
+                refused = self._refusal(allocation)
+                refusal = f"pod {allocation.pod}: {refused}" if refused is not None else None
+            if refusal is not None:
+                break
+            self.cluster.hold(Hold(allocation, HoldState.GROUPED, since=now))
+            recorded.append(uid)
+        if refusal is not None:
+            for uid in recorded:
+                self.cluster.release(uid)
+            return refusal
+        self._groups[key] = GroupHold(key, {allocation.pod_uid: allocation.node for allocation in allocations}, now)
+        for allocation in allocations:
+            self._group_of[allocation.pod_uid] = key
+        return None
+
+    def group_hold(self, key: GroupKey) -> GroupHold | None:
+        """The job's hold, while it lasts."""
+        return self._groups.get(key)
+
+    def group_of(self, uid: str) -> GroupKey | None:
+        """The job holding this member, while its hold lasts."""
+        return self._group_of.get(uid)
+
+    def held_for(self, uid: str) -> str | None:
+        """The node the member's GROUPED hold is on, if it has one."""
+        hold = self.cluster.reserved.get(uid)
+        return hold.allocation.node if hold is not None and hold.state is HoldState.GROUPED else None
+
+    def take_grouped(self, uid: str, node: str) -> Hold | None:
+        """Reserve what the member's GROUPED hold holds, as its bind's decision, when the bind is to the node
+        planned for it and it still fits there (its GPUs usable: the hold itself is given back to the check).
+        Returns the reservation, or None."""
+        hold = self.cluster.reserved.get(uid)
+        if (
+            hold is None
+            or hold.state is not HoldState.GROUPED
+            or hold.allocation.node != node
+            or self._refusal(hold.allocation) is not None
+        ):
+            return None
+        reserved = Hold(hold.allocation, HoldState.RESERVED, since=self.clock())
+        self.cluster.restate(reserved)
+        key = self._group_of.get(uid)
+        group = self._groups.get(key) if key is not None else None
+        if group is not None:
+            group.taken.add(uid)
+            if not group.waiting:  # every member's bind has come: the job's hold has done its work
+                self._forget_group(group)
+        return reserved
+
+    def release_group(self, key: GroupKey | None) -> list[Hold]:
+        """Let go of the job's hold: every member's GROUPED hold, together (the members whose bind took theirs
+        keep them). Returns the holds let go."""
+        group = self._groups.get(key) if key is not None else None
+        if group is None:
+            return []
+        self._forget_group(group)
+        released = []
+        for uid in group.waiting:
+            hold = self.cluster.reserved.get(uid)
+            if hold is not None and hold.state is HoldState.GROUPED:
+                released.append(self.cluster.release(uid))
+        return [hold for hold in released if hold is not None]
+
+    def _forget_group(self, group: GroupHold) -> None:
+        del self._groups[group.key]
+        for uid in group.planned:
+            if self._group_of.get(uid) == group.key:
+                del self._group_of[uid]
+
+    def expire_groups(self) -> list[GroupRelease]:
+        """Let go, whole, of every job's hold older than `group_ttl` (its members did not all come to bind) or
+        that lost a member's hold (the pod deleted or finished, or shown bound by another scheduler): the job is
+        planned again at its next member's filter. Returns what was let go."""
+        deadline = self.clock() - self.group_ttl
+        released = []
+        for group in list(self._groups.values()):
+            waiting = group.waiting
+            held = [uid for uid in waiting if self.held_for(uid) == group.planned[uid]]
+            if len(held) < len(waiting):
+                gone = len(waiting) - len(held)
+                why = f"{gone} of its members' holds are gone (pods deleted, ended or bound by another scheduler)"
+            elif group.since < deadline:
+                late, members = len(waiting), len(group.planned)
+                why = f"{late} of its {members} members did not come to bind within {self.group_ttl:g} s"
+            else:
+                continue
+            released.append(GroupRelease(group, why, tuple(self.release_group(group.key))))
+        return released

@@ -198,3 +198,22 @@ def instances_of(
                 blocked[position] = f"pod {pod} runs on it without a MIG instance reserved"
             occupied[position].extend((instance.start, instance.size) for instance in use.instances)
     return occupied, blocked
+
+
+def overcommitted(states: Iterable[NodeState]) -> list[str]:
+    """Every device whose holds exceed its memory, compute or slots, as messages; empty when the invariant holds
+    (DESIGN §3: `used <= capacity` in every dimension the device plugin enforces)."""
+    found = []
+    for state in states:
+        for position, device in enumerate(state.devices):
+            used, cores, slots = state.used[position], state.used_cores[position], state.used_slots[position]
+            if used > device.capacity:
+                found.append(f"{state.name} GPU {device.index}: used {used} > capacity {device.capacity}")
+            if device.cores and cores > device.cores and not device.mig:  # MIG: profile cores may pass 100
+                found.append(f"{state.name} GPU {device.index}: compute {cores} > {device.cores}")
+            if device.slots and slots > device.slots:
+                found.append(f"{state.name} GPU {device.index}: {slots} pods > split count {device.slots}")
+            clash = mig.clash(state.occupied[position]) if position < len(state.occupied) else None
+            if clash is not None:
+                found.append(f"{state.name} GPU {device.index}: MIG instances overlap at slice {clash[0]}")
+    return found

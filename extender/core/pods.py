@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from extender.core import objects
 from extender.core.devices import Demand
+from extender.core.groups import Declared, declared
 from extender.core.holds import Allocation
 from extender.core.objects import Raw, as_object, pod_priority
 from extender.core.protocols import DeviceProtocol
@@ -44,6 +45,10 @@ class PodRecord:
     """Bytes requested."""
     models: tuple[str, ...] = ()
     """GPU models it requires by node affinity on the protocol's model label (empty: any)."""
+    group: Declared | None = None
+    """The job it starts with, as it declares it (`groups.declared`; None: it declares none)."""
+    gated: bool = False
+    """It has scheduling gates: kube-scheduler does not place it yet."""
 
     @property
     def key(self) -> str:
@@ -63,6 +68,7 @@ def pod_record(pod: Raw, protocol: DeviceProtocol) -> PodRecord:
     recorded = protocol.recorded(pod, demand)
     finished = as_object(pod.get("status")).get("phase") in TERMINAL_PHASES
     label = protocol.model_label
+    spec = as_object(pod.get("spec"))
     return PodRecord(
         uid,
         namespace,
@@ -77,4 +83,6 @@ def pod_record(pod: Raw, protocol: DeviceProtocol) -> PodRecord:
         pod_request(pod, "cpu", scale=3),
         pod_request(pod, "memory"),
         required_values(pod, label) if label else (),
+        declared(pod),
+        bool(spec.get("schedulingGates")),
     )

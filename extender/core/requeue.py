@@ -165,6 +165,13 @@ class Requeue:
         except Exception:  # a bug here must not stop the informer or the expiry sweep that called it
             log.exception("deciding whether to ask kube-scheduler to retry")
 
+    def job_held(self, job: str) -> None:
+        """A job placed whole is held now (`core/jobs.py`): its members refused before, while it could not start,
+        are each passed its planned node at their next filter, which nothing in the API may bring soon (the
+        binds of its first members do, on kube-scheduler 1.32 and later). Ask for it."""
+        if self.ask is not None:
+            self.ask(f"job {job} is held whole: its members may bind")
+
     def quota_changed(self, namespace: str) -> None:
         """A ResourceQuota of the namespace changed (kube-scheduler is told of no such event): if a pod of it
         refused in the last `MEMORY` seconds fits on some node now, within its quotas, ask kube-scheduler to

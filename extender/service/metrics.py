@@ -154,6 +154,12 @@ class Metrics:
             "Reservations freed because the API never showed their pod bound.",
             registry=self.registry,
         )
+        self.group_expiries = Counter(
+            "extender_group_hold_expiries",
+            "Holds of jobs placed whole let go before all their members bound (their members did not come to "
+            "bind within group_hold_ttl, or one was deleted): the job is planned again at its next filter.",
+            registry=self.registry,
+        )
         self.rechecks = Counter(
             "extender_filter_rechecks",
             "Filters of a preemptor that read possible victims from the API before refusing a node, by result: "

@@ -24,10 +24,11 @@ from typing import Any, TypeVar, overload
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from extender.core import contract, objects
+from extender.core import contract, jobs, objects
 from extender.core.assume import assume
 from extender.core.binding import BindContext, BindRequest, Guard, Outcome, bind
 from extender.core.devices import Demand
+from extender.core.groups import declared
 from extender.core.nodes import NodeState
 from extender.core.objects import Raw, pod_key, pod_priority
 from extender.core.placement.config import ask_of
@@ -35,7 +36,7 @@ from extender.core.placement.filtering import FilterOutcome, summarized
 from extender.core.placement.fit import Cause
 from extender.core.placement.placer import Warming
 from extender.core.placement.workload import shape_of
-from extender.core.pods import PodRecord
+from extender.core.pods import PodRecord, pod_record
 from extender.core.preemption import beyond_preemption, preempt_candidates
 from extender.core.quota.admission import quota_filter
 from extender.core.recheck import Recheck, suspects
@@ -166,10 +167,38 @@ def _filter_args(args: contract.ExtenderArgs, demand: Demand, service: Service) 
     service.recent.remember(args.Pod)
     service.metrics.demands.record(demand.per_device)
     service.ledger.unassume(objects.uid(args.Pod))  # its own assumption, from an earlier filter, is no rival
+    member = _member_filter(args, service)
+    if member is not None:
+        return member
     judged = _judge(args, demand, names, service, defer=True)
     if isinstance(judged, Warming):
         return _filter_warmed(args, demand, names, service, judged)
     return _answer(args, demand, names, judged, service)
+
+
+def _member_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult | None:
+    """The filter of a pod of a job placed whole (`core/jobs.py`): passed the node planned for it alone, or
+    refused on every node as unresolvable (preempting for one member frees nothing its job can use). None for a
+    pod placed as any: it declares no job, asks no GPU, or its job has its minimum bound."""
+    said = declared(args.Pod)
+    if said is None:
+        return None
+    names = contract.requested_names(args)
+    record = pod_record(args.Pod, service.cache.protocol)
+    verdict = jobs.filter_member(record, said, names, service.cache, service.ledger, service.placer)
+    if verdict is None:
+        return None
+    metrics = service.metrics
+    if verdict.planned:
+        service.requeue.job_held(str(said.group))
+    if verdict.node and verdict.node in names:
+        metrics.nodes_accepted.inc()
+        metrics.nodes_unresolvable.inc(len(names) - 1)
+        return contract.filter_reply(args, [verdict.node], {}, {}), ""
+    reason = verdict.reason or f"pod {record.key} is held on node {verdict.node} for its job, not among the nodes sent"
+    log.debug("filter %s: %s", record.key, reason)
+    metrics.nodes_unresolvable.inc(len(names))
+    return contract.filter_reply(args, [], {}, dict.fromkeys(names, reason)), ""
 
 
 def _answer(
@@ -357,6 +386,12 @@ def _expire(service: Service) -> None:
             ",".join(map(str, allocation.indexes)),
         )
         service.requeue.freed((allocation.node,), hold.since)
+    for released in service.ledger.expire_groups():
+        group = released.group
+        service.metrics.group_expiries.inc()
+        nodes = sorted({hold.allocation.node for hold in released.holds})
+        log.warning("hold of job %s on %s let go: %s", group.key, ", ".join(nodes) or "no node", released.why)
+        service.requeue.freed(nodes, group.since)
     stale = service.cache.expire_locks()
     if stale:
         log.warning(

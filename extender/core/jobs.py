@@ -1,0 +1,175 @@
+"""Jobs placed whole: the filter and the bind of a pod that starts with others (`groups.py` reads who does).
+
+A member's filter, when its job lacks members bound (its minimum, `Group.gang`):
+- **Its job holds GPUs already** (`Ledger.group_hold`): the member is passed the node planned for it, and only
+  that node. A member past the job's minimum waits until the minimum has started.
+- **Its job holds nothing**: every member still to place is planned at once (`gang.plan_group`, first fit,
+  largest first, on the nodes kube-scheduler sent for this pod, with the policy's choice of GPUs on each), and
+  the ledger holds all their GPUs together or none (`Ledger.reserve_group`: room, MIG instances and the
+  namespace's quota, summed). The member asking is passed its planned node; each other member, filtered next, is
+  passed its own. If the job does not fit, every member is refused, with the reason ("job team/train-7 needs 8
+  pods of 1 GPU with 4 GiB; 5 fit now"), and nothing is held.
+- **Its job cannot start yet** (fewer members than its minimum exist, some gated) or its members disagree on its
+  size: refused, with why.
+A member that asks no GPU (a launcher, a parameter server on cpu) is placed as any pod and counts toward the
+minimum as placed: what is held whole is the job's GPUs.
+Refusals of members are unresolvable for kube-scheduler: preempting pods for one member frees nothing the job
+can use, so kube-scheduler is told not to try (preemption for a whole job is not done).
+
+Two jobs never hold parts of what each needs: a job's holds are recorded all or none in one synchronous step,
+against what the other jobs' holds left. The holds of a job whose members do not all come to bind within
+`Settings.group_hold_ttl` are let go together (`Ledger.expire_groups`), and so are those of a job one of whose
+waiting members is deleted; a member's bind that fails for sure lets go of its job's others (`binding.py`). The
+job is then planned again at its next member's filter, its members bound counted.
+
+A member's bind takes its hold (`Ledger.take_grouped`) to the node planned for it; a bind elsewhere, or of a
+member of a job that holds nothing while it lacks members, is refused (`unheld`): kube-scheduler filters the
+pod again, and the job is planned whole. So a job never runs in part because of us.
+
+Restart and leader change: the holds live in memory. A restart, or a standby become leader, forgets them; the
+members bound stay bound (the API has them), and the rest are planned again, whole, at their next filter, with
+what is free then. A restart between two members' binds can therefore leave a job with members bound and the
+rest waiting for room, which the job's hold was to spare it: the window is the time kube-scheduler takes from a
+job's first bind to its last (milliseconds to seconds).
+
+kube-scheduler's sample: with `percentageOfNodesToScore` under 100, the names a filter is sent may not include
+a member's planned node; the member then waits ("planned on node X") and kube-scheduler's rotating start
+sends the node later. Jobs are best served with `percentageOfNodesToScore: 100`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from extender.core.cache import Cache
+from extender.core.devices import Demand
+from extender.core.gang import Member, NoPlan, plan_group
+from extender.core.groups import Declared, Group, GroupKey, MemberPod, group_of
+from extender.core.holds import HoldState
+from extender.core.ledger import Ledger
+from extender.core.nodes import NodeState
+from extender.core.placement.fit import Placement
+from extender.core.placement.placer import Placer
+from extender.core.pods import PodRecord
+
+DECIDED = frozenset({HoldState.RESERVED, HoldState.BOUND, HoldState.UNCERTAIN, HoldState.OBSERVED})
+"""A member holding this is placed: its bind took its GPUs (the API may show it bound later)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberFilter:
+    """A member's filter: the node it is passed, or why it waits."""
+
+    node: str = ""
+    """The node planned for it ("" when it waits)."""
+    reason: str = ""
+    """Why it waits ("" when it is passed `node`)."""
+    planned: bool = False
+    """This filter planned the job and the ledger holds it now (its other members may be waiting to retry)."""
+
+
+def declared_group(record: PodRecord) -> Declared | None:
+    """The job the pod declares, when it is one the filter places whole (or refuses for its declaration)."""
+    said = record.group
+    return said if said is not None and (said.group is not None or said.problem) else None
+
+
+def group_now(key: GroupKey, cache: Cache, ledger: Ledger, asking: PodRecord | None = None) -> Group:
+    """The job as the cache knows it now (with the pod asking, which the watch may not have shown yet). A member
+    counts as bound from the moment its bind took its GPUs."""
+    records = {uid: cache.pods[uid] for uid in cache.groups.members(key) if uid in cache.pods}
+    if asking is not None:
+        records[asking.uid] = asking
+    said_by = []
+    for uid, record in records.items():
+        if record.group is None:
+            continue
+        hold = cache.hold_of(uid)
+        bound = bool(record.node_name) or (hold is not None and hold.state in DECIDED) or _gpuless(record)
+        said_by.append((MemberPod(uid, record.name, bound, record.gated), record.group.minimum))
+    return group_of(key, said_by)
+
+
+def _gpuless(record: PodRecord) -> bool:
+    """A member that asks no GPU is placed as any pod (kube-scheduler may not even send it to the extender) and
+    counts toward its job's minimum as if placed: the job's GPUs are what is held whole."""
+    return record.demand is not None and record.demand.is_zero
+
+
+def filter_member(
+    record: PodRecord, said: Declared, names: Sequence[str], cache: Cache, ledger: Ledger, placer: Placer
+) -> MemberFilter | None:
+    """The filter of a pod that declares a job: its planned node, or why it waits; None when it is placed as any
+    pod (its job has its minimum bound)."""
+    if said.problem or said.group is None:
+        return MemberFilter(reason=f"pod {record.key}: {said.problem}")
+    if _gpuless(record):
+        return None
+    key = said.group
+    group = group_now(key, cache, ledger, record)
+    gang = group.gang()
+    if gang.waiting:
+        return MemberFilter(reason=gang.waiting)
+    if not gang.members:
+        return None
+    planned = {member.uid for member in gang.members}
+    held = ledger.group_hold(key)
+    if held is not None:
+        node = ledger.held_for(record.uid)
+        if node is not None and record.uid in held.planned:
+            return MemberFilter(node)
+        if planned <= set(held.waiting):
+            return _past_minimum(record, group)
+        ledger.release_group(key)  # planned for members that are no longer the ones to place: plan again
+    if record.uid not in planned:
+        return _past_minimum(record, group)
+    return _plan(key, group, record, names, cache, ledger, placer)
+
+
+def _past_minimum(record: PodRecord, group: Group) -> MemberFilter:
+    return MemberFilter(reason=f"pod {record.key} waits for the first {group.minimum} pods of job {group.key} to start")
+
+
+def _plan(
+    key: GroupKey, group: Group, asking: PodRecord, names: Sequence[str], cache: Cache, ledger: Ledger, placer: Placer
+) -> MemberFilter:
+    """Plan the job's pending members at once and hold them whole; the asking member's node, or why not."""
+    members = []
+    for pending in group.gang().members:
+        record = asking if pending.uid == asking.uid else cache.pods.get(pending.uid)
+        if record is None:  # forgotten between the two reads: not possible without an await; be safe
+            return MemberFilter(reason=f"job {key}: pod {pending.name} is gone")
+        if record.demand is None:
+            return MemberFilter(reason=f"job {key}: pod {record.key}: {record.unreadable}")
+        members.append(Member(record.uid, record.key, record.demand, record.cpu, record.memory, frozenset(names)))
+
+    def choose(demand: Demand, state: NodeState) -> Placement | None:
+        return placer.choose(demand, state)
+
+    protocol = cache.protocol
+    order = sorted(name for name in names if isinstance(name, str))
+    plan = plan_group(str(key), members, cache.nodes, protocol.unit, choose, order, protocol.refusal)
+    if isinstance(plan, NoPlan):
+        return MemberFilter(reason=plan.reason)
+    refusal = ledger.reserve_group(key, plan.allocations)
+    if refusal is not None:
+        return MemberFilter(reason=f"job {key}: {refusal}")
+    return MemberFilter(plan.node_of(asking.uid) or "", planned=True)
+
+
+def unheld(record: PodRecord, cache: Cache, ledger: Ledger) -> str | None:
+    """Why a member's bind, which found no hold of its own, may not place it alone (None when it may): its job
+    lacks members bound, so it must be planned whole at its next filter."""
+    said = declared_group(record)
+    if said is None:
+        return None
+    if said.problem or said.group is None:
+        return f"pod {record.key}: {said.problem}"
+    gang = group_now(said.group, cache, ledger, record).gang()
+    if gang.waiting:
+        return gang.waiting
+    if gang.members:
+        job = said.group
+        return f"pod {record.key} is a member of job {job}, which holds nothing now: planned whole at its next filter"
+    return None

@@ -1,0 +1,231 @@
+"""Jobs placed whole: the ledger holds every member's GPUs or none, lets them go together, and a member's filter
+and bind follow the job's hold (`core/jobs.py`, `Ledger.reserve_group` and its siblings).
+
+Pods are gpushare's (GiB of GPU memory on 16 GiB GPUs); the jobs are Kueue's plain-pod groups, declared by the
+label and annotation Kueue v0.17.0 reads (`groups.py` cites where)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender.core import jobs
+from extender.core.groups import KUEUE_GROUP, KUEUE_TOTAL, GroupKey, Scheme
+from extender.core.holds import Allocation, HoldState
+from extender.core.ledger import Ledger
+from extender.core.pods import pod_record
+from extender.core.quota.limits import read_quota
+from tests.builders import (
+    PROFILE,
+    FakeClock,
+    make_cluster,
+    make_ledger,
+    make_node,
+    make_pod,
+    make_quota,
+    placer_for,
+    quotas_of,
+)
+
+JOB = GroupKey(Scheme.KUEUE, "default", "train")
+
+
+def member(name: str, total: int, gpu_mem: int = 16, job: str = "train", **kwargs: Any) -> dict[str, Any]:
+    """A pod of Kueue's plain-pod group `job` of `total` pods."""
+    pod = make_pod(name, gpu_mem=gpu_mem, uid=f"uid-{name}", **kwargs)
+    pod["metadata"]["labels"] = {KUEUE_GROUP: job}
+    pod["metadata"]["annotations"][KUEUE_TOTAL] = str(total)
+    return pod
+
+
+def whole_gpu(uid: str, node: str, index: int) -> Allocation:
+    return Allocation.uniform(uid, f"default/{uid}", node, (index,), 16)
+
+
+def grouped(cluster: Any) -> dict[str, str]:
+    """Pod UID -> node of every GROUPED hold."""
+    return {uid: hold.allocation.node for uid, hold in cluster.reserved.items() if hold.state is HoldState.GROUPED}
+
+
+# ---- the ledger ------------------------------------------------------------------------------------------------
+
+
+def test_a_job_is_held_whole_or_not_at_all() -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16))
+    ledger = make_ledger(cluster)
+    too_many = [whole_gpu("a", "n1", 0), whole_gpu("b", "n1", 1), whole_gpu("c", "n1", 1)]
+    assert ledger.reserve_group(JOB, too_many) == "pod default/c: GPU 1 on n1 has 0 free, needs 16"
+    assert not cluster.reserved and cluster.nodes["n1"].used == [0, 0] and ledger.group_hold(JOB) is None
+    assert ledger.reserve_group(JOB, too_many[:2]) is None
+    assert grouped(cluster) == {"a": "n1", "b": "n1"} and cluster.nodes["n1"].used == [16, 16]
+    other = Allocation.uniform("other", "default/other", "n1", (0,), 1)
+    assert ledger.reserve(other) == "GPU 0 on n1 has 0 free, needs 1", "a job's holds count as reservations"
+    assert ledger.assume(other, 0) is False
+    assert not cluster.overcommitted()
+
+
+def test_a_quota_is_charged_with_the_whole_job_at_once() -> None:
+    """A quota of 40 GiB has room for two members of 16 GiB, not three: the job of three is refused whole."""
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    quota = make_quota("team", "default", **{"limits.aliyun.com/gpu-mem": "40"})
+    quotas_of(cluster).apply(read_quota(quota, PROFILE.quota_resources))
+    ledger = make_ledger(cluster)
+    three = [whole_gpu("a", "n1", 0), whole_gpu("b", "n1", 1), whole_gpu("c", "n2", 0)]
+    refusal = ledger.reserve_group(JOB, three)
+    assert refusal is not None and refusal.startswith("pod default/c: ") and "team" in refusal
+    assert not cluster.reserved and quotas_of(cluster).held_in("default") == []
+    assert ledger.reserve_group(JOB, three[:2]) is None
+    assert [uid for uid, _, _ in quotas_of(cluster).held_in("default")] == ["a", "b"]
+
+
+def test_a_members_bind_takes_its_hold_on_its_planned_node_only() -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    ledger = make_ledger(cluster)
+    assert ledger.reserve_group(JOB, [whole_gpu("a", "n1", 0), whole_gpu("b", "n2", 0)]) is None
+    assert ledger.take_grouped("a", "n2") is None, "planned on n1"
+    taken = ledger.take_grouped("a", "n1")
+    assert taken is not None and taken.state is HoldState.RESERVED
+    assert ledger.group_hold(JOB) is not None and ledger.group_hold(JOB).waiting == ["b"]  # type: ignore[union-attr]
+    assert ledger.take_grouped("b", "n2") is not None
+    assert ledger.group_hold(JOB) is None, "every member's bind came: the job's hold has done its work"
+    assert cluster.nodes["n1"].used == [16, 0] and cluster.nodes["n2"].used == [16, 0]
+
+
+def test_a_jobs_hold_expires_whole_after_its_ttl_keeping_the_members_bound() -> None:
+    clock = FakeClock()
+    cluster = make_cluster(make_node("n1", gpus=3, mem=16))
+    ledger = Ledger(cluster, 300.0, clock, quotas_of(cluster), group_ttl=60.0)
+    members = [whole_gpu(uid, "n1", index) for index, uid in enumerate("abc")]
+    assert ledger.reserve_group(JOB, members) is None
+    assert ledger.take_grouped("a", "n1") is not None
+    clock.advance(59)
+    assert ledger.expire_groups() == [] and ledger.expire() == []
+    clock.advance(2)
+    assert ledger.expire() == [], "a job's holds are not single reservations: the reservation TTL is not theirs"
+    (released,) = ledger.expire_groups()
+    assert released.why == "2 of its 3 members did not come to bind within 60 s"
+    assert sorted(hold.allocation.pod_uid for hold in released.holds) == ["b", "c"]
+    assert cluster.nodes["n1"].used == [16, 0, 0], "the member whose bind came keeps its reservation"
+    assert ledger.group_hold(JOB) is None and ledger.group_of("b") is None
+    assert "b" not in cluster.abandoned, "nothing was written for a job's hold"
+
+
+def test_a_job_that_loses_a_waiting_member_is_let_go_whole_at_the_next_sweep() -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16))
+    pods = [member("a", 2), member("b", 2)]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    ledger = make_ledger(cluster)
+    assert ledger.reserve_group(JOB, [whole_gpu("uid-a", "n1", 0), whole_gpu("uid-b", "n1", 1)]) is None
+    cluster.apply_pod(pods[1], deleted=True)
+    (released,) = ledger.expire_groups()
+    assert released.why.startswith("1 of its members' holds are gone")
+    assert not cluster.reserved and cluster.nodes["n1"].used == [0, 0]
+
+
+# ---- a member's filter -----------------------------------------------------------------------------------------
+
+
+def filter_of(pod: dict[str, Any], cluster: Any, ledger: Ledger, names: list[str]) -> jobs.MemberFilter | None:
+    record = pod_record(pod, cluster.protocol)
+    assert record.group is not None
+    return jobs.filter_member(record, record.group, names, cluster, ledger, placer_for(cluster))
+
+
+def test_the_first_members_filter_plans_and_holds_the_job_and_the_others_get_their_planned_nodes() -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    pods = [member(name, 3) for name in ("w-0", "w-1", "w-2")]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    ledger = make_ledger(cluster)
+    first = filter_of(pods[1], cluster, ledger, ["n1", "n2"])
+    assert first == jobs.MemberFilter("n1", planned=True)
+    assert grouped(cluster) == {"uid-w-0": "n1", "uid-w-1": "n1", "uid-w-2": "n2"}, "first fit, nodes by name"
+    assert filter_of(pods[2], cluster, ledger, ["n1", "n2"]) == jobs.MemberFilter("n2")
+    assert filter_of(pods[0], cluster, ledger, ["n2"]) == jobs.MemberFilter("n1"), "the verb says n1 was not sent"
+
+
+def test_a_job_that_does_not_fit_holds_nothing_and_says_how_many_fit() -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    ledger = make_ledger(cluster)
+    first = [member(f"a-{n}", 3, job="a") for n in range(3)]
+    second = [member(f"b-{n}", 3, job="b") for n in range(3)]
+    for pod in first + second:
+        cluster.apply_pod(pod)
+    assert filter_of(first[0], cluster, ledger, ["n1", "n2"]) == jobs.MemberFilter("n1", planned=True)
+    refused = filter_of(second[0], cluster, ledger, ["n1", "n2"])
+    assert refused == jobs.MemberFilter(reason="job default/b needs 3 pods of 1 GPU with 16 GiB; 1 fit now")
+    assert set(grouped(cluster)) == {"uid-a-0", "uid-a-1", "uid-a-2"}, "b holds nothing: a part would starve a"
+
+
+def test_a_job_waits_whole_until_its_members_exist_and_are_ungated() -> None:
+    cluster = make_cluster(make_node("n1", gpus=4, mem=16))
+    ledger = make_ledger(cluster)
+    pods = [member("w-0", 3), member("w-1", 3)]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    said = filter_of(pods[0], cluster, ledger, ["n1"])
+    assert said == jobs.MemberFilter(reason="job default/train needs 3 pods to start; 2 exist, 0 bound")
+    gated = member("w-2", 3)
+    gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    cluster.apply_pod(gated)
+    said = filter_of(pods[0], cluster, ledger, ["n1"])
+    assert said == jobs.MemberFilter(reason="job default/train needs 3 pods to start; 3 exist (1 gated), 0 bound")
+    del gated["spec"]["schedulingGates"]
+    cluster.apply_pod(gated)
+    assert filter_of(pods[0], cluster, ledger, ["n1"]) == jobs.MemberFilter("n1", planned=True)
+    assert not cluster.reserved.keys() - {"uid-w-0", "uid-w-1", "uid-w-2"}
+
+
+def test_members_past_the_minimum_wait_for_it_then_are_placed_as_any_pod() -> None:
+    cluster = make_cluster(make_node("n1", gpus=4, mem=16))
+    ledger = make_ledger(cluster)
+    pods = [member(f"w-{n}", 2) for n in range(3)]  # 3 pods, 2 to start
+    for pod in pods:
+        cluster.apply_pod(pod)
+    assert filter_of(pods[2], cluster, ledger, ["n1"]) == jobs.MemberFilter(
+        reason="pod default/w-2 waits for the first 2 pods of job default/train to start"
+    )
+    assert filter_of(pods[0], cluster, ledger, ["n1"]) == jobs.MemberFilter("n1", planned=True)
+    assert filter_of(pods[2], cluster, ledger, ["n1"]) == jobs.MemberFilter(
+        reason="pod default/w-2 waits for the first 2 pods of job default/train to start"
+    )
+    for uid in ("uid-w-0", "uid-w-1"):
+        assert ledger.take_grouped(uid, "n1") is not None
+    assert filter_of(pods[2], cluster, ledger, ["n1"]) is None, "the minimum is placed: the rest go as any pod"
+
+
+def test_members_that_disagree_on_the_jobs_size_are_refused_with_why() -> None:
+    cluster = make_cluster(make_node("n1", gpus=4, mem=16))
+    ledger = make_ledger(cluster)
+    for pod in (member("w-0", 2), member("w-1", 3)):
+        cluster.apply_pod(pod)
+    said = filter_of(member("w-1", 3), cluster, ledger, ["n1"])
+    assert said == jobs.MemberFilter(
+        reason=f"pods w-0 and w-1 of job default/train disagree on its size ({KUEUE_TOTAL} 2 and 3)"
+    )
+
+
+def test_a_member_asking_no_gpu_is_placed_as_any_pod_and_counts_toward_the_minimum() -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16))
+    ledger = make_ledger(cluster)
+    launcher = member("launcher", 3, gpu_mem=None)
+    workers = [member("w-0", 3), member("w-1", 3)]
+    for pod in [launcher, *workers]:
+        cluster.apply_pod(pod)
+    assert filter_of(launcher, cluster, ledger, ["n1"]) is None
+    assert filter_of(workers[0], cluster, ledger, ["n1"]) == jobs.MemberFilter("n1", planned=True)
+    assert set(grouped(cluster)) == {"uid-w-0", "uid-w-1"}
+
+
+def test_a_members_bind_without_a_hold_is_refused_while_its_job_lacks_members() -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16))
+    ledger = make_ledger(cluster)
+    pods = [member("w-0", 2), member("w-1", 2)]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    record = pod_record(pods[0], cluster.protocol)
+    assert jobs.unheld(record, cluster, ledger) == (
+        "pod default/w-0 is a member of job default/train, which holds nothing now: planned whole at its next filter"
+    )
+    plain = pod_record(make_pod("plain", 4), cluster.protocol)
+    assert jobs.unheld(plain, cluster, ledger) is None

@@ -1,0 +1,114 @@
+"""Jobs placed whole, through the verbs over HTTPS as kube-scheduler calls them (`core/jobs.py`): two jobs that
+do not both fit, their members' filters and binds interleaved: one is placed whole, the other waits whole and
+holds nothing; a hold whose members do not come is let go, counted and logged; a member's bind goes only where
+its job's hold is. Binds are the file source's (it applies each binding to the cache, as the watch would)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from extender.core.groups import KUEUE_GROUP, KUEUE_TOTAL
+from extender.core.holds import HoldState
+from extender.core.ledger import Ledger
+from extender.service.verbs import _expire
+from extender.sources.file import FileBinder
+from tests.builders import FakeClock, bind_body, filter_body, make_cluster, make_node, make_pod, quotas_of
+from tests.conftest import ClientFor, make_service
+
+NODES = ["n1", "n2"]
+
+
+def member(job: str, number: int, total: int) -> dict[str, Any]:
+    """Pod `number` of Kueue plain-pod group `job` of `total` pods, each asking one whole 16 GiB GPU."""
+    pod = make_pod(f"{job}-{number}", gpu_mem=16, uid=f"uid-{job}-{number}")
+    pod["metadata"]["labels"] = {KUEUE_GROUP: job}
+    pod["metadata"]["annotations"][KUEUE_TOTAL] = str(total)
+    return pod
+
+
+async def test_two_jobs_that_do_not_both_fit_arriving_interleaved_one_runs_whole_the_other_waits_whole(
+    client_for: ClientFor,
+) -> None:
+    """Four GPUs, two jobs of three: without groups the interleaved pods would split them 2 and 2, and neither
+    job would start."""
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    first = [member("a", n, 3) for n in range(3)]
+    second = [member("b", n, 3) for n in range(3)]
+    pods = [pod for pair in zip(first, second, strict=True) for pod in pair]  # a-0, b-0, a-1, b-1, ...
+    for pod in pods:
+        cluster.apply_pod(pod)
+    asked: list[str] = []
+    client = await client_for(make_service(cluster, binder=FileBinder(cluster, pods), requeue=asked.append))
+    waiting = "job default/b needs 3 pods of 1 GPU with 16 GiB; 1 fit now"
+    for pod in pods:
+        reply = await (await client.post("/filter", data=filter_body(pod, NODES))).json()
+        if pod in first:
+            assert reply["NodeNames"] and len(reply["NodeNames"]) == 1, reply
+            bound = await (await client.post("/bind", data=bind_body(pod, reply["NodeNames"][0]))).json()
+            assert bound["Error"] == ""
+        else:
+            assert reply["NodeNames"] == [] and reply["FailedNodes"] == {}
+            assert reply["FailedAndUnresolvableNodes"] == dict.fromkeys(NODES, waiting), "no preemption for one"
+    placed = {record.name: record.node_name for record in cluster.pods.values() if record.node_name}
+    assert placed == {"a-0": "n1", "a-1": "n1", "a-2": "n2"}
+    assert not cluster.reserved.keys() & {f"uid-b-{n}" for n in range(3)}, "the waiting job holds nothing"
+    assert asked == ["job default/a is held whole: its members may bind"]
+    assert not cluster.overcommitted()
+
+
+async def test_a_members_bind_elsewhere_than_its_planned_node_is_refused(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    pods = [member("a", n, 2) for n in range(2)]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    client = await client_for(make_service(cluster, binder=FileBinder(cluster, pods)))
+    reply = await (await client.post("/filter", data=filter_body(pods[0], NODES))).json()
+    assert reply["NodeNames"] == ["n1"]
+    bound = await (await client.post("/bind", data=bind_body(pods[1], "n2"))).json()
+    assert bound["Error"] == "pod default/a-1 is held on n1 for job default/a, not on n2"
+    assert cluster.hold_of("uid-a-1").state is HoldState.GROUPED  # type: ignore[union-attr]
+
+
+async def test_a_member_sent_without_its_planned_node_waits_for_it(client_for: ClientFor) -> None:
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    pods = [member("a", n, 2) for n in range(2)]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    client = await client_for(make_service(cluster, binder=FileBinder(cluster, pods)))
+    assert (await (await client.post("/filter", data=filter_body(pods[0], NODES))).json())["NodeNames"] == ["n1"]
+    reply = await (await client.post("/filter", data=filter_body(pods[1], ["n2"]))).json()
+    reason = "pod default/a-1 is held on node n1 for its job, not among the nodes sent"
+    assert reply["NodeNames"] == [] and reply["FailedAndUnresolvableNodes"] == {"n2": reason}
+
+
+async def test_a_hold_whose_members_do_not_come_is_let_go_whole_counted_and_logged(
+    client_for: ClientFor, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    pods = [member("a", n, 3) for n in range(3)]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    ledger = Ledger(cluster, 300.0, clock, quotas_of(cluster), group_ttl=30.0)
+    service = make_service(cluster, binder=FileBinder(cluster, pods), ledger=ledger)
+    client = await client_for(service)
+    assert (await (await client.post("/filter", data=filter_body(pods[0], NODES))).json())["NodeNames"] == ["n1"]
+    assert (await (await client.post("/bind", data=bind_body(pods[0], "n1"))).json())["Error"] == ""
+    clock.advance(31)
+    with caplog.at_level(logging.WARNING, "extender.service.verbs"):
+        _expire(service)
+    assert "hold of job default/a on n1, n2 let go: 2 of its 3 members did not come to bind within 30 s" in caplog.text
+    assert [record.allocation.pod_uid for record in cluster.reserved.values()] == [], "a-0 is bound: observed"
+    assert cluster.nodes["n1"].used == [16, 0] and cluster.nodes["n2"].used == [0, 0]
+    metrics = await (await client.get("/metrics")).text()
+    assert "extender_group_hold_expiries_total 1.0" in metrics
+    # a-1's bind now finds no hold while its job lacks members: refused, and its next filter plans the rest whole
+    bound = await (await client.post("/bind", data=bind_body(pods[1], "n1"))).json()
+    assert bound["Error"].endswith("which holds nothing now: planned whole at its next filter")
+    reply = await (await client.post("/filter", data=filter_body(pods[2], NODES))).json()
+    assert reply["NodeNames"] == ["n2"], "a-1 takes n1's last GPU, a-2 n2 (first fit, ties by name)"
+    grouped = {uid: hold.allocation.node for uid, hold in cluster.reserved.items() if hold.state is HoldState.GROUPED}
+    assert grouped == {"uid-a-1": "n1", "uid-a-2": "n2"}
