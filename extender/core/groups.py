@@ -24,58 +24,11 @@ without it the label or annotation means nothing to the cluster, and the pod is 
 A group's size is its minimum to start: once that many members are bound, the others are placed as any pod.
 Every declaration that cannot be used says why (`Declared.problem`, `Group.problem`), never by an exception.
 
-## How the ledger will hold a group (for the integration; nothing below is built yet)
-
-- **One hold per group.** When a member is filtered, its group holds nothing and `Group.gang` lists members to
-  place, the filter plans them with `gang.plan_group` over the cache's nodes (`choose`: the policy's
-  `Placer.choose` with each member's ask; `refusal`: `cache.protocol.refusal`). On a `Plan`, the ledger records
-  every member's allocation in one step, each a `Hold` in a new state `HoldState.GROUPED` carrying the group's
-  key (a new field `Hold.group`): counted as a reservation is (`NodeState.refresh` counts every hold), so no
-  other pod's filter, assumption or bind can take those GPUs. The member asking is passed its planned node alone;
-  each later member, filtered while its group holds, is passed its own planned node whatever else fits. On a
-  `NoPlan`, the member is refused on every node with `NoPlan.reason`, and so is each other member until a plan
-  fits. Two groups never hold parts of what each needs: a group's holds are recorded all or none, under the
-  ledger's one synchronous step, against what the other group's holds left.
-- **Quotas charged once.** The group is admitted in that same step by the sum of its members' charges
-  (`Quotas.refusal(namespace, Charge.merged(charge_of(...) per member), less=each member's own held charge)`),
-  never member by member: a quota with room for 5 of 8 members refuses the group. A member's bind then takes its
-  GROUPED hold as its decision (as `Ledger.take_assumed` takes an assumption) and is not charged again
-  (`Quotas.admits` gives the pod's own hold back).
-- **Expiry, a setting with a metric.** A group whose members are not all bound within `Settings.group_hold_ttl`
-  seconds (counted from the plan) has its remaining holds released together by the expiry sweep, counted in
-  `extender_group_hold_expiries` (beside `extender_reservation_expiries`) and logged once per group; its nodes
-  are requeued as any freed node is. Members already bound stay: the API records them.
-- **Release whole.** A definite failure of a member's bind, or a member deleted before its bind, releases the
-  group's remaining holds together; the group is planned again at its next filter, its bound members counted.
-- **Restart and leader change.** A hold only in memory would be lost by a restart falling between two members'
-  binds, and the members left could then find no room: half a job. So the plan is written to the API when the
-  group is held: each member's allocation as the protocol's own allocation annotations (`allocation_annotations`),
-  patched onto the pod without binding it. The cache already takes a pod found annotated but not bound as
-  RESERVED again, from its assume time (`holds.py`), so a restarted extender, or a standby become leader (its
-  watch has seen the patches), holds the same GPUs and expires them on the same clock; the group's key is read
-  back from the pod's own declaration. This needs `pods` `patch` cluster-wide (today only in the extender's
-  namespace, manifests/base/rbac.yaml).
-- **kube-scheduler's sample.** With `percentageOfNodesToScore` under 100, the names a filter is sent may not
-  include a member's planned node; the member is then refused ("waits for node X, planned for it") and
-  kube-scheduler's rotating start sends it later. Groups are best served with `percentageOfNodesToScore: 100`.
-
-The integration will call or change exactly these:
-- `ledger.Ledger`: a new `reserve_group(allocations, group)` (each checked by `_refusal` without its quota, the
-  summed quota once, all recorded as GROUPED or none); `take_assumed` (or a sibling: a member's bind takes its
-  GROUPED hold); `release` (a group's remaining holds together); `expire` (GROUPED holds by the group's TTL,
-  whole); `assume`/`unassume` (never over a GROUPED hold).
-- `holds`: `HoldState` (`GROUPED`), `Hold` (`group`); `Allocation` unchanged (`gang.Plan` builds them).
-- `cache.Cache`: `hold`, `restate`, `release`, `reserved` unchanged (a group's holds go through them).
-- `quota.book.Quotas`: `refusal` (the summed charge), `held`; `quota.charges`: `Charge.merged`, `charge_of`.
-- `placement.placer.Placer`: `filter`/`begin_filter` unchanged, asked only for pods in no gang; `choose` passed
-  to `gang.plan_group`.
-- `assume.assume` (skips grouped members); `binding.bind` (a member takes its planned allocation, and a definite
-  failure releases the group).
-- `service/verbs.py`: `_filter_args` (its `ledger.unassume` must not drop a GROUPED hold), `_judge` (a member:
-  its planned node, or the group's reason), `_filter_reply` (no assumption for a grouped member), `_expire` (group
-  expiries, their metric and log); `service/metrics.py` (the counter); `settings.Settings` (`group_hold_ttl`).
-- `pods.PodRecord` and `pods.pod_record` (what `declared` reads: the group label and annotations, `spec.
-  schedulingGates`); the sources' informers, for the two PodGroup CRDs where installed (`PodGroups`).
+How a job is placed whole, held and let go is `jobs.py`'s (the filter and the bind of a member), `gang.py`'s (the
+plan) and `ledger.py`'s (the holds). The cache reads each pod's declaration into its record (`PodRecord.group`)
+and keeps every job's pods (`Jobs`). Read today: Kueue's pod groups, which need no object beyond the pods. The
+PodGroup schemes need the cluster's PodGroup objects (`PodGroups`), which the sources do not watch yet: until they
+do, a pod naming a PodGroup is placed as any pod, as it is in a cluster without that CRD.
 """
 
 from __future__ import annotations
