@@ -16,13 +16,15 @@ Never imported by the service; it only reads records, never writes them.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import record
+from bench import bench, cache_build, record
+from devtools.harness import percentile
 
 TABLE_MARKER = re.compile(r"^<!-- table: bench/records/(?P<folder>\w+) -->$", re.MULTILINE)
 AWAITING_MARKER = "<!-- awaiting a rerun -->"
@@ -108,7 +110,142 @@ def node_burst_table(records: Sequence[record.Record]) -> str:
     return "\n".join(lines)
 
 
-TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {"node_burst": node_burst_table}
+def joined(values: Sequence[int | float]) -> str:
+    """The distinct values of a setting over the records, in order: `1,000` or `1,000 or 5,000`."""
+    distinct = sorted(set(values))
+    return " or ".join(f"{value:,}" if isinstance(value, int) else f"{value:g}" for value in distinct)
+
+
+def runs_said(records: Sequence[record.Record]) -> str:
+    if len(records) == 1:
+        return f"its run record in `{records_folder(records)}`"
+    return f"{len(records)} run records in `{records_folder(records)}`"
+
+
+# ---- make bench: the verbs ------------------------------------------------------------------------------------
+
+
+def verbs_table(records: Sequence[record.Record]) -> str:
+    """bench.bench's own table, each figure the median over the records (one run: its figures)."""
+    machine = one_machine(records)
+    by_row: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for kept in records:
+        for row in kept.results["rows"]:
+            by_row.setdefault((row["verb"], row["names"]), []).append(row)
+    figures = [field.name for field in dataclasses.fields(bench.Row) if field.type == "float"]
+    rows = [
+        bench.Row(verb, names, **{name: statistics.median(row[name] for row in runs) for name in figures})
+        for (verb, names), runs in by_row.items()
+    ]
+    clients = sorted({kept.settings["clients"] for kept in records})
+    medians = "one run" if len(records) == 1 else f"each figure the median of {len(records)} runs"
+    return "\n".join(
+        [
+            f"**Results** ({machine.describe()}; {medians}, {runs_said(records)}):",
+            "",
+            bench.table(rows, clients[0]) if len(clients) == 1 else bench.table(rows, 0).replace(" (0 conns)", ""),
+        ]
+    )
+
+
+# ---- make bench: five thousand nodes, changing ---------------------------------------------------------------
+
+
+def ms_figures(samples: Sequence[float], *fractions: float) -> str:
+    """Percentiles of seconds, in milliseconds, as bench.scale prints them: `3.9 / 9.2 / 35.4`."""
+    return " / ".join(f"{percentile(samples, fraction) * 1e3:.1f}" for fraction in fractions)
+
+
+def scale_table(records: Sequence[record.Record]) -> str:
+    """One row per scenario of each run: the filter, the bind and `/healthz` as bench.scale measured them."""
+    machine = one_machine(records)
+    settings = [kept.settings for kept in records]
+    lines = [
+        f"**Results** ({machine.describe()}; {joined([given['nodes'] for given in settings])} nodes, "
+        f"{joined([given['churn'] for given in settings])} running pods replaced a second, "
+        f"{joined([given['pods'] for given in settings])} pods a scenario; {runs_said(records)}):",
+        "",
+        "| scenario | pods placed | refused (no node fits) | filter p50 / p99 / max ms | bind p50 / p99 / max ms "
+        "| `/healthz` p99 / max ms | loop held at most, ms | server CPU per pod, ms | RSS, MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    labels = list(dict.fromkeys(scenario["label"] for kept in records for scenario in kept.results["scenarios"]))
+    for label in labels:
+        for number, kept in enumerate(records, start=1):
+            for scenario in kept.results["scenarios"]:
+                if scenario["label"] != label:
+                    continue
+                run = f" (run {number})" if len(records) > 1 else ""
+                lines.append(
+                    f"| {label}{run} | {scenario['placed']:,} | {scenario['refused']:,} "
+                    f"| {ms_figures(scenario['filter'], 0.5, 0.99, 1.0)} "
+                    f"| {ms_figures(scenario['bind'], 0.5, 0.99, 1.0)} "
+                    f"| {ms_figures(scenario['ping'], 0.99, 1.0)} | {scenario['lag_max'] * 1e3:.1f} "
+                    f"| {scenario['cpu_per_pod_ms']:.1f} | {scenario['rss_mib']:,.0f} |"
+                )
+    return "\n".join(lines)
+
+
+# ---- make bench: the live cache -------------------------------------------------------------------------------
+
+
+SCRAPES = ("gpu", "node", "auto")
+"""bench.cache_build's `--gpu-metrics` settings, in the order the table gives them: the default last."""
+
+
+def scrape_label(series: str, cache: dict[str, Any]) -> str:
+    scrapes = cache["scrapes"]
+    size = f"{scrapes[series]['bytes'] / 2**20:.1f} MB"
+    if series == "gpu":
+        return f"one `/metrics` scrape, a series per GPU for {cache['gpus']:,} GPUs (`--gpu-metrics gpu`; {size})"
+    if series == "node":
+        return f"one `/metrics` scrape, series per node only (`--gpu-metrics node`; {size})"
+    per = "node" if scrapes["auto"]["bytes"] == scrapes["node"]["bytes"] else "GPU"
+    return f"one `/metrics` scrape, the default (`--gpu-metrics auto`: per {per} at this size; {size})"
+
+
+def cache_table(records: Sequence[record.Record]) -> str:
+    """What bench.cache_build measured, one line a figure, each the range over the runs, beside its target."""
+    machine = one_machine(records)
+    caches = [kept.results["cache"] for kept in records]
+    first = caches[0]
+
+    def over(name: str, scale: float = 1.0, digits: int = 0) -> str:
+        return spread([cache[name] * scale for cache in caches], digits)
+
+    events = [cache["event_decode_apply_seconds"] for cache in caches]
+    lines = [
+        f"**Results** ({machine.describe()}; {joined([c['nodes'] for c in caches])} nodes, "
+        f"{joined([c['gpus'] for c in caches])} GPUs, {joined([c['pods'] for c in caches])} pods "
+        f"({joined([c['holding_gpu_memory'] for c in caches])} holding GPU memory); {runs_said(records)}):",
+        "",
+        "| | measured | target |",
+        "|---|---:|---:|",
+        f"| first list of nodes and pods into the cache ({first['wire_bytes'] / 2**20:,.0f} MB of JSON) "
+        f"| {over('first_list_seconds', digits=1)} s | < {cache_build.LIST_TARGET_SECONDS:.0f} s |",
+        f"| resident memory of the cache (process RSS after, minus before) | {over('cache_mb')} MB "
+        f"({over('rss_after_mb')} MB in all; peak while listing {over('peak_mb')} MB) "
+        f"| < {cache_build.MEMORY_TARGET_MB:.0f} MB |",
+        f"| one MODIFIED pod event, decoded line to cache "
+        f"| mean {spread([statistics.fmean(samples) * 1e6 for samples in events], 0)} µs, "
+        f"p99 {spread([percentile(samples, 0.99) * 1e6 for samples in events], 0)} µs | well under 1 ms |",
+    ]
+    for series in sorted(first["scrapes"], key=SCRAPES.index):
+        scrapes = [cache["scrapes"][series] for cache in caches]
+        lines.append(
+            f"| {scrape_label(series, first)} | {spread([scrape['seconds'] * 1e3 for scrape in scrapes], 0)} ms "
+            f"in all, the event loop held at most {spread([scrape['longest_hold'] * 1e3 for scrape in scrapes])} "
+            f"ms at a time | {'a few ms at a time' if series == 'gpu' else ''} |"
+        )
+    return "\n".join(lines)
+
+
+TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
+    "node_burst": node_burst_table,
+    "bench": verbs_table,
+    "scale": scale_table,
+    "cache_build": cache_table,
+}
 """The benches whose pages' tables are built from records, by records folder."""
 
 

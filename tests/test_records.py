@@ -25,7 +25,6 @@ BENCHMARKS = ROOT / "docs" / "benchmarks"
 README = ROOT / "README.md"
 
 AWAITING_RERUN: dict[tuple[str, str], str] = {
-    ("bench.md", "One run"): "the verbs at 100, 1,000 and 5,000 node names (make bench)",
     ("bench.md", "Five thousand nodes, changing"): "5,000 nodes, 150,000 pods, before and after (bench.scale)",
     ("bench.md", "The live cache"): "the first list, memory and watch events of 5,000 nodes (bench.cache_build)",
     ("loadtest.md", "At kube-scheduler's pace"): "300 pods/s at 1,000 nodes, before and after (make loadtest)",
@@ -282,6 +281,75 @@ def test_the_readmes_burst_row_needs_both_schedulers_records(tmp_path: Path) -> 
 
 def test_the_awaiting_marker_becomes_a_note_readers_see() -> None:
     assert figures.AWAITING_NOTE in figures.fill_tables(f"{figures.AWAITING_MARKER}\n| a |\n|---|\n| 1 |\n")
+
+
+def bench_record(bench: str, settings: dict[str, object], results: dict[str, object]) -> record.Record:
+    return record.Record(
+        bench=bench, command=f"python -m {bench}", commit=None, dirty=None, started="2026-01-01T00:00:00+00:00",
+        machine=MACHINE, settings=settings, results=results, exit_status=0,
+    )  # fmt: skip
+
+
+def verb_row(p50_ms: float, per_core: float) -> dict[str, object]:
+    return {
+        "verb": "filter", "names": 1000, "p50_ms": p50_ms, "p99_ms": 2 * p50_ms, "max_ms": 5.0, "samples": 3000,
+        "achieved": per_core, "per_core": per_core, "sequential_cpu_us": 500.0, "server_busy": 0.99,
+        "client_cpu_us": 50.0, "notes": [],
+    }  # fmt: skip
+
+
+def test_the_verbs_table_gives_each_figure_the_median_over_the_runs() -> None:
+    # p50 1.0, 2.0 and 4.0 ms: 2.000; per core 900, 1,000 and 3,000: 1,000
+    kept = [
+        bench_record("bench.bench", {"clients": 3}, {"rows": [verb_row(p50, core)]})
+        for p50, core in ((1.0, 900.0), (4.0, 3000.0), (2.0, 1000.0))
+    ]
+    table = figures.verbs_table(kept)
+    assert "| filter | 1,000 | 2.000 | 4.000 | 5.0 | 1,000 | 1,000 | 500 | 99% | 50 |" in table
+    assert "req/s achieved (3 conns)" in table and "the median of 3 runs" in table
+
+
+def scenario(label: str, filter_ms: list[float], rss: float) -> dict[str, object]:
+    seconds = [value / 1000 for value in filter_ms]
+    return {
+        "label": label, "placed": len(seconds), "refused": 0, "filter": seconds, "bind": seconds, "ping": seconds,
+        "lag_max": 0.018, "cpu_per_pod_ms": 6.1, "rss_mib": rss,
+    }  # fmt: skip
+
+
+def test_the_scale_table_gives_each_scenarios_percentiles_from_its_samples() -> None:
+    # 100 filters of 1 to 100 ms: p50 50, p99 99, max 100 (nearest rank)
+    samples = [float(ms) for ms in range(100, 0, -1)]
+    settings = {"nodes": 5000, "churn": 20.0, "pods": 100}
+    kept = [bench_record("bench.scale", settings, {"scenarios": [scenario("three shapes", samples, 249.0)]})]
+    table = figures.scale_table(kept)
+    row = "| three shapes | 100 | 0 | 50.0 / 99.0 / 100.0 | 50.0 / 99.0 / 100.0 | 99.0 / 100.0 | 18.0 | 6.1 | 249 |"
+    assert row in table
+    assert "5,000 nodes, 20 running pods replaced a second" in table
+
+
+def cache_of(first_list: float, cache_mb: float, events: list[float]) -> dict[str, object]:
+    scrape = {"seconds": 0.146, "longest_hold": 0.0068, "bytes": 12 * 2**20}
+    return {
+        "nodes": 5000, "gpus": 40000, "pods": 100000, "holding_gpu_memory": 80000, "wire_bytes": 315 * 2**20,
+        "first_list_seconds": first_list, "rss_before_mb": 40.0, "rss_after_mb": 40 + cache_mb, "cache_mb": cache_mb,
+        "peak_mb": 160.0, "event_apply_seconds": events, "event_decode_apply_seconds": events,
+        "scrapes": {"auto": {**scrape, "bytes": 2**20}, "gpu": scrape, "node": {**scrape, "bytes": 2**20}},
+    }  # fmt: skip
+
+
+def test_the_cache_table_gives_each_figure_its_range_over_the_runs_beside_its_target() -> None:
+    # first lists of 4.6 and 7.6 s; events of 100 µs in one run, 50 to 150 µs (mean 100, p99 150) in the other
+    kept = [
+        bench_record("bench.cache_build", {}, {"cache": cache_of(4.6, 97.0, [0.0001] * 4)}),
+        bench_record("bench.cache_build", {}, {"cache": cache_of(7.6, 98.0, [0.00005, 0.0001, 0.0001, 0.00015])}),
+    ]
+    table = figures.cache_table(kept)
+    assert "| first list of nodes and pods into the cache (315 MB of JSON) | 4.6 - 7.6 s | < 15 s |" in table
+    assert "| 97 - 98 MB (137 - 138 MB in all; peak while listing 160 MB) | < 500 MB |" in table
+    assert "| mean 100 µs, p99 100 - 150 µs | well under 1 ms |" in table
+    rows = [line for line in table.splitlines() if "`/metrics` scrape" in line]
+    assert ["gpu`" in rows[0], "node`" in rows[1], "auto`: per node at this size" in rows[2]] == [True] * 3
 
 
 def test_the_site_index_shows_the_readmes_figures_with_links_into_the_site() -> None:
