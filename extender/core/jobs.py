@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from extender.core.cache import Cache
 from extender.core.devices import Demand
 from extender.core.gang import Member, NoPlan, plan_group
-from extender.core.groups import Declared, Group, GroupKey, MemberPod, group_of
+from extender.core.groups import Declared, Group, GroupKey, MemberPod, PodGroups, group_of, resolve
 from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
 from extender.core.nodes import NodeState
@@ -67,27 +67,31 @@ class MemberFilter:
     """Why it waits ("" when it is passed `node`)."""
     planned: bool = False
     """This filter planned the job and the ledger holds it now (its other members may be waiting to retry)."""
+    short: bool = False
+    """It waits because its job has fewer pods than it needs to start (the next to arrive may complete it)."""
 
 
-def declared_group(record: PodRecord) -> Declared | None:
-    """The job the pod declares, when it is one the filter places whole (or refuses for its declaration)."""
-    said = record.group
+def declared_group(record: PodRecord, podgroups: PodGroups) -> Declared | None:
+    """The job the pod declares, when it is one the filter places whole (or refuses for its declaration), with the
+    minimum its PodGroup says now, if it names one (`groups.resolve`)."""
+    said = resolve(record.group, podgroups)
     return said if said is not None and (said.group is not None or said.problem) else None
 
 
 def group_now(key: GroupKey, cache: Cache, ledger: Ledger, asking: PodRecord | None = None) -> Group:
-    """The job as the cache knows it now (with the pod asking, which the watch may not have shown yet). A member
-    counts as bound from the moment its bind took its GPUs."""
+    """The job as the cache knows it now (with the pod asking, which the watch may not have shown yet), its minimum
+    its PodGroup's now if it has one. A member counts as bound from the moment its bind took its GPUs."""
     records = {uid: cache.pods[uid] for uid in cache.groups.members(key) if uid in cache.pods}
     if asking is not None:
         records[asking.uid] = asking
     said_by = []
     for uid, record in records.items():
-        if record.group is None:
+        said = resolve(record.group, cache.podgroups)
+        if said is None or said.group != key or said.problem:
             continue
         hold = cache.hold_of(uid)
         bound = bool(record.node_name) or (hold is not None and hold.state in DECIDED) or _gpuless(record)
-        said_by.append((MemberPod(uid, record.name, bound, record.gated), record.group.minimum))
+        said_by.append((MemberPod(uid, record.name, bound, record.gated), said.minimum))
     return group_of(key, said_by)
 
 
@@ -110,7 +114,7 @@ def filter_member(
     group = group_now(key, cache, ledger, record)
     gang = group.gang()
     if gang.waiting:
-        return MemberFilter(reason=gang.waiting)
+        return MemberFilter(reason=gang.waiting, short=not group.problem)
     if not gang.members:
         return None
     planned = {member.uid for member in gang.members}
@@ -161,7 +165,7 @@ def _plan(
 def unheld(record: PodRecord, cache: Cache, ledger: Ledger) -> str | None:
     """Why a member's bind, which found no hold of its own, may not place it alone (None when it may): its job
     lacks members bound, so it must be planned whole at its next filter."""
-    said = declared_group(record)
+    said = declared_group(record, cache.podgroups)
     if said is None:
         return None
     if said.problem or said.group is None:

@@ -38,11 +38,13 @@ from typing import NamedTuple
 from extender.core.cache import Cache
 from extender.core.contract import UNSCHEDULABLE_FLUSH
 from extender.core.devices import Demand, Strategy
+from extender.core.groups import GroupKey
 from extender.core.memo import Lru
 from extender.core.nodes import NodeState
 from extender.core.placement.fill import fill_choice
 from extender.core.placement.fit import Verdict
 from extender.core.placement.judge import judge
+from extender.core.pods import PodRecord
 from extender.core.quota.admission import charge_on
 from extender.core.quota.book import Quotas
 
@@ -59,6 +61,8 @@ MEMORY = UNSCHEDULABLE_FLUSH
 """Seconds a refusal is remembered."""
 PERIOD = 1.0
 """Seconds between two requests to kube-scheduler, at least."""
+JOBS_REMEMBERED = 1024
+"""Jobs found short of pods remembered at most (oldest forgotten first)."""
 
 
 class Refused(NamedTuple):
@@ -135,6 +139,10 @@ class Requeue:
         self.quotas = quotas
         """The book a refused pod's room is judged under (None: no quota)."""
         self.refusals = refusals if refusals is not None else Refusals()
+        self._jobs_short: Lru[GroupKey, bool] = Lru(JOBS_REMEMBERED)
+        """Jobs a member's filter found short of pods, until a pod of theirs arrives (`pod_arrived`)."""
+        if ask is not None:
+            cache.listen(self)
 
     def refused(self, uid: str, demand: Demand, namespace: str = "") -> None:
         """The filter refused this pod on every node it was asked about, for want of room now (on the GPUs, or
@@ -164,6 +172,33 @@ class Requeue:
                     return
         except Exception:  # a bug here must not stop the informer or the expiry sweep that called it
             log.exception("deciding whether to ask kube-scheduler to retry")
+
+    def job_short(self, job: GroupKey) -> None:
+        """A member's filter found its job short of pods (fewer exist than it needs to start): the members refused
+        so wait for an event, and the pod that completes the job is one (it is filtered itself, and plans the
+        job), unless its filter came before our watch showed the others: then the watch's news of them is the
+        event (`pod_arrived`)."""
+        if self.ask is not None:
+            self._jobs_short.put(job, True)
+
+    # the cache's listener (only where `ask` is)
+
+    def node_changed(self, state: NodeState) -> None:
+        """Room freed on a node is told by the sources (`freed`), with since when."""
+
+    def node_forgotten(self, name: str) -> None:
+        """A node gone frees nothing."""
+
+    def pod_arrived(self, record: PodRecord) -> None:
+        """A pod of a job found short of pods arrived in the cache: its members refused may start now."""
+        said = record.group
+        if (
+            self.ask is not None
+            and said is not None
+            and said.group is not None
+            and self._jobs_short.pop(said.group, None)
+        ):
+            self.ask(f"pod {record.key} of job {said.group} arrived; its members refused for want of it may start")
 
     def job_held(self, job: str) -> None:
         """A job placed whole is held now (`core/jobs.py`): its members refused before, while it could not start,

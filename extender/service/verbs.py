@@ -180,7 +180,7 @@ def _member_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult 
     """The filter of a pod of a job placed whole (`core/jobs.py`): passed the node planned for it alone, or
     refused on every node as unresolvable (preempting for one member frees nothing its job can use). None for a
     pod placed as any: it declares no job, asks no GPU, or its job has its minimum bound."""
-    said = declared(args.Pod)
+    said = declared(args.Pod, service.cache.podgroups)
     if said is None:
         return None
     names = contract.requested_names(args)
@@ -191,6 +191,8 @@ def _member_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult 
     metrics = service.metrics
     if verdict.planned:
         service.requeue.job_held(str(said.group))
+    elif verdict.short and said.group is not None:
+        service.requeue.job_short(said.group)
     if verdict.node and verdict.node in names:
         metrics.nodes_accepted.inc()
         metrics.nodes_unresolvable.inc(len(names) - 1)

@@ -112,3 +112,23 @@ async def test_a_hold_whose_members_do_not_come_is_let_go_whole_counted_and_logg
     assert reply["NodeNames"] == ["n2"], "a-1 takes n1's last GPU, a-2 n2 (first fit, ties by name)"
     grouped = {uid: hold.allocation.node for uid, hold in cluster.reserved.items() if hold.state is HoldState.GROUPED}
     assert grouped == {"uid-a-1": "n1", "uid-a-2": "n2"}
+
+
+async def test_a_job_refused_for_want_of_pods_is_retried_when_the_watch_shows_its_missing_pod(
+    client_for: ClientFor,
+) -> None:
+    """The pod completing a job plans it at its own filter; but if that filter came before the watch showed a
+    member created just before it, the job is refused short of pods, and that member's arrival is the only news
+    left: kube-scheduler is asked to retry then."""
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16))
+    pods = [member("a", n, 2) for n in range(2)]
+    cluster.apply_pod(pods[1])
+    asked: list[str] = []
+    client = await client_for(make_service(cluster, binder=FileBinder(cluster, pods), requeue=asked.append))
+    reply = await (await client.post("/filter", data=filter_body(pods[1], ["n1"]))).json()
+    assert reply["FailedAndUnresolvableNodes"] == {"n1": "job default/a needs 2 pods to start; 1 exist, 0 bound"}
+    assert asked == []
+    cluster.apply_pod(pods[0])
+    assert asked == ["pod default/a-0 of job default/a arrived; its members refused for want of it may start"]
+    cluster.apply_pod(make_pod("plain", 4))
+    assert len(asked) == 1, "once per refusal, and only for a job's pods"
