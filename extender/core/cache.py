@@ -22,7 +22,7 @@ from typing import Protocol
 
 from extender.core import objects
 from extender.core.devices import Device, NodeLock
-from extender.core.groups import Jobs
+from extender.core.groups import NO_CRDS, Jobs, PodGroups
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.memo import FitIndex, Lru, NodeMemo
 from extender.core.nodes import NodeState, overcommitted
@@ -112,6 +112,9 @@ class Cache:
         """Told of every change (`listen`)."""
         self.groups = Jobs()
         """Every job's pods, by UID: what `core/jobs.py` plans."""
+        self.podgroups: PodGroups = NO_CRDS
+        """The cluster's PodGroups (None per CRD not installed), kept by the sources: the minimum of a job that names
+        one, read when its members are filtered and bound (`groups.resolve`)."""
 
     def _changed(self, state: NodeState) -> None:
         """Recompute a node's summary after any change, and the indexes built on it (once per node at the end

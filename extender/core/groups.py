@@ -25,10 +25,12 @@ A group's size is its minimum to start: once that many members are bound, the ot
 Every declaration that cannot be used says why (`Declared.problem`, `Group.problem`), never by an exception.
 
 How a job is placed whole, held and let go is `jobs.py`'s (the filter and the bind of a member), `gang.py`'s (the
-plan) and `ledger.py`'s (the holds). The cache reads each pod's declaration into its record (`PodRecord.group`)
-and keeps every job's pods (`Jobs`). Read today: Kueue's pod groups, which need no object beyond the pods. The
-PodGroup schemes need the cluster's PodGroup objects (`PodGroups`), which the sources do not watch yet: until they
-do, a pod naming a PodGroup is placed as any pod, as it is in a cluster without that CRD.
+plan) and `ledger.py`'s (the holds). The cache reads each pod's declarations from the pod alone into its record
+(`read`, `PodRecord.group`) and keeps every job's pods (`Jobs`). A PodGroup's minimum is not read then: the
+PodGroup may be created after its pods, its minMember changed, its CRD installed later. The sources keep the
+cluster's PodGroups in the cache (`Cache.podgroups`: the API source watches both CRDs, the file source takes
+those the file lists), and a member's filter and bind resolve its declaration against them at that moment
+(`resolve`): a PodGroup not there yet makes its members wait, a CRD not installed places them as any pod.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from extender.core import objects
 from extender.core.objects import Raw, as_object
@@ -87,6 +89,43 @@ class PodGroups:
 
 NO_CRDS = PodGroups()
 
+API_VERSIONS = {Scheme.COSCHEDULING: "scheduling.x-k8s.io/v1alpha1", Scheme.VOLCANO: "scheduling.volcano.sh/v1beta1"}
+"""The PodGroup CRD of each scheme, as its project serves it (types.go of each at the version named above; the
+only version either CRD serves)."""
+
+
+def slim_podgroup(podgroup: Raw) -> Raw:
+    """What is kept of a PodGroup: its name, namespace and `spec.minMember` as the object has it (`min_member` reads
+    it). Its status, which its controller rewrites as its pods come and go, is of no use here."""
+    spec = as_object(podgroup.get("spec"))
+    kept: Raw = {"metadata": {"name": objects.name(podgroup), "namespace": objects.namespace(podgroup)}, "spec": {}}
+    if "minMember" in spec:
+        kept["spec"]["minMember"] = spec["minMember"]
+    return kept
+
+
+def podgroup_key(podgroup: Raw) -> str:
+    """`namespace/name`: how `PodGroups` finds a PodGroup."""
+    return objects.key(objects.namespace(podgroup), objects.name(podgroup))
+
+
+def having(podgroups: PodGroups, scheme: Scheme, known: Mapping[str, Raw] | None) -> PodGroups:
+    """`podgroups` with the scheme's CRD's PodGroups swapped for `known` (None: that CRD is not installed)."""
+    if scheme is Scheme.COSCHEDULING:
+        return replace(podgroups, coscheduling=known)
+    return replace(podgroups, volcano=known)
+
+
+def listed(podgroups: Iterable[Raw]) -> PodGroups:
+    """The PodGroups of a list of objects of either CRD (a cluster file), by `apiVersion`: a CRD none of whose
+    PodGroups is listed is taken as not installed, and a PodGroup of another API group is no one's."""
+    found, podgroups = NO_CRDS, list(podgroups)
+    for scheme, api_version in API_VERSIONS.items():
+        known = {podgroup_key(pg): slim_podgroup(pg) for pg in podgroups if pg.get("apiVersion") == api_version}
+        if known:
+            found = having(found, scheme, known)
+    return found
+
 
 @dataclass(frozen=True, slots=True)
 class Declared:
@@ -108,26 +147,63 @@ def min_member(podgroup: Raw) -> int | str:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class Declarations:
+    """Every group a pod declares, read from the pod alone, when one of them names a PodGroup (`read`): what the
+    cache records of such a pod (`PodRecord.group`). A PodGroup's declaration carries its key only (or a problem
+    the pod alone shows); `resolve` reads its minimum, and whether its CRD is installed, when it is needed."""
+
+    pod: str
+    """The pod's `namespace/name`, for the reason when it declares two groups."""
+    found: tuple[Declared, ...]
+    """In the order Kueue, coscheduling, Volcano; at least one names a PodGroup."""
+
+
+Said = Declared | Declarations | None
+"""What a pod declares, read from the pod alone (`read`): a Kueue declaration says it all; one naming a PodGroup
+needs the cluster's PodGroups (`resolve`)."""
+
+
 def declared(pod: Raw, podgroups: PodGroups = NO_CRDS) -> Declared | None:
     """The group the pod declares (None when it declares none), its minimum, or why the declaration is unusable.
 
     A pod may declare one group only: two schemes at once would have two schedulers' views of when it starts."""
+    return resolve(read(pod), podgroups)
+
+
+def read(pod: Raw) -> Said:
+    """What the pod declares, from the pod alone: Kueue's declaration whole; with a PodGroup named, every scheme's
+    declaration, to be resolved against the PodGroups when they are needed (`resolve`); None when it declares
+    none."""
     namespace = objects.namespace(pod)
-    found = [
-        found
-        for found in (
-            _kueue(pod, namespace),
-            _coscheduling(pod, namespace, podgroups),
-            _volcano(pod, namespace, podgroups),
-        )
-        if found is not None
-    ]
+    kueue = _kueue(pod, namespace)
+    named = tuple(found for found in (_coscheduling(pod, namespace), _volcano(pod, namespace)) if found is not None)
+    if not named:
+        return kueue
+    return Declarations(objects.pod_key(pod), ((kueue,) if kueue is not None else ()) + named)
+
+
+def resolve(said: Said, podgroups: PodGroups) -> Declared | None:
+    """The declaration as the cluster's PodGroups make it now: a PodGroup's minimum read from the object (or why it
+    cannot be), the PodGroups of a CRD not installed ignored (the label or annotation means nothing to the cluster:
+    the pod is placed as any pod)."""
+    if not isinstance(said, Declarations):
+        return said
+    found = [resolved for one in said.found if (resolved := _resolved(one, podgroups)) is not None]
     if not found:
         return None
     if len(found) > 1:
         named = " and ".join(f"{one.group.scheme} {one.group}" for one in found if one.group is not None)
-        return Declared(None, 0, f"pod {objects.pod_key(pod)} declares two groups ({named}); it may start with one")
+        return Declared(None, 0, f"pod {said.pod} declares two groups ({named}); it may start with one")
     return found[0]
+
+
+def keys(said: Said) -> frozenset[GroupKey]:
+    """Every group the pod may be a member of, whatever PodGroups the cluster has (what `Jobs` files it under)."""
+    if said is None:
+        return frozenset()
+    found = said.found if isinstance(said, Declarations) else (said,)
+    return frozenset(one.group for one in found if one.group is not None and not one.problem)
 
 
 def _kueue(pod: Raw, namespace: str) -> Declared | None:
@@ -153,27 +229,34 @@ def _atoi(text: object) -> int | None:
     return value if -_INT64 - 1 <= value <= _INT64 else None
 
 
-def _coscheduling(pod: Raw, namespace: str, podgroups: PodGroups) -> Declared | None:
+def _coscheduling(pod: Raw, namespace: str) -> Declared | None:
     name = str(objects.labels_of(pod).get(COSCHEDULING_GROUP) or "")
-    if not name or podgroups.coscheduling is None:
-        return None
-    return _podgroup(GroupKey(Scheme.COSCHEDULING, namespace, name), podgroups.coscheduling)
+    return Declared(GroupKey(Scheme.COSCHEDULING, namespace, name)) if name else None
 
 
-def _volcano(pod: Raw, namespace: str, podgroups: PodGroups) -> Declared | None:
+def _volcano(pod: Raw, namespace: str) -> Declared | None:
     annotations = objects.annotations_of(pod)
     names = {str(annotations.get(label) or "") for label in VOLCANO_GROUPS} - {""}
-    if not names or podgroups.volcano is None:
+    if not names:
         return None
     if len(names) > 1:
         first, second = (str(annotations.get(label)) for label in VOLCANO_GROUPS)
         key = GroupKey(Scheme.VOLCANO, namespace, first)
         said = f"{VOLCANO_GROUPS[0]} {first!r} and {VOLCANO_GROUPS[1]} {second!r}"
         return Declared(key, 0, f"{said} name two PodGroups")
-    return _podgroup(GroupKey(Scheme.VOLCANO, namespace, names.pop()), podgroups.volcano)
+    return Declared(GroupKey(Scheme.VOLCANO, namespace, names.pop()))
 
 
-def _podgroup(key: GroupKey, known: Mapping[str, Raw]) -> Declared:
+def _resolved(one: Declared, podgroups: PodGroups) -> Declared | None:
+    """One scheme's declaration with its PodGroup's minimum; None when that PodGroup's CRD is not installed."""
+    key = one.group
+    if key is None or key.scheme is Scheme.KUEUE:
+        return one
+    known = podgroups.coscheduling if key.scheme is Scheme.COSCHEDULING else podgroups.volcano
+    if known is None:
+        return None
+    if one.problem:
+        return one
     podgroup = known.get(str(key))
     if podgroup is None:
         return Declared(key, 0, f"{key.scheme} {key} does not exist (yet)")
@@ -293,18 +376,19 @@ class Jobs:
     def __init__(self) -> None:
         self._members: dict[GroupKey, set[str]] = {}
 
-    def move(self, uid: str, before: Declared | None, after: Declared | None) -> None:
-        """The pod declared `before` and now declares `after` (None: nothing, or it is gone)."""
+    def move(self, uid: str, before: Said, after: Said) -> None:
+        """The pod declared `before` and now declares `after` (None: nothing, or it is gone). A pod is filed under
+        every group it may be a member of (`keys`): which one counts is the PodGroups' to say when it is asked."""
         if before == after:
             return
-        if before is not None and before.group is not None:
-            members = self._members.get(before.group)
+        for key in keys(before):
+            members = self._members.get(key)
             if members is not None:
                 members.discard(uid)
                 if not members:
-                    del self._members[before.group]
-        if after is not None and after.group is not None and not after.problem:
-            self._members.setdefault(after.group, set()).add(uid)
+                    del self._members[key]
+        for key in keys(after):
+            self._members.setdefault(key, set()).add(uid)
 
     def members(self, key: GroupKey) -> frozenset[str]:
         return frozenset(self._members.get(key, ()))

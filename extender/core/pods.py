@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from extender.core import objects
 from extender.core.devices import Demand
-from extender.core.groups import Declared, declared
+from extender.core.groups import Said, read
 from extender.core.holds import Allocation
 from extender.core.objects import Raw, as_object, pod_priority
 from extender.core.protocols import DeviceProtocol
@@ -45,8 +45,10 @@ class PodRecord:
     """Bytes requested."""
     models: tuple[str, ...] = ()
     """GPU models it requires by node affinity on the protocol's model label (empty: any)."""
-    group: Declared | None = None
-    """The job it starts with, as it declares it (`groups.declared`; None: it declares none)."""
+    group: Said = None
+    """The job it starts with, as it declares it, read from the pod alone (`groups.read`; None: it declares none).
+    A PodGroup's minimum is read when it is needed (`groups.resolve` with `Cache.podgroups`): the PodGroup may come
+    after the pod, or change."""
     gated: bool = False
     """It has scheduling gates: kube-scheduler does not place it yet."""
 
@@ -83,6 +85,6 @@ def pod_record(pod: Raw, protocol: DeviceProtocol) -> PodRecord:
         pod_request(pod, "cpu", scale=3),
         pod_request(pod, "memory"),
         required_values(pod, label) if label else (),
-        declared(pod),
+        read(pod),
         bool(spec.get("schedulingGates")),
     )
