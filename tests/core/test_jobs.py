@@ -164,12 +164,13 @@ def test_a_job_waits_whole_until_its_members_exist_and_are_ungated() -> None:
     for pod in pods:
         cluster.apply_pod(pod)
     said = filter_of(pods[0], cluster, ledger, ["n1"])
-    assert said == jobs.MemberFilter(reason="job default/train needs 3 pods to start; 2 exist, 0 bound")
+    assert said == jobs.MemberFilter(reason="job default/train needs 3 pods to start; 2 exist, 0 bound", short=True)
     gated = member("w-2", 3)
     gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
     cluster.apply_pod(gated)
     said = filter_of(pods[0], cluster, ledger, ["n1"])
-    assert said == jobs.MemberFilter(reason="job default/train needs 3 pods to start; 3 exist (1 gated), 0 bound")
+    short = "job default/train needs 3 pods to start; 3 exist (1 gated), 0 bound"
+    assert said == jobs.MemberFilter(reason=short, short=True)
     del gated["spec"]["schedulingGates"]
     cluster.apply_pod(gated)
     assert filter_of(pods[0], cluster, ledger, ["n1"]) == jobs.MemberFilter("n1", planned=True)
@@ -229,3 +230,16 @@ def test_a_members_bind_without_a_hold_is_refused_while_its_job_lacks_members() 
     )
     plain = pod_record(make_pod("plain", 4), cluster.protocol)
     assert jobs.unheld(plain, cluster, ledger) is None
+
+
+def test_after_a_restart_a_job_is_planned_again_whole_its_bound_members_counted() -> None:
+    """The holds live in memory: a restarted extender (a new cache and ledger, from the API's objects) holds
+    nothing, sees the members bound, and plans the members still pending together, never one alone."""
+    bound = [member(f"w-{n}", 4, node="n1", indexes=(n,), phase="Running") for n in range(2)]
+    pending = [member(f"w-{n}", 4) for n in range(2, 4)]
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16), pods=(*bound, *pending))
+    ledger = make_ledger(cluster)
+    assert not cluster.reserved
+    assert jobs.unheld(pod_record(pending[0], cluster.protocol), cluster, ledger) is not None, "never one alone"
+    assert filter_of(pending[1], cluster, ledger, ["n1", "n2"]) == jobs.MemberFilter("n2", planned=True)
+    assert grouped(cluster) == {"uid-w-2": "n2", "uid-w-3": "n2"}
