@@ -38,7 +38,7 @@ from typing import NamedTuple
 from extender.core.cache import Cache
 from extender.core.contract import UNSCHEDULABLE_FLUSH
 from extender.core.devices import Demand, Strategy
-from extender.core.groups import GroupKey
+from extender.core.groups import GroupKey, keys
 from extender.core.memo import Lru
 from extender.core.nodes import NodeState
 from extender.core.placement.fill import fill_choice
@@ -191,14 +191,12 @@ class Requeue:
 
     def pod_arrived(self, record: PodRecord) -> None:
         """A pod of a job found short of pods arrived in the cache: its members refused may start now."""
-        said = record.group
-        if (
-            self.ask is not None
-            and said is not None
-            and said.group is not None
-            and self._jobs_short.pop(said.group, None)
-        ):
-            self.ask(f"pod {record.key} of job {said.group} arrived; its members refused for want of it may start")
+        if self.ask is None:
+            return
+        for job in keys(record.group):  # a pod naming a PodGroup may be of more than one, by the PodGroups then
+            if self._jobs_short.pop(job, False):
+                self.ask(f"pod {record.key} of job {job} arrived; its members refused for want of it may start")
+                return
 
     def job_held(self, job: str) -> None:
         """A job placed whole is held now (`core/jobs.py`): its members refused before, while it could not start,

@@ -31,6 +31,7 @@ from extender.core.groups import (
 from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
 from extender.core.pods import pod_record
+from extender.core.requeue import Requeue
 from tests.builders import make_cluster, make_ledger, make_node, make_pod, placer_for
 
 TRAIN = GroupKey(Scheme.COSCHEDULING, "default", "train")
@@ -261,3 +262,14 @@ def test_a_member_that_drops_its_label_leaves_the_index() -> None:
     del pod["metadata"]["labels"][COSCHEDULING_GROUP]
     cluster.apply_pod(pod)
     assert cluster.groups.members(TRAIN) == frozenset() and len(cluster.groups) == 0
+
+
+def test_a_pod_naming_a_podgroup_arriving_for_a_job_found_short_asks_kube_scheduler_to_retry() -> None:
+    """`Requeue.pod_arrived` reads what the cache recorded, which for a PodGroup's pod is every group it may be of."""
+    cluster, _ = cluster_of(podgroups=coscheduling(podgroup("train", 2)))
+    asked: list[str] = []
+    requeue = Requeue(cluster, asked.append)
+    requeue.job_short(TRAIN)
+    cluster.apply_pod(make_pod("plain", gpu_mem=4))
+    cluster.apply_pod(coscheduled("w-0"))
+    assert asked == ["pod default/w-0 of job default/train arrived; its members refused for want of it may start"]
