@@ -486,6 +486,20 @@ class ControlPlane:
         except (OSError, urllib.error.URLError):
             return False
 
+    def namespace_now(self, name: str) -> None:
+        """A namespace and its `default` ServiceAccount (which pods need and no controller-manager makes here),
+        blocking, for module fixtures; kept if they exist (namespaces are never deleted: no controller finishes
+        them)."""
+        for path, body in (
+            ("/api/v1/namespaces", {"metadata": {"name": name}}),
+            (f"/api/v1/namespaces/{name}/serviceaccounts", {"metadata": {"name": "default"}}),
+        ):
+            try:
+                self.request("POST", path, body)
+            except ApiError as error:
+                if error.status != 409:
+                    raise
+
     def request(self, method: str, path: str, body: Any = None, user: str = "admin") -> dict[str, Any]:
         """A blocking API call (for fixtures, outside any event loop); raises `ApiError` on non-2xx."""
         data = orjson.dumps(body) if body is not None else None

@@ -42,7 +42,6 @@ from extender.sources.kube.client import ApiError, KubeClient, KubeError, NotFou
 from extender.sources.kube.config import KubeConfig
 from tests.apidouble import GENERATED_NAME_LETTERS, ApiDouble
 from tests.e2e.controlplane import EXTENDER_NAMESPACE, ControlPlane
-from tests.e2e.controlplane import ApiError as PlaneError
 
 pytestmark = pytest.mark.e2e
 
@@ -127,15 +126,7 @@ class DoubleBackend(Backend):
 def fidelity_plane(control_plane: ControlPlane) -> ControlPlane:
     """The session's control plane with this module's namespace (and its `default` ServiceAccount, which pods
     need and no controller-manager makes here)."""
-    for path, body in (
-        ("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}),
-        (f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": "default"}}),
-    ):
-        try:
-            control_plane.request("POST", path, body)
-        except PlaneError as error:
-            if error.status != 409:
-                raise
+    control_plane.namespace_now(NAMESPACE)
     return control_plane
 
 

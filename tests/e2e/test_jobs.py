@@ -40,15 +40,7 @@ JOBS = ("a", "b")
 
 @pytest.fixture(scope="module")
 def cluster(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
-    for path, body in (
-        ("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}),
-        (f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": "default"}}),
-    ):
-        try:
-            control_plane.request("POST", path, body)
-        except ApiError as error:
-            if error.status != 409:
-                raise
+    control_plane.namespace_now(NAMESPACE)
     for name in NODES:
         control_plane.create_node_now(name, gpus=2, gpu_mem=16)
     yield NODES

@@ -56,15 +56,7 @@ PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 @pytest.fixture(scope="module")
 def cluster(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
     """The namespace (never deleted: no controller would finish it) and the four labelled nodes."""
-    for path, body in (
-        ("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}),
-        (f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": "default"}}),
-    ):
-        try:
-            control_plane.request("POST", path, body)
-        except ApiError as error:
-            if error.status != 409:
-                raise
+    control_plane.namespace_now(NAMESPACE)
     for name, model in MODELS.items():
         gpus = 2 if "A100" in model else 1
         control_plane.create_node_now(name, gpus=gpus, gpu_mem=16, labels={MODEL_LABEL: model})
