@@ -240,11 +240,128 @@ def cache_table(records: Sequence[record.Record]) -> str:
     return "\n".join(lines)
 
 
+# ---- make loadtest --------------------------------------------------------------------------------------------
+
+
+def loadtest_runs(records: Sequence[record.Record]) -> list[dict[str, Any]]:
+    """The summary of each run (loadtest.run's `run`; a saturation search's steps are not such runs)."""
+    return [kept.results["run"] for kept in records if "run" in kept.results]
+
+
+def extender_flags(plan: dict[str, Any]) -> str:
+    return " ".join(f"`{flag}`" for flag in plan["server_flags"]) or "as shipped"
+
+
+def loadtest_table(records: Sequence[record.Record]) -> str:
+    """One row per run of loadtest.run: its pace, the client-side latencies, bind conflicts, the server's CPU."""
+    machine = one_machine(records)
+    runs = sorted(
+        loadtest_runs(records),
+        key=lambda run: (run["plan"]["nodes"], run["plan"]["rate"], bool(run["plan"]["server_flags"])),
+    )
+    lines = [
+        f"**Results** ({machine.describe()}; one server process, Locust in one process beside it; "
+        f"{runs_said(records)}):",
+        "",
+        "| extender | nodes | names per filter | target | pods/s | filter p50 / p99 ms | bind p50 / p99 ms "
+        "| max ms | bind conflicts | server CPU µs per request | server CPU | end check |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for run in runs:
+        plan, locust = run["plan"], run["locust"]
+        verbs, outcomes = locust["verbs"], locust["outcomes"]
+        attempts = int(outcomes.get("attempts", 0))
+        requests = sum(int(verb["requests"]) for verb in verbs.values())
+        latencies = {
+            name: f"{verbs[name]['p50']:.2f} / {verbs[name]['p99']:.2f}" if name in verbs else "-"
+            for name in ("filter", "bind")
+        }
+        failed = [check["name"] for check in run["checks"] if not check["ok"]] or [f"{run['errors']} errors"]
+        check = "passed" if run["passed"] else f"FAILED ({', '.join(failed)})"
+        lines.append(
+            f"| {extender_flags(plan)} | {plan['nodes']:,} | {int(locust['names_per_filter']):,} "
+            f"| {plan['rate']:g} pods/s, {plan['duration']} s | {run['attempts_per_second']:,.0f} "
+            f"| {latencies['filter']} | {latencies['bind']} | {max(verb['max'] for verb in verbs.values()):,.0f} "
+            f"| {int(outcomes.get('bind_conflicts', 0)):,} of {attempts:,} "
+            f"| {run['server_cpu_seconds'] / max(1, requests) * 1e6:,.0f} "
+            f"| {run['server_cpu_seconds'] / run['seconds']:.0%} | {check} |"
+        )
+    return "\n".join(lines)
+
+
+# ---- make bench-e2e -------------------------------------------------------------------------------------------
+
+ALONE = "alone"
+"""bench.e2e_run's name for kube-scheduler without an extender."""
+PROCESSES = ("etcd", "kube-apiserver", "kube-scheduler", "extender")
+"""The processes bench.e2e measures the CPU of (the floor counts as `extender`), as its report orders them."""
+
+
+def e2e_runs(records: Sequence[record.Record]) -> list[tuple[int, int, int, dict[str, Any]]]:
+    """(nodes, pods, round, result) of every run of every record, each record's rounds numbered on from the last."""
+    runs, numbered = [], 0
+    for kept in records:
+        rounds = {run["round"] for run in kept.results["runs"]}
+        for run in kept.results["runs"]:
+            runs.append((kept.settings["nodes"], kept.settings["pods"], numbered + run["round"], run["result"]))
+        numbered += max(rounds, default=0)
+    return runs
+
+
+def e2e_table(records: Sequence[record.Record]) -> str:
+    """Pods/s of kube-scheduler alone and with each wiring, round by round with the ratio to alone in the same
+    round; then the CPU per pod of each process, the median over the rounds."""
+    machine = one_machine(records)
+    wirings = list(dict.fromkeys(wiring for kept in records for wiring in kept.settings["wiring"]))
+    runs = e2e_runs(records)
+    rounds = sorted({(nodes, pods, number) for nodes, pods, number, _ in runs})
+    lines = [
+        f"**Results** ({machine.describe()}; {runs_said(records)}): pods bound a second, from the 5th to the "
+        "95th percentile bind, and the ratio to kube-scheduler alone in the same round",
+        "",
+        "| nodes | pods | round | alone | " + " | ".join(f"{wiring} | ratio" for wiring in wirings) + " |",
+        "|---:|---:|---:|---:|" + "---:|---:|" * len(wirings),
+    ]
+    for nodes, pods, number in rounds:
+        paces = {
+            result["wiring"]: result["pace"]["pods_per_second"]
+            for n, p, r, result in runs
+            if (n, p, r) == (nodes, pods, number)
+        }
+        alone = paces.get(ALONE)
+        cells = [f"{alone:.0f}" if alone else "-"]
+        for wiring in wirings:
+            pace = paces.get(wiring)
+            cells += [f"{pace:.0f}", f"{pace / alone:.2f}" if alone else "-"] if pace else ["-", "-"]
+        lines.append(f"| {nodes:,} | {pods:,} | {number} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "CPU milliseconds per pod (the median over the rounds; `extender` is ours or the floor):",
+        "",
+        "| nodes | run | " + " | ".join(PROCESSES) + " | sum |",
+        "|---:|---|" + "---:|" * (len(PROCESSES) + 1),
+    ]
+    for nodes in sorted({nodes for nodes, _, _, _ in runs}):
+        for wiring in (ALONE, *wirings):
+            cpu = [result["cpu_ms_per_pod"] for n, _, _, result in runs if n == nodes and result["wiring"] == wiring]
+            if not cpu:
+                continue
+            shown = [name for name in PROCESSES if wiring != ALONE or name != "extender"]
+            median = {name: statistics.median(run.get(name, 0.0) for run in cpu) for name in shown}
+            cells = [f"{median[name]:.1f}" if name in median else "-" for name in PROCESSES]
+            lines.append(f"| {nodes:,} | {wiring} | " + " | ".join(cells) + f" | {sum(median.values()):.1f} |")
+    problems = [problem for kept in records for problem in kept.results["failures"]]
+    lines += ["", f"End checks: {'passed in every run' if not problems else f'{len(problems)} problems'}."]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
     "node_burst": node_burst_table,
     "bench": verbs_table,
     "scale": scale_table,
     "cache_build": cache_table,
+    "run": loadtest_table,
+    "e2e": e2e_table,
 }
 """The benches whose pages' tables are built from records, by records folder."""
 

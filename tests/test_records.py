@@ -352,6 +352,57 @@ def test_the_cache_table_gives_each_figure_its_range_over_the_runs_beside_its_ta
     assert ["gpu`" in rows[0], "node`" in rows[1], "auto`: per node at this size" in rows[2]] == [True] * 3
 
 
+def loadtest_run(flags: list[str], conflicts: int, cpu_seconds: float) -> dict[str, object]:
+    verb = {"requests": 4500, "p50": 2.16, "p99": 5.68, "max": 52.0}
+    return {
+        "plan": {"nodes": 1000, "rate": 300.0, "duration": 30, "server_flags": flags},
+        "locust": {"names_per_filter": 420, "verbs": {"filter": verb, "bind": verb},
+                   "outcomes": {"attempts": 9000, "placed": 9000, "bind_conflicts": conflicts}},
+        "seconds": 30.0, "errors": 0, "attempts_per_second": 300.0, "server_cpu_seconds": cpu_seconds,
+        "checks": [{"name": "no GPU over capacity", "ok": True, "detail": ""}], "passed": True,
+    }  # fmt: skip
+
+
+def test_the_loadtest_table_gives_each_run_its_pace_latencies_conflicts_and_server_cpu() -> None:
+    # server CPU 9 s over 9,000 requests: 1,000 µs a request, 30 % of a core over 30 s
+    kept = [
+        bench_record("loadtest.run", {}, {"run": loadtest_run(["--placement=fill"], 3, 9.0)}),
+        bench_record("loadtest.run", {}, {"run": loadtest_run([], 0, 9.0)}),
+    ]
+    rows = [line for line in figures.loadtest_table(kept).splitlines() if line.startswith("| as shipped")]
+    assert rows == [
+        "| as shipped | 1,000 | 420 | 300 pods/s, 30 s | 300 | 2.16 / 5.68 | 2.16 / 5.68 | 52 | 0 of 9,000 | 1,000 "
+        "| 30% | passed |"
+    ]
+    assert "| `--placement=fill` | 1,000 |" in figures.loadtest_table(kept)
+
+
+def e2e_result(wiring: str, pods_per_second: float, scheduler_cpu: float) -> dict[str, object]:
+    return {
+        "wiring": wiring, "pace": {"pods_per_second": pods_per_second},
+        "cpu_ms_per_pod": {"etcd": 1.0, "kube-apiserver": 2.0, "kube-scheduler": scheduler_cpu, "extender": 4.0},
+    }  # fmt: skip
+
+
+def test_the_e2e_table_gives_each_rounds_pace_beside_alone_in_the_same_round_and_the_median_cpu() -> None:
+    # round 1: alone 140, full 70 (0.50); round 2 (the second record's first): alone 120, full 90 (0.75)
+    settings = {"nodes": 1000, "pods": 3000, "wiring": ["full"]}
+    kept = [
+        bench_record("bench.e2e", settings, {"runs": [
+            {"round": 1, "result": e2e_result("alone", 140.0, 3.0)},
+            {"round": 1, "result": e2e_result("full", 70.0, 2.0)}], "failures": []}),
+        bench_record("bench.e2e", settings, {"runs": [
+            {"round": 1, "result": e2e_result("alone", 120.0, 5.0)},
+            {"round": 1, "result": e2e_result("full", 90.0, 4.0)}], "failures": []}),
+    ]  # fmt: skip
+    table = figures.e2e_table(kept)
+    assert "| 1,000 | 3,000 | 1 | 140 | 70 | 0.50 |" in table and "| 1,000 | 3,000 | 2 | 120 | 90 | 0.75 |" in table
+    # kube-scheduler's CPU: alone median of 3 and 5 = 4.0; the extender's column is empty for alone
+    assert "| 1,000 | alone | 1.0 | 2.0 | 4.0 | - | 7.0 |" in table
+    assert "| 1,000 | full | 1.0 | 2.0 | 3.0 | 4.0 | 10.0 |" in table
+    assert "passed in every run" in table
+
+
 def test_the_site_index_shows_the_readmes_figures_with_links_into_the_site() -> None:
     table = figures.readme_table_for_site(README.read_text())
     assert "](docs/" not in table and "](benchmarks/" in table
