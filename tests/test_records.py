@@ -26,7 +26,6 @@ README = ROOT / "README.md"
 
 AWAITING_RERUN: dict[tuple[str, str], str] = {
     ("bench.md", "Five thousand nodes, changing"): "5,000 nodes, 150,000 pods, before and after (bench.scale)",
-    ("bench.md", "The live cache"): "the first list, memory and watch events of 5,000 nodes (bench.cache_build)",
     ("loadtest.md", "At kube-scheduler's pace"): "300 pods/s at 1,000 nodes, before and after (make loadtest)",
     ("loadtest.md", "With the fragmentation policy"): "binpack, fill and as shipped at 300 pods/s (make loadtest)",
     ("bench-e2e.md", "Five thousand nodes"): "kube-scheduler with ours and with the floor, 1,000 and 5,000 nodes",
