@@ -411,7 +411,29 @@ def burst_row(root: Path = record.RECORDS) -> tuple[str, ...]:
     )
 
 
-README_ROWS: dict[str, Callable[[], tuple[str, ...]]] = {"node_burst": burst_row}
+def scale_row(root: Path = record.RECORDS) -> tuple[str, ...]:
+    """The README's row of bench.scale: the filter of pods of three shapes while the cluster changes, and the
+    extender's memory then (the median over the runs, when there are several)."""
+    records = record.load("scale", root)
+    if not records:
+        raise FiguresError("the README's row of five thousand nodes, changing, needs bench/records/scale/")
+    three = [next(s for s in kept.results["scenarios"] if s["label"] == "three shapes") for kept in records]
+    p50 = statistics.median(percentile(scenario["filter"], 0.5) for scenario in three) * 1e3
+    p99 = statistics.median(percentile(scenario["filter"], 0.99) for scenario in three) * 1e3
+    rss = statistics.median(scenario["rss_mib"] for scenario in three)
+    given = records[-1].settings
+    pods = round(records[-1].results["running_pods"], -3)
+    runs = f" (median, {len(records)} runs)" if len(records) > 1 else ""
+    return (
+        f"{given['nodes']:,} nodes, about {pods:,} pods, {given['churn']:g} replaced a second: filter p50 / p99",
+        f"{p50:.1f} / {p99:.1f} ms{runs}, {rss:,.0f} MiB resident",
+        "no peer run",
+        "[make bench](docs/benchmarks/bench.md#five-thousand-nodes-changing)",
+        RECORDED,
+    )
+
+
+README_ROWS: dict[str, Callable[[], tuple[str, ...]]] = {"node_burst": burst_row, "scale": scale_row}
 """The README's rows built from records, by records folder."""
 
 
