@@ -172,7 +172,8 @@ class Metrics:
         self.allocations = Gauge(
             "extender_allocations",
             "Pods holding GPU memory, by state (core/holds.py): assumed (their filter passed one node, no bind yet), "
-            "reserved, bound (awaiting the watch), uncertain (a binding that failed but may have landed), observed.",
+            "grouped (held for a member of a job placed whole, no bind yet), reserved, bound (awaiting the watch), "
+            "uncertain (a binding that failed but may have landed), observed.",
             ["state"],
             registry=self.registry,
         )
