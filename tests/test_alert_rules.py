@@ -185,6 +185,7 @@ def test_the_runbooks_quote_the_codes_defaults() -> None:
     quoted = [
         f"`lease_duration` ({defaults.lease_duration:g} s)",
         f"`reservation_ttl` ({defaults.reservation_ttl:g} s)",
+        f"`group_hold_ttl` ({defaults.group_hold_ttl:g} s)",
         f"`node_lock_timeout` ({defaults.node_lock_timeout:g} s)",
         f"`max_connections`, {defaults.max_connections}; `health_max_connections`, {defaults.health_max_connections},",
         f"did not finish within {defaults.handshake_timeout:g} s on port {defaults.port}",
