@@ -26,6 +26,12 @@ What each part stands for:
   write phase) changes status and metadata but never spec. DELETE of a pod always writes deletionTimestamp first
   (a MODIFIED), then, at grace 0 (any unscheduled or finished pod), removes it. A PUT of a missing Lease creates
   it. Binding, Events and Leases otherwise as the registry has them.
+- Custom resources (PodGroups of scheduler-plugins' `scheduling.x-k8s.io/v1alpha1` and Volcano's
+  `scheduling.volcano.sh/v1beta1`) are served as the CRD handler serves them, once their CRD is installed
+  (`install_crd`): list items keep their kind and apiVersion (unstructured objects), a BOOKMARK's object is nothing
+  but its kind, apiVersion and resourceVersion. Before that, and after `remove_crd` (which deletes every object of
+  it, each a DELETED to the watches, then ends the watches cleanly), a request for it is the 404 of a path the
+  server does not know.
 - Faults are the network and the control plane misbehaving: `fail()` (status, hang, drop, slow; matched before
   authentication, as a load balancer or an overloaded server would answer), `drop_watches()`, `expire_watches()`,
   `compact()` (the compactor's write, then 410 for anything older), `bookmark()`.
@@ -135,6 +141,8 @@ GENERATED_NAME_LETTERS = "bcdfghjklmnpqrstvwxz2456789"
 """The alphabet of generateName's 5-character suffix (k8s.io/apimachinery/pkg/util/rand)."""
 LEASES = "leases"
 LEASE_GROUP = "coordination.k8s.io"
+PODGROUP_VERSIONS = ("scheduling.x-k8s.io/v1alpha1", "scheduling.volcano.sh/v1beta1")
+"""The PodGroup CRDs the double can serve (`ApiDouble.install_crd`)."""
 
 
 class ApiStatus(Exception):
@@ -424,6 +432,7 @@ class Snapshot:
 class Signal(enum.Enum):
     DROP = "drop"  # close the connection mid-stream, no terminating chunk
     EXPIRE = "expire"  # an in-stream ERROR 410, then a clean end
+    END = "end"  # a clean end (the resource's storage torn down: its CRD deleted)
 
 
 class Resource:
@@ -432,9 +441,21 @@ class Resource:
 
     SNAPSHOTS_KEPT = 8
 
-    def __init__(self, plural: str, kind: str, fields: dict[str, FieldGetter], history: int, zero: Obj) -> None:
+    def __init__(
+        self,
+        plural: str,
+        kind: str,
+        fields: dict[str, FieldGetter],
+        history: int,
+        zero: Obj,
+        api_version: str = "v1",
+        custom: bool = False,
+    ) -> None:
         self.plural = plural
         self.kind = kind
+        self.api_version = api_version
+        self.custom = custom
+        """A custom resource: its list items carry their kind and apiVersion, as unstructured objects do."""
         self.fields = fields
         self.history = history
         self.zero = zero
@@ -446,11 +467,13 @@ class Resource:
         self.watches: set[Watch] = set()
 
     def typed(self, obj: Obj) -> Obj:
-        return {"kind": self.kind, "apiVersion": "v1", **obj}
+        return {"kind": self.kind, "apiVersion": self.api_version, **obj}
 
     def bookmark(self, rv: int, annotations: dict[str, str] | None = None) -> bytes:
         meta: Obj = {"resourceVersion": str(rv)} | ({"annotations": annotations} if annotations else {})
-        return event_line("BOOKMARK", {"kind": self.kind, "apiVersion": "v1", "metadata": meta, **self.zero})
+        return event_line(
+            "BOOKMARK", {"kind": self.kind, "apiVersion": self.api_version, "metadata": meta, **self.zero}
+        )
 
     def record(self, change: Change) -> None:
         self.last_rv = change.rv
@@ -643,6 +666,12 @@ class ApiDouble:
         self._nodes = Resource("nodes", "Node", NODE_FIELDS, history, ZERO_NODE)
         self._configmaps = Resource("configmaps", "ConfigMap", CONFIGMAP_FIELDS, history, ZERO_CONFIGMAP)
         self._quotas = Resource("resourcequotas", "ResourceQuota", QUOTA_FIELDS, history, ZERO_QUOTA)
+        self._podgroups = {
+            version: Resource("podgroups", "PodGroup", CONFIGMAP_FIELDS, history, {}, version, custom=True)
+            for version in PODGROUP_VERSIONS
+        }
+        self.crds: set[str] = set()
+        """The apiVersions of the PodGroup CRDs installed (`install_crd`)."""
         self._leases: dict[str, Obj] = {}
         self._faults: list[Fault] = []
         self._stopping = asyncio.Event()
@@ -665,7 +694,7 @@ class ApiDouble:
     async def stop(self) -> None:
         """Release hung requests, cut open watches, close the listener."""
         self._stopping.set()
-        for resource in (self._pods, self._nodes, self._configmaps, self._quotas):
+        for resource in (self._pods, self._nodes, self._configmaps, self._quotas, *self._podgroups.values()):
             for watch in resource.watches:
                 watch.queue.put_nowait(Signal.DROP)
         if self._runner is not None:
@@ -714,6 +743,44 @@ class ApiDouble:
 
     def delete_quota(self, namespace: str, name: str) -> None:
         self._remove(self._quotas, object_key(namespace, name))
+
+    def install_crd(self, api_version: str) -> None:
+        """A PodGroup CRD (one of `PODGROUP_VERSIONS`) is installed: its resource is served from now on."""
+        if api_version not in self._podgroups:
+            raise ValueError(f"the double serves no CRD of {api_version!r}")
+        self.crds.add(api_version)
+
+    def remove_crd(self, api_version: str) -> None:
+        """The CRD is deleted: its objects first (the apiextensions controller's cleanup, a DELETED each), then its
+        watches end cleanly and its paths answer 404."""
+        resource = self._podgroups[api_version]
+        for key in sorted(resource.objects):
+            self._remove(resource, key)
+        for watch in resource.watches:
+            watch.queue.put_nowait(Signal.END)
+        self.crds.discard(api_version)
+
+    def add_podgroup(self, podgroup: Obj) -> Obj:
+        """A PodGroup of the CRD its apiVersion names (installed), as kubectl would create it."""
+        resource = self._podgroup_resource(podgroup)
+        obj = self._new_object(podgroup, namespace="default")
+        meta = obj["metadata"]
+        return self._create(resource, object_key(meta["namespace"], meta["name"]), obj)
+
+    def update_podgroup(self, podgroup: Obj) -> Obj:
+        resource = self._podgroup_resource(podgroup)
+        obj = copy(podgroup)
+        meta = obj["metadata"]
+        return self._replace(resource, object_key(meta.get("namespace") or "default", meta["name"]), obj)
+
+    def delete_podgroup(self, api_version: str, namespace: str, name: str) -> None:
+        self._remove(self._podgroups[api_version], object_key(namespace, name))
+
+    def _podgroup_resource(self, podgroup: Obj) -> Resource:
+        version = podgroup.get("apiVersion", "")
+        if version not in self.crds:
+            raise ValueError(f"no CRD of {version!r} is installed")
+        return self._podgroups[version]
 
     def add_pod(self, pod: Obj) -> Obj:
         obj = self._new_object(pod, namespace="default")
@@ -876,7 +943,7 @@ class ApiDouble:
         return after if after is not None else with_resource_version(before or {}, rv)
 
     def _signal_watches(self, signal: Signal) -> None:
-        for resource in (self._pods, self._nodes, self._configmaps, self._quotas):
+        for resource in (self._pods, self._nodes, self._configmaps, self._quotas, *self._podgroups.values()):
             for watch in resource.watches:
                 watch.queue.put_nowait(signal)
 
@@ -891,6 +958,10 @@ class ApiDouble:
         router.add_get("/api/v1/nodes/{name}", self._get_node)
         router.add_get("/api/v1/namespaces/{namespace}/configmaps", self._collection(self._configmaps, namespaced=True))
         router.add_get("/api/v1/resourcequotas", self._collection(self._quotas, namespaced=False))
+        for version, resource in self._podgroups.items():
+            router.add_get(f"/apis/{version}/podgroups", self._custom(version, resource, namespaced=False))
+            namespaced = f"/apis/{version}/namespaces/{{namespace}}/podgroups"
+            router.add_get(namespaced, self._custom(version, resource, namespaced=True))
         router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         router.add_get("/api/v1/pods", self._collection(self._pods, namespaced=False))
         router.add_get(pods, self._collection(self._pods, namespaced=True))
@@ -975,6 +1046,17 @@ class ApiDouble:
 
         return serve
 
+    def _custom(self, api_version: str, resource: Resource, namespaced: bool) -> Handler:
+        """A custom resource's collection: served while its CRD is installed, else the 404 of an unknown path."""
+        serve = self._collection(resource, namespaced)
+
+        async def served(request: web.Request) -> web.StreamResponse:
+            if api_version not in self.crds:
+                raise ApiStatus(404, "NotFound", NOT_FOUND_PATH, {})
+            return await serve(request)
+
+        return served
+
     def _list(self, resource: Resource, namespace: str | None, selector: Selector, query: Any) -> web.Response:
         limit = query_int(query, "limit")
         token, asked = query.get("continue", ""), query.get("resourceVersion", "")
@@ -1006,13 +1088,14 @@ class ApiDouble:
             obj = objects[keys[index]]
             index += 1
             if matches(selector, obj):
-                items.append(obj)
+                items.append(resource.typed(obj) if resource.custom else obj)
         meta: Obj = {"resourceVersion": str(at)}
         if limit and index < end:
             meta["continue"] = encode_continue(at, keys[index - 1][len(prefix) :] + "\x00")
             if not selector:
                 meta["remainingItemCount"] = end - index
-        return json_response({"kind": f"{resource.kind}List", "apiVersion": "v1", "metadata": meta, "items": items})
+        listed = {"kind": f"{resource.kind}List", "apiVersion": resource.api_version, "metadata": meta, "items": items}
+        return json_response(listed)
 
     def _not_too_large(self, rv: int) -> None:
         if rv > self.resource_version:

@@ -22,11 +22,18 @@ One `Informer` per kind, the shape of client-go's reflector:
   waits for the server's timeout and logs its end at V(4), tools/cache/reflector.go:979.)
 - **410 Gone** (an in-stream `ERROR` event or a 410 response, a list's expired `continue` token included):
   our resourceVersion is older than the server keeps, so events were lost: relist at once.
+- **404 Not Found, for a kind the API may not serve** (a CRD's: PodGroups, `sources/kube/podgroups.py`; an
+  informer given `absent`): the CRD is not installed. Not a failure: `absent()` tells the cache so, the informer
+  counts as synced (the cache holds what the API has: no such objects), and it lists again every
+  `WatchOptions.unserved_relist` seconds (30 by default, jittered down to half), so a CRD installed later is read
+  within that. A 404 costs the API server no storage read. A CRD removed while watched ends the watch; the watch
+  opened again answers 404, and so does the list after it.
 - **Any other failure** (connection, 5xx, 429): logged as a warning and retried after a capped exponential
   backoff with jitter; a watch failure keeps the resourceVersion, a list failure starts the list again.
 
-The informer never decides anything: it calls `apply(object, deleted)` per event and `replace(objects)` per
-full list (the cache's methods), and counts what it did. It does not import the cache.
+The informer never decides anything: it calls `apply(object, deleted)` per event, `replace(objects)` per full
+list (the cache's methods) and `absent()` per 404 where it may, and counts what it did. It does not import the
+cache.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ import orjson
 from extender.core.objects import Raw, resource_version
 from extender.core.pods import PodRecord, pod_record
 from extender.core.protocols import DeviceProtocol
-from extender.sources.kube.client import Gone, KubeClient, KubeError, WatchStalled, api_error
+from extender.sources.kube.client import Gone, KubeClient, KubeError, NotFound, WatchStalled, api_error
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +134,10 @@ class WatchOptions:
     """A watch that sends no byte for this long is ended and opened again from where it was, quietly: the API
     sends nothing at all on a resource unchanged since the watch began (no bookmark either; see the module's
     docstring), and a new request shows whether the server is still there."""
+    unserved_relist: float = 30.0
+    """Seconds between lists of a kind the API does not serve (a CRD not installed: 404), each wait drawn between
+    half this and this so replicas do not list in step: how soon a CRD installed later is read. A list answered
+    404 is cheap for the API server (no storage is read)."""
 
 
 class Relist(Exception):
@@ -145,11 +156,16 @@ class Informer(Generic[Slim]):
         options: WatchOptions = WatchOptions(),
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
+        absent: Callable[[], None] | None = None,
     ) -> None:
         self.client = client
         self.kind = kind
         self.apply = apply
         self.replace = replace
+        self.absent = absent
+        """Told when the API answers 404 for the kind (a CRD not installed); None: a 404 is a failure as any other."""
+        self.served: bool | None = None
+        """Whether the API serves the kind: None before its first answer, False while it answers 404 (`absent`)."""
         self.options = options
         self.backoff = backoff or Backoff()
         self.rng = rng or random.Random()
@@ -220,6 +236,10 @@ class Informer(Generic[Slim]):
                 self._gap()
                 need_list = True
             except KubeError as error:
+                if isinstance(error, NotFound) and self.absent is not None:
+                    need_list = True
+                    await self._not_served(self.absent, error)
+                    continue
                 self.failures += 1
                 self.current = False
                 self._gap()
@@ -227,6 +247,24 @@ class Informer(Generic[Slim]):
                 delay = self.backoff.next()
                 log.warning("%s: %s; retrying in %.1f s", self.kind.name, error, delay)
                 await self._sleep(delay)
+
+    async def _not_served(self, absent: Callable[[], None], error: NotFound) -> None:
+        """The API does not serve the kind: the cache is told, the informer is synced (there is nothing to list),
+        and the list is tried again after `WatchOptions.unserved_relist` (jittered)."""
+        period = self.options.unserved_relist
+        if self.served is not False:
+            name = self.kind.name
+            log.info(
+                "%s: not served by the API (%s): taken as not installed; listed again every %g s", name, error, period
+            )
+        self.served = False
+        absent()
+        self.resource_version = ""
+        self.current = True
+        self._heard()
+        self.synced.set()
+        self.backoff.reset()
+        await self._sleep(self.rng.uniform(period / 2, period))
 
     def _gap(self) -> None:
         if not self._in_gap:
@@ -280,6 +318,9 @@ class Informer(Generic[Slim]):
             params = {**params, "continue": str(token)}
         version = str(meta.get("resourceVersion") or "")
         self._heard()
+        if self.served is False:
+            log.info("%s: served by the API again", self.kind.name)
+        self.served = True
         self.replace(objects)
         self.lists += 1
         self.last_list_started = number

@@ -1,14 +1,16 @@
 """The live-cluster source: informers that fill the cache, the API binder, Events, and leader election, and the
 readiness and health they add up to.
 
-Ready means: the first full list of Nodes, Pods and (unless quotas are off) ResourceQuotas is in the cache and,
-with leader election on, this replica leads *and* has relisted pods since it took the lease. Without the
-quotas' list a burst could be placed past a quota, so a replica that may not list them says so and is not
-ready. The relist matters: the previous leader's last
+Ready means: the first full list of Nodes, Pods, (unless quotas are off) ResourceQuotas and the PodGroups of
+each CRD the cluster serves is in the cache and, with leader election on, this replica leads *and* has relisted
+pods since it took the lease. Without the quotas' list a burst could be placed past a quota, and without a
+PodGroup's a member of its job could be placed as any pod, part of a job: a replica that may not list them says
+so and is not ready. A PodGroup CRD that is not installed answers its list with 404, which is an answer: it holds
+nothing back (`podgroups.py`). The relist matters: the previous leader's last
 binds may still be on their way through our watch, and a new leader that binds before it sees them could give
 the same memory twice. A list is a consistent read of everything written before it.
 
-Healthy means: every loop (the two informers, the elector) is still running. They retry every API failure
+Healthy means: every loop (the informers, the elector) is still running. They retry every API failure
 themselves, so a stopped loop is a bug, and the liveness probe should restart the process.
 
 The elector runs on a thread and event loop of its own (`leader_thread.py`), so a renewal never waits behind
@@ -28,6 +30,7 @@ from typing import Any
 from extender.core import objects
 from extender.core.binding import BindRequest
 from extender.core.cache import Cache
+from extender.core.groups import API_VERSIONS, GroupKey, Scheme
 from extender.core.objects import Raw, as_object
 from extender.core.pods import TERMINAL_PHASES, PodRecord
 from extender.core.protocols import DeviceProtocol
@@ -41,6 +44,7 @@ from extender.sources.kube.client import KubeClient, KubeError, NotFound, pod_pa
 from extender.sources.kube.informer import NODES, Informer, Kind, WatchOptions, pods_kind
 from extender.sources.kube.leader_thread import LeaderThread
 from extender.sources.kube.nodelock import NodeLocker
+from extender.sources.kube.podgroups import PodGroupFeed, podgroups_kind, waiting
 from extender.sources.kube.writes import LABEL_PERIOD, LABEL_REMOVAL_FLOOR, LeaderLabel, Requeuer
 
 log = logging.getLogger(__name__)
@@ -110,6 +114,14 @@ class KubeSource:
             else None
         )
         """ResourceQuotas' GPU keys. Waited for by readiness: without them a burst could pass a quota."""
+        self.podgroups: dict[Scheme, Informer[Raw]] = {}
+        """The PodGroups of each CRD (`podgroups.py`). Waited for by readiness where the CRD is installed: a member
+        filtered before its PodGroup is known would be placed as any pod."""
+        for scheme in API_VERSIONS:
+            feed = PodGroupFeed(cluster, scheme, self._podgroups_changed)
+            kind = podgroups_kind(scheme)
+            informer = Informer(client, kind, feed.apply, feed.replace, options.watch, absent=feed.absent)
+            self.podgroups[scheme] = informer
         self.on_quotas: Callable[[str], None] | None = None
         """Told when a namespace's quota limits changed (kube-scheduler is not): the namespace."""
         self.on_freed: Callable[[list[str], float], None] | None = None
@@ -192,6 +204,13 @@ class KubeSource:
             if self.on_quotas is not None:
                 self.on_quotas(namespace)
 
+    def _podgroups_changed(self, keys: list[GroupKey]) -> None:
+        """PodGroups appeared, went or changed their minimum: members we refused may be placed now, and
+        kube-scheduler, which watches no PodGroup, is asked to retry them (when the cache knows one not bound)."""
+        key = waiting(self.cluster, keys)
+        if key is not None:
+            self.requeue(f"{key.scheme} {key} changed while members of it wait")
+
     def _apply_node(self, node: Raw, deleted: bool) -> None:
         self.cluster.apply_node(node, deleted)
         if not deleted:
@@ -213,11 +232,12 @@ class KubeSource:
             self.label.wake.set()
 
     def _listed(self) -> tuple[Informer[Any], ...]:
-        """The informers whose first list readiness waits for."""
-        return (self.nodes, self.pods, *((self.quotas,) if self.quotas is not None else ()))
+        """The informers whose first list (or, for a PodGroup CRD, its 404) readiness waits for."""
+        return (self.nodes, self.pods, *((self.quotas,) if self.quotas is not None else ()), *self.podgroups.values())
 
     def is_synced(self) -> bool:
-        """The first lists of nodes, pods and quotas are in the cache: this replica could take over (/synced)."""
+        """The first lists of nodes, pods, quotas and PodGroups are in the cache: this replica could take over
+        (/synced)."""
         return all(informer.synced.is_set() for informer in self._listed())
 
     def why_not_ready(self) -> str | None:
@@ -229,6 +249,13 @@ class KubeSource:
                     f"extender is not ready: it cannot list ResourceQuotas ({quotas.last_error}); grant it "
                     "resourcequotas list and watch (manifests/base/rbac.yaml), or set resource_quotas to false"
                 )
+            for scheme, informer in self.podgroups.items():
+                if not informer.synced.is_set() and informer.failures:
+                    group = API_VERSIONS[scheme].split("/")[0]
+                    return (
+                        f"extender is not ready: it cannot list {scheme}s ({informer.last_error}); grant it podgroups "
+                        f"list and watch in API group {group} (manifests/base/rbac.yaml)"
+                    )
             return "extender is not ready: its cache has not been filled yet (waiting for the first lists)"
         elector = self.elector
         if elector is not None:
@@ -300,7 +327,8 @@ class KubeSource:
     def counts(self) -> Iterator[Count]:
         """Its counters and state, for /metrics (`service/metrics.py` names and describes each)."""
         optional = (self.unhealthy, self.quotas)
-        for informer in (self.nodes, self.pods, *(informer for informer in optional if informer is not None)):
+        informers = (self.nodes, self.pods, *(informer for informer in optional if informer is not None))
+        for informer in (*informers, *self.podgroups.values()):
             kind = {"kind": informer.kind.name}
             yield "watch_events", kind, informer.events
             yield "lists", kind, informer.lists
@@ -326,6 +354,8 @@ class KubeSource:
             loops["unhealthy GPUs informer"] = self.unhealthy.run()
         if self.quotas is not None:
             loops["quotas informer"] = self.quotas.run()
+        for scheme, informer in self.podgroups.items():
+            loops[f"{scheme}s informer"] = informer.run()
         if self.elector is not None:
             loops["leader election"] = self.elector.run()
         if self.label is not None:
@@ -341,7 +371,7 @@ class KubeSource:
             log.error("the %s loop stopped", task.get_name(), exc_info=task.exception())
 
     async def synced(self) -> None:
-        """Wait until the first lists of nodes, pods and quotas are in the cache."""
+        """Wait until the first lists of nodes, pods, quotas and PodGroups are in the cache."""
         await asyncio.gather(*(informer.synced.wait() for informer in self._listed()))
 
     async def stop(self) -> None:
@@ -354,6 +384,7 @@ class KubeSource:
             "pods informer",
             "unhealthy GPUs informer",
             "quotas informer",
+            *(f"{scheme}s informer" for scheme in self.podgroups),
         ]
         for name in order:
             task = self._tasks.get(name)
