@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from extender.core.cache import Cache
+from extender.core.groups import listed
 from extender.core.ledger import Ledger
 from extender.core.placement.learned import Learned
 from extender.core.placement.placer import Placer
@@ -87,6 +88,7 @@ def file_service(settings: Settings, path: str) -> Service:
     objects = load_cluster_file(path)
     cache, quotas = build_cache(settings)
     cache.replace(objects.nodes, objects.pods)
+    cache.podgroups = listed(objects.podgroups)
     if settings.resource_quotas:
         quotas.replace(quotas.read(quota) for quota in objects.quotas)
     source = FileSource(cache, objects.pods)

@@ -1,10 +1,13 @@
-"""The file source: Nodes, Pods and ResourceQuotas from a YAML or JSON file of Kubernetes objects, and a binder
-that applies binds to that in-memory state as the API server would.
+"""The file source: Nodes, Pods, ResourceQuotas and PodGroups from a YAML or JSON file of Kubernetes objects, and
+a binder that applies binds to that in-memory state as the API server would.
 
 It reads what `kubectl get nodes,pods,resourcequotas -A -o yaml` prints (a `List`), several YAML documents, a
-JSON object or a JSON array, and `NodeList`/`PodList`/`ResourceQuotaList`. Other kinds are skipped (and
-counted); a document that is not a Kubernetes object is a `ClusterFileError` naming the file and the document.
-For demos, load tests and offline what-if runs; it never talks to a cluster.
+JSON object or a JSON array, and `NodeList`/`PodList`/`ResourceQuotaList`/`PodGroupList`. PodGroups are those
+of scheduler-plugins' coscheduling and Volcano, told apart by their apiVersion (`groups.listed`; add
+`podgroups.scheduling.x-k8s.io,podgroups.scheduling.volcano.sh` to kubectl's kinds): a CRD none of whose
+PodGroups is in the file is taken as not installed. Other kinds, and PodGroups of other API groups, are skipped
+(and counted); a document that is not a Kubernetes object is a `ClusterFileError` naming the file and the
+document. For demos, load tests and offline what-if runs; it never talks to a cluster.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from extender.core import objects
 from extender.core.binding import BindError, BindRequest, slim_pod
 from extender.core.cache import Cache
 from extender.core.errors import UserError
+from extender.core.groups import API_VERSIONS
 from extender.core.objects import Raw
 from extender.core.recheck import Recheck
 
@@ -39,6 +43,8 @@ class ClusterObjects:
     pods: list[Raw] = field(default_factory=list)
     quotas: list[Raw] = field(default_factory=list)
     """ResourceQuotas (their GPU keys limit what the namespaces' pods are given: `core/quota/`)."""
+    podgroups: list[Raw] = field(default_factory=list)
+    """PodGroups of either CRD (`groups.API_VERSIONS`), whole: `groups.listed` reads them."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Kinds present in the file that the extender does not use, with their counts."""
 
@@ -77,6 +83,8 @@ def _collect(objects: ClusterObjects, document: Any, where: str) -> None:
         for position, item in enumerate(items):
             if isinstance(item, dict) and "kind" not in item and implied:
                 item = {**item, "kind": implied}
+                if "apiVersion" not in item and document.get("apiVersion"):  # a PodGroupList's PodGroups: by it
+                    item["apiVersion"] = document["apiVersion"]
             _collect(objects, item, f"{where} item {position}")
         return
     meta = document.get("metadata")
@@ -90,6 +98,8 @@ def _collect(objects: ClusterObjects, document: Any, where: str) -> None:
         objects.pods.append(document)
     elif kind == "ResourceQuota":
         objects.quotas.append(document)
+    elif kind == "PodGroup" and document.get("apiVersion") in API_VERSIONS.values():
+        objects.podgroups.append(document)
     else:
         objects.skipped[str(kind)] = objects.skipped.get(str(kind), 0) + 1
 

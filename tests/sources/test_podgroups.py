@@ -8,10 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from extender.app import file_service
 from extender.core.cache import Cache
 from extender.core.groups import COSCHEDULING_GROUP, VOLCANO_GROUPS, GroupKey, Scheme, slim_podgroup
 from extender.core.holds import HoldState
@@ -19,6 +22,8 @@ from extender.core.ledger import Ledger
 from extender.core.placement.config import PolicyConfig
 from extender.core.requeue import Requeue
 from extender.service.context import Service
+from extender.settings import Settings
+from extender.sources.file import load_cluster_file
 from extender.sources.kube.client import KubeClient, NotFound
 from extender.sources.kube.informer import Informer, WatchOptions
 from extender.sources.kube.podgroups import PodGroupFeed, podgroups_kind
@@ -291,3 +296,33 @@ def test_the_feed_tells_podgroups_new_or_changed_not_those_deleted_nor_its_first
     assert told[-1] == [GroupKey(Scheme.COSCHEDULING, "default", "c")], "its members go as any pod now"
     feed.replace([])
     assert cluster.podgroups.coscheduling == {} and len(told) == 2
+
+
+# ---- the file source ----------------------------------------------------------------------------------------------
+
+
+def test_a_cluster_file_carries_the_podgroups_of_either_crd(tmp_path: Path) -> None:
+    typed_list = {"apiVersion": VOLCANO, "kind": "PodGroupList", "items": [{"metadata": {"name": "infer"}}]}
+    other = podgroup("elsewhere", 2, "scheduling.run.ai/v2alpha2")
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all([make_node("n1"), podgroup("train", 2), typed_list, other]))
+    objects = load_cluster_file(path)
+    assert [(pg["apiVersion"], pg["metadata"]["name"]) for pg in objects.podgroups] == [
+        (COSCHEDULING, "train"),
+        (VOLCANO, "infer"),
+    ]
+    assert objects.skipped == {"PodGroup": 1}
+
+
+async def test_a_file_service_places_a_coscheduling_job_whole(tmp_path: Path, client_for: ClientFor) -> None:
+    pods = [coscheduled(f"w-{n}") for n in range(3)]
+    path = tmp_path / "cluster.yaml"
+    nodes = [make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16)]
+    path.write_text(yaml.safe_dump_all([*nodes, *pods, podgroup("train", 3)]))
+    service = file_service(Settings(), str(path))
+    assert service.cache.podgroups.volcano is None, "no Volcano PodGroup in the file: not installed"
+    client = await client_for(service)
+    reply = await (await client.post("/filter", data=filter_body(pods[0], ["n1", "n2"]))).json()
+    assert reply["NodeNames"] == ["n1"]
+    held = {uid: hold.allocation.node for uid, hold in service.cache.reserved.items()}
+    assert held == {"uid-w-0": "n1", "uid-w-1": "n1", "uid-w-2": "n2"}
