@@ -80,6 +80,12 @@ EXTENDER_GRANTS: set[Grant] = {
     (CLUSTER, "", "events", "create", ANY_NAME),
     # ResourceQuotas' GPU keys (sources/kube/source.py `quotas`; core/quota/).
     *((CLUSTER, "", "resourcequotas", verb, ANY_NAME) for verb in ("get", "list", "watch")),
+    # The PodGroups of coscheduling and Volcano (sources/kube/podgroups.py): listed and watched, never read alone.
+    *(
+        (CLUSTER, group, "podgroups", verb, ANY_NAME)
+        for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh")
+        for verb in ("list", "watch")
+    ),
     (NAMESPACE, "coordination.k8s.io", "leases", "create", ANY_NAME),
     (NAMESPACE, "coordination.k8s.io", "leases", "get", Settings().lease_name),
     (NAMESPACE, "coordination.k8s.io", "leases", "update", Settings().lease_name),
