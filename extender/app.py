@@ -114,6 +114,7 @@ def kube_options(settings: Settings, config: KubeConfig) -> KubeOptions:
         timings=settings.lease_timings,
         pod_name=settings.pod_name,
         resource_quotas=settings.resource_quotas,
+        pod_groups=settings.pod_groups,
     )
 
 

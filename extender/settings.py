@@ -263,6 +263,14 @@ class Settings:
         "(docs/operations/quotas.md). False: ResourceQuotas are not read.",
         default=True,
     )
+    # -- jobs
+    pod_groups: bool = _doc(
+        "Watch the PodGroups of scheduler-plugins' coscheduling (scheduling.x-k8s.io) and of Volcano "
+        "(scheduling.volcano.sh) where their CRDs are installed, and place their pods' jobs whole "
+        "(docs/how-it-works/jobs.md). False: PodGroups are not read and pods naming one are placed as any pod; "
+        "Kueue's pod groups are placed whole either way.",
+        default=True,
+    )
     quota_metrics_limit: int = _doc(
         "The most quota limits exported as series of their own on /metrics (2 each); beyond it only their count.",
         default=1000,

@@ -204,10 +204,30 @@ async def test_readiness_waits_for_the_podgroups_of_a_crd_installed(api: ApiDoub
     assert live.source.why_not_ready() == (
         f"extender is not ready: it cannot list coscheduling's PodGroups (GET /apis/{COSCHEDULING}/podgroups: 403 "
         "Forbidden: forbidden); grant it podgroups list and watch in API group scheduling.x-k8s.io "
-        "(manifests/base/rbac.yaml)"
+        "(manifests/base/rbac.yaml), or set pod_groups to false"
     )
     await asyncio.wait_for(live.source.synced(), 10.0)
     assert live.source.why_not_ready() is None
+
+
+async def test_with_pod_groups_off_no_podgroup_is_listed_and_a_refused_list_holds_nothing_back(
+    api: ApiDouble, kube: KubeClient
+) -> None:
+    """`--no-pod-groups`: a cluster whose ClusterRole predates the PodGroup grants stays ready; pods naming a
+    PodGroup are placed as any pod (the cache has no CRD installed)."""
+    seed(api)
+    api.install_crd(COSCHEDULING)
+    api.fail("GET", f"/apis/{COSCHEDULING}/podgroups", status=403, times=100)
+    cluster = Cache(PROFILE)
+    options = KubeOptions(identity="r1", watch=FAST_RELIST, leader_elect=False, pod_groups=False)
+    source = KubeSource(kube, cluster, quotas_of(cluster), options)
+    await source.start()
+    try:
+        await asyncio.wait_for(source.synced(), 5.0)
+        assert source.podgroups == {} and source.why_not_ready() is None
+        assert cluster.podgroups.coscheduling is None and cluster.podgroups.volcano is None
+    finally:
+        await source.stop()
 
 
 async def test_metrics_count_each_crds_informer(api: ApiDouble, live: Live) -> None:

@@ -65,6 +65,8 @@ class KubeOptions:
     pod_name: str = ""
     """This replica's pod (in `lease_namespace`), labelled `LEADER_LABEL` while it leads; "" for none."""
     resource_quotas: bool = True
+    pod_groups: bool = True
+    """Watch both PodGroup CRDs (`podgroups.py`); False: none, and pods naming a PodGroup are placed as any pod."""
     """Watch ResourceQuotas and hold pods to their GPU keys (`core/quota/`)."""
 
 
@@ -117,7 +119,7 @@ class KubeSource:
         self.podgroups: dict[Scheme, Informer[Raw]] = {}
         """The PodGroups of each CRD (`podgroups.py`). Waited for by readiness where the CRD is installed: a member
         filtered before its PodGroup is known would be placed as any pod."""
-        for scheme in API_VERSIONS:
+        for scheme in API_VERSIONS if options.pod_groups else ():
             feed = PodGroupFeed(cluster, scheme, self._podgroups_changed)
             kind = podgroups_kind(scheme)
             informer = Informer(client, kind, feed.apply, feed.replace, options.watch, absent=feed.absent)
@@ -254,7 +256,7 @@ class KubeSource:
                     group = API_VERSIONS[scheme].split("/")[0]
                     return (
                         f"extender is not ready: it cannot list {scheme}s ({informer.last_error}); grant it podgroups "
-                        f"list and watch in API group {group} (manifests/base/rbac.yaml)"
+                        f"list and watch in API group {group} (manifests/base/rbac.yaml), or set pod_groups to false"
                     )
             return "extender is not ready: its cache has not been filled yet (waiting for the first lists)"
         elector = self.elector
