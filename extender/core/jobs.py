@@ -115,7 +115,8 @@ def filter_member(
     gang = group.gang()
     if gang.waiting:
         return MemberFilter(reason=gang.waiting, short=not group.problem)
-    if not gang.members:
+    if not gang.members:  # its minimum is placed (or was lowered to what is): a hold left is needed no more
+        ledger.release_group(key)
         return None
     planned = {member.uid for member in gang.members}
     held = ledger.group_hold(key)

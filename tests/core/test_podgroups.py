@@ -211,6 +211,7 @@ def test_a_min_member_lowered_to_what_is_bound_places_the_rest_as_any_pod() -> N
     assert filter_of(pods[1], cluster, ledger) == jobs.MemberFilter("n1", planned=True)
     cluster.podgroups = coscheduling(podgroup("train", 1))
     assert filter_of(pods[2], cluster, ledger) is None, "its minimum is bound: the others go as any pod"
+    assert not grouped(cluster), "the hold made for the old minimum is let go: it would hold GPUs for nothing"
     assert jobs.unheld(pod_record(pods[2], cluster.protocol), cluster, ledger) is None
 
 
