@@ -175,6 +175,15 @@ def read(pod: Raw) -> Said:
     """What the pod declares, from the pod alone: Kueue's declaration whole; with a PodGroup named, every scheme's
     declaration, to be resolved against the PodGroups when they are needed (`resolve`); None when it declares
     none."""
+    labels, annotations = objects.labels_of(pod), objects.annotations_of(pod)
+    if (  # nearly every pod: none of the keys (read on every watch event and filter, so kept cheap)
+        KUEUE_GROUP not in labels
+        and COSCHEDULING_GROUP not in labels
+        and KUEUE_TOTAL not in annotations
+        and VOLCANO_GROUPS[0] not in annotations
+        and VOLCANO_GROUPS[1] not in annotations
+    ):
+        return None
     namespace = objects.namespace(pod)
     kueue = _kueue(pod, namespace)
     named = tuple(found for found in (_coscheduling(pod, namespace), _volcano(pod, namespace)) if found is not None)
