@@ -11,8 +11,11 @@ beside this file with the reason; an entry names the mutant and the mutated line
 longer matches, so an edited function is judged afresh. The share is killed over mutants less equivalents; the
 command fails when an area is under `--threshold`. Never part of `make test`: minutes, not seconds.
 
-Each run keeps every mutant's outcome in ~/.cache/gpu-extender/mutation/AREA.json; after writing tests for the
-survivors, `--recheck` runs those alone (the others keep their outcome), in minutes: a full run is the record.
+Each run keeps every mutant's outcome in ~/.cache/gpu-extender/mutation/AREA.json, with mutmut's hash of each
+mutated function; after writing tests for the survivors, `--recheck` runs those alone (the others keep their
+outcome), in minutes, and with them every mutant the record does not judge: of a function new or changed since (its
+hash differs: mutmut numbers a function's mutants afresh, so an earlier outcome under the same name was another
+mutant's), or never run. A full run is the record.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from devtools.cluster.layout import cache_root
 
@@ -164,20 +168,89 @@ def mutated_line(diff: str) -> str:
 
 Codes = dict[str, dict[str, int | None]]
 """mutmut's exit code per mutant, per mutated file (`extender/core/mig.py`): None when not run."""
+Hashes = dict[str, dict[str, str]]
+"""mutmut's hash of each mutated function's source (`xǁLedgerǁreserve`), per mutated file."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What a run leaves for the next `--recheck`: each mutant's outcome, and the functions' hashes it judged."""
+
+    codes: Codes
+    hashes: Hashes
 
 
 def read_codes(work: Path) -> Codes:
-    codes: Codes = {}
-    for meta in sorted((work / "mutants").rglob("*.py.meta")):
-        by_mutant = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
-        if by_mutant:
-            codes[str(meta.relative_to(work / "mutants")).removesuffix(".meta")] = by_mutant
-    return codes
+    return {path: meta["exit_code_by_key"] for path, meta in _metas(work).items() if meta["exit_code_by_key"]}
+
+
+def read_hashes(work: Path) -> Hashes:
+    return {path: meta.get("hash_by_function_name", {}) for path, meta in _metas(work).items()}
+
+
+def _metas(work: Path) -> dict[str, dict[str, Any]]:
+    """mutmut's record of each mutated file (its `.meta`), by the file's path in the tree."""
+    return {
+        str(meta.relative_to(work / "mutants")).removesuffix(".meta"): json.loads(meta.read_text(encoding="utf-8"))
+        for meta in sorted((work / "mutants").rglob("*.py.meta"))
+    }
+
+
+def function_of(mutant: str) -> str:
+    """The mutated function of a mutant, as mutmut keys its hash: `xǁLedgerǁreserve` of
+    `extender.core.ledger.xǁLedgerǁreserve__mutmut_3`."""
+    return mutant.rpartition("__mutmut_")[0].rpartition(".")[2]
+
+
+GENERATE = """
+from mutmut.__main__ import (copy_also_copy_files, copy_src_dir, create_mutants, set_mutant_under_test,
+    setup_source_paths, store_lines_covered_by_tests)
+set_mutant_under_test("mutant_generation")
+copy_src_dir(); copy_also_copy_files(); setup_source_paths(); store_lines_covered_by_tests(); create_mutants(1)
+"""
+"""The first step of `mutmut run` alone (mutmut/__main__.py `_run`): the mutants of the tree, none run, so that a
+recheck knows them before it names those to run."""
+
+
+def generate(work: Path) -> Record:
+    """The tree's mutants (outcomes all None) and its functions' hashes."""
+    subprocess.run([sys.executable, "-c", GENERATE], cwd=work, capture_output=True, text=True, check=True)
+    return Record(read_codes(work), read_hashes(work))
+
+
+def unjudged(previous: Record, tree: Record) -> list[str]:
+    """The tree's mutants whose outcome the record does not hold: never run, or of a function that came or changed
+    since (mutmut's hash of it differs; a record without hashes, written before they were kept, says nothing of
+    changes)."""
+    found = []
+    for path, by_mutant in tree.codes.items():
+        before, hashes_before = previous.codes.get(path, {}), previous.hashes.get(path)
+        hashes = tree.hashes.get(path, {})
+        for mutant in by_mutant:
+            function = function_of(mutant)
+            changed = hashes_before is not None and hashes_before.get(function) != hashes.get(function)
+            if before.get(mutant) is None or changed:
+                found.append(mutant)
+    return found
 
 
 def results_file(area: Area) -> Path:
     """Where an area's last outcomes are kept, for `--recheck`."""
     return cache_root() / "mutation" / f"{area.name}.json"
+
+
+def load_record(path: Path) -> Record:
+    """A run's record; one written before hashes were kept is its outcomes alone."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if set(data) == {"codes", "hashes"}:
+        return Record(data["codes"], data["hashes"])
+    return Record(data, {})
+
+
+def save_record(path: Path, record: Record) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"codes": record.codes, "hashes": record.hashes}, indent=1, sort_keys=True)
+    path.write_text(text, encoding="utf-8")
 
 
 def tally(codes: Codes, diff_of: dict[str, str], equivalents: dict[str, Equivalent], stale: list[str]) -> list[Tally]:
@@ -223,21 +296,22 @@ def report(area: Area, codes: Codes, diff_of: dict[str, str], equivalents: dict[
     return share(killed, judged)
 
 
-def merged(previous: Codes, fresh: Codes, rechecked: set[str]) -> Codes:
-    """The mutants of the tree now, each with its outcome of this run where it ran, else its earlier one. One new
-    since (its function changed or came) has none: counted alive, and said, so that a full run follows."""
+def merged(previous: Codes, fresh: Codes, rechecked: set[str], stale: frozenset[str] = frozenset()) -> Codes:
+    """The mutants of the tree now, each with its outcome of this run where it ran, else its earlier one unless
+    that is `stale` (its function changed since). One that has neither (left out by `--only`) is counted alive, and
+    said."""
     codes: Codes = {}
-    new = 0
+    unrun = 0
     for path, by_mutant in fresh.items():
         before = previous.get(path, {})
         codes[path] = {}
         for mutant, code in by_mutant.items():
-            if mutant not in rechecked and mutant in before:
+            if mutant not in rechecked and mutant not in stale and mutant in before:
                 code = before[mutant]
-            new += mutant not in before
+            unrun += code is None
             codes[path][mutant] = code
-    if new:
-        print(f"{new} mutants were not in the last full run (the code changed since): run without --recheck")
+    if unrun:
+        print(f"{unrun} mutants were never run (new or changed since the last run, and left out by --only)")
     return codes
 
 
@@ -252,45 +326,51 @@ def run_area(
     committed: bool = False,
     tests: tuple[str, ...] = (),
 ) -> tuple[float, str]:
-    """Mutate one area in a fresh copy (with `recheck`, only the mutants its last run left alive, the others
-    keeping their outcome; with `only`, those whose name matches it); print the report; its share and the copy's
-    path."""
-    previous: Codes = {}
+    """Mutate one area in a fresh copy (with `recheck`, only the mutants its last run left alive or does not judge,
+    the others keeping their outcome; with `only`, those whose name matches it); print the report; its share and
+    the copy's path."""
+    previous = Record({}, {})
     if recheck:
         if not results_file(area).exists():
             print(f"{area.name}: no earlier run to recheck ({results_file(area)})")
             return 0.0, ""
-        previous = json.loads(results_file(area).read_text(encoding="utf-8"))
-    alive = [
-        m
-        for by_mutant in previous.values()
-        for m, code in by_mutant.items()
-        if code not in KILLED and fnmatch.fnmatchcase(m, only)
-    ]
-    if recheck and not alive:
-        return report(area, previous, {}, equivalents, "nothing left alive to recheck"), ""
+        previous = load_record(results_file(area))
     work = Path(tempfile.mkdtemp(prefix=f"mutation-{area.name}-"))
     started = time.monotonic()
     try:
         copy_tree(work, area, properties, committed, tests)
-        run = mutmut(work, "run", "--max-children", str(children), *alive)
+        chosen: list[str] = []
+        stale: frozenset[str] = frozenset()
+        if recheck:
+            tree = generate(work)
+            stale = frozenset(unjudged(previous, tree))
+            chosen = [
+                m
+                for path, by_mutant in tree.codes.items()
+                for m in by_mutant
+                if (m in stale or previous.codes.get(path, {}).get(m) not in KILLED) and fnmatch.fnmatchcase(m, only)
+            ]
+            if not chosen:
+                codes = merged(previous.codes, tree.codes, set(), stale)
+                return report(area, codes, diffs(work, alive_in(codes)), equivalents, "nothing to recheck"), ""
+        run = mutmut(work, "run", "--max-children", str(children), *chosen)
         elapsed = time.monotonic() - started
         if run.returncode != 0 or not (work / "mutants").exists():
             print(f"{area.name}: mutmut failed ({run.returncode}):\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}")
             return 0.0, str(work)
         codes = read_codes(work)
         if recheck:
-            codes = merged(previous, codes, set(alive))
-        results_file(area).parent.mkdir(parents=True, exist_ok=True)
-        results_file(area).write_text(json.dumps(codes, indent=1, sort_keys=True), encoding="utf-8")
-        diff_of = diffs(
-            work, [m for by_mutant in codes.values() for m, code in by_mutant.items() if code not in KILLED]
-        )
-        took = f"{elapsed:.0f} s" + (f" rechecking {len(alive)}" if recheck else "")
-        return report(area, codes, diff_of, equivalents, took), str(work)
+            codes = merged(previous.codes, codes, set(chosen), stale)
+        save_record(results_file(area), Record(codes, read_hashes(work)))
+        took = f"{elapsed:.0f} s" + (f" rechecking {len(chosen)}" if recheck else "")
+        return report(area, codes, diffs(work, alive_in(codes)), equivalents, took), str(work)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def alive_in(codes: Codes) -> list[str]:
+    return [m for by_mutant in codes.values() for m, code in by_mutant.items() if code not in KILLED]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=90.0, help="least share killed, in percent")
     parser.add_argument("--keep", action="store_true", help="keep each area's copy (mutmut show/browse there)")
     parser.add_argument(
-        "--recheck", action="store_true", help="run only what the last run left alive (after new tests): minutes"
+        "--recheck",
+        action="store_true",
+        help="run only what the last run left alive or did not judge (after new tests): minutes",
     )
     parser.add_argument("--with-properties", action="store_true", help=f"also run {PROPERTY_TESTS} (slow)")
     parser.add_argument("--committed", action="store_true", help="mutate HEAD, not the working tree")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from devtools import mutation
-from devtools.mutation import AREAS, Equivalent, load_equivalents, mutated_line, share, tally
+from devtools.mutation import AREAS, Equivalent, Record, load_equivalents, mutated_line, share, tally, unjudged
 
 DIFF = """--- extender/core/mig.py
 +++ extender/core/mig.py
@@ -67,13 +67,53 @@ def test_every_listed_equivalent_says_why_and_names_a_function_of_a_mutated_modu
         assert f"def {function}(" in source, name
 
 
-def test_a_recheck_keeps_earlier_outcomes_takes_its_own_and_counts_a_new_mutant_alive(
+def test_a_recheck_keeps_earlier_outcomes_takes_its_own_and_drops_those_of_a_changed_function(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    previous: mutation.Codes = {"extender/core/mig.py": {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0}}
-    fresh: mutation.Codes = {
-        "extender/core/mig.py": {"m.x_f__mutmut_1": None, "m.x_f__mutmut_2": 1, "m.x_g__mutmut_1": None}
+    previous: mutation.Codes = {
+        "extender/core/mig.py": {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0, "m.x_h__mutmut_1": 1}
     }
-    codes = mutation.merged(previous, fresh, {"m.x_f__mutmut_2"})
-    assert codes == {"extender/core/mig.py": {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 1, "m.x_g__mutmut_1": None}}
-    assert "1 mutants were not in the last full run" in capsys.readouterr().out
+    fresh: mutation.Codes = {
+        "extender/core/mig.py": {
+            "m.x_f__mutmut_1": None,
+            "m.x_f__mutmut_2": 1,  # rechecked: killed now
+            "m.x_g__mutmut_1": None,  # new, left out by --only
+            "m.x_h__mutmut_1": None,  # its function changed, left out by --only: the earlier outcome was another's
+        }
+    }
+    stale = frozenset({"m.x_g__mutmut_1", "m.x_h__mutmut_1"})
+    codes = mutation.merged(previous, fresh, {"m.x_f__mutmut_2"}, stale)
+    assert codes == {
+        "extender/core/mig.py": {
+            "m.x_f__mutmut_1": 1,
+            "m.x_f__mutmut_2": 1,
+            "m.x_g__mutmut_1": None,
+            "m.x_h__mutmut_1": None,
+        }
+    }
+    assert "2 mutants were never run" in capsys.readouterr().out
+
+
+def test_a_record_does_not_judge_mutants_never_run_new_or_of_a_function_changed_since() -> None:
+    """mutmut numbers a function's mutants afresh when it changes: an earlier outcome under the same name was
+    another mutant's. fit.py's 126 mutants left unrun by rechecks after its functions changed came from this."""
+    previous = Record(
+        {"a.py": {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": None, "m.xǁCǁg__mutmut_1": 0}},
+        {"a.py": {"x_f": "11", "xǁCǁg": "22"}},
+    )
+    tree = Record(
+        {"a.py": dict.fromkeys(["m.x_f__mutmut_1", "m.x_f__mutmut_2", "m.xǁCǁg__mutmut_1", "m.x_k__mutmut_1"])},
+        {"a.py": {"x_f": "11", "xǁCǁg": "23", "x_k": "44"}},
+    )
+    assert mutation.function_of("m.xǁCǁg__mutmut_1") == "xǁCǁg"
+    assert unjudged(previous, tree) == ["m.x_f__mutmut_2", "m.xǁCǁg__mutmut_1", "m.x_k__mutmut_1"]
+    # a record written before hashes were kept says nothing of changes: only what it never ran or never had
+    assert unjudged(Record(previous.codes, {}), tree) == ["m.x_f__mutmut_2", "m.x_k__mutmut_1"]
+
+
+def test_a_record_reads_back_as_written_and_one_of_outcomes_alone_still_reads(tmp_path: Path) -> None:
+    record = Record({"a.py": {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": None}}, {"a.py": {"x_f": "11"}})
+    mutation.save_record(tmp_path / "area.json", record)
+    assert mutation.load_record(tmp_path / "area.json") == record
+    (tmp_path / "old.json").write_text('{"a.py": {"m.x_f__mutmut_1": 1}}')
+    assert mutation.load_record(tmp_path / "old.json") == Record({"a.py": {"m.x_f__mutmut_1": 1}}, {})
