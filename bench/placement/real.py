@@ -475,11 +475,16 @@ class RealReplay:
                     seen.bound[name] = pod["spec"]["nodeName"]
                     seen.bind_times.append(time.perf_counter())
             else:
-                found = refusal(pod)
+                found = self._refusal(pod)
                 if found is not None:
                     seen.refused[name] = found[0]
                     (seen.retried.discard if found[1] else seen.retried.add)(name)
             seen.changed.set()
+
+    def _refusal(self, pod: dict[str, Any]) -> tuple[str, bool] | None:
+        """The pod's refusal and whether it is final (`refusal`); a replay whose pods wait for others in other
+        ways says so here."""
+        return refusal(pod)
 
     async def _verb_seconds(self) -> dict[str, float]:
         """Seconds in the extender's handlers per verb, from its latency histograms."""
