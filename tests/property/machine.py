@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from extender.core.cache import Cache
 from extender.core.devices import Device
 from extender.core.holds import Allocation, Grant, HoldState
-from extender.core.ledger import Ledger
+from extender.core.ledger import UNWRITTEN, Ledger
 from extender.core.placement.config import PolicyConfig, ask_of
 from extender.core.placement.learned import Learned
 from extender.core.placement.placer import Placer
@@ -77,6 +77,8 @@ class CacheMachine(RuleBasedStateMachine):
         """The last node drawn by each name (a node deleted comes back as it was while pods hold GPUs there)."""
         self.unhealthy: dict[str, frozenset[int]] = {}
         """GPUs operators listed unhealthy, by node (gpushare's ConfigMaps)."""
+        self.memory_quotas: dict[str, int] = {}
+        """Namespace -> the GPU memory its ResourceQuota allows (the ledger's quota book holds the same)."""
         self.needs: set[int] = set()
         self.names = 0
 
@@ -230,9 +232,11 @@ class CacheMachine(RuleBasedStateMachine):
         return f"default/{self.api[uid]['metadata']['name']}"
 
     def bound(self, uid: str, allocation: Allocation, outcome: str) -> None:
-        """The binding of a reserved pod is accepted, fails, or fails uncertainly having landed or not."""
+        """The binding of a reserved pod is accepted, fails, or fails uncertainly having landed or not. A failure
+        lets go of the holds of the pod's job too, if it is a member of one held whole (`binding.py`)."""
         if outcome == "failed":
             self.ledger.release(uid)
+            self.ledger.release_group(self.ledger.group_of(uid))
             return
         if outcome in ("accepted", "landed"):
             bound = self.api[uid] = copy.deepcopy(self.api[uid])
@@ -297,7 +301,7 @@ class CacheMachine(RuleBasedStateMachine):
         node = data.draw(st.sampled_from(sorted(self.nodes)))
         key = f"default/{self.api[uid]['metadata']['name']}" if uid in self.api else f"default/unseen-{self.names}"
         allocation = self.random_allocation(data, uid, key, node)
-        expected = oracle.fits(self.cache, allocation)
+        expected = oracle.fits(self.cache, allocation, self.memory_quotas)
         refusal = self.ledger.reserve(allocation)
         assert (refusal is None) == expected, f"{allocation}: the ledger says {refusal!r}, the rules {expected}"
 
@@ -314,7 +318,7 @@ class CacheMachine(RuleBasedStateMachine):
         for _ in range(FILL_LIMIT):
             self.names += 1
             allocation = self.smallest(f"uid-filler-{self.names}", f"default/filler-{self.names}", node, device)
-            expected = oracle.fits(self.cache, allocation)
+            expected = oracle.fits(self.cache, allocation, self.memory_quotas)
             refusal = self.ledger.reserve(allocation)
             assert (refusal is None) == expected, f"{allocation}: the ledger says {refusal!r}, the rules {expected}"
             if refusal is not None:
@@ -324,21 +328,24 @@ class CacheMachine(RuleBasedStateMachine):
         """The least a pod can take of the GPU."""
         return Allocation(uid, key, node, ((Grant(device.index, 1, 0, device.uuid),),))
 
-    @precondition(lambda self: any(hold.state is not HoldState.ASSUMED for hold in self.cache.reserved.values()))
+    @precondition(lambda self: any(hold.state not in UNWRITTEN for hold in self.cache.reserved.values()))
     @rule(data=st.data())
     def reserve_again(self, data: st.DataObject) -> None:
         """A pod's reservation taken again as it is (its own hold given back first: it still fits, unless its GPUs
-        changed meanwhile)."""
-        held = sorted(uid for uid, hold in self.cache.reserved.items() if hold.state is not HoldState.ASSUMED)
+        changed meanwhile). Not an assumption nor a job's hold: no bind reserves those over themselves."""
+        held = sorted(uid for uid, hold in self.cache.reserved.items() if hold.state not in UNWRITTEN)
         allocation = self.cache.reserved[data.draw(st.sampled_from(held))].allocation
-        expected = oracle.fits(self.cache, allocation)
+        expected = oracle.fits(self.cache, allocation, self.memory_quotas)
         refusal = self.ledger.reserve(allocation)
         assert (refusal is None) == expected, f"{allocation}: the ledger says {refusal!r}, the rules {expected}"
 
-    @precondition(lambda self: self.cache.reserved)
+    @precondition(lambda self: any(hold.state is not HoldState.GROUPED for hold in self.cache.reserved.values()))
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        uid = data.draw(st.sampled_from(sorted(self.cache.reserved)))
+        """A pod's hold let go alone (a bind that failed, or decided afresh elsewhere): never a job's hold, which
+        leaves with the job's others (`Ledger.release_group`)."""
+        held = sorted(uid for uid, hold in self.cache.reserved.items() if hold.state is not HoldState.GROUPED)
+        uid = data.draw(st.sampled_from(held))
         landed = self.api.get(uid, {}).get("spec", {}).get("nodeName")
         if not landed:  # a definite failure: nothing was written
             self.ledger.release(uid)

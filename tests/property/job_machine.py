@@ -1,0 +1,333 @@
+"""The state machine of `machine.py` with jobs placed whole among its pods (`core/jobs.py`, the ledger's group holds).
+
+Rules make what Kueue and kube-scheduler do with plain-pod groups: jobs of a few pods created (seen by the cache
+at once or later, sometimes one pod more than the job's size, and replacements later), a member filtered (its job
+planned and held whole, or refused whole), a member bound (its job's hold taken on its planned node, or refused
+elsewhere; without a hold, refused while its job lacks members started), members deleted, binds failing (the job's
+other holds let go with it), time passing past the jobs' hold TTL and the sweep letting jobs go, and the team's
+ResourceQuota on GPU memory set, lowered below what it holds, or deleted; the single pods, reservations and nodes
+of `machine.py` interleave. The jobs live in their own namespace, so the single pods' rules meet no quota.
+
+After every step, besides `machine.py`'s invariants:
+- a job's hold is whole: every member it waits for holds its GPUs as a job's hold, on its planned node, but for a
+  member deleted since, which the next sweep closes (after a sweep, no job is held in part); a job without a hold
+  has no member held for it, and no GROUPED hold belongs to no job;
+- no GROUPED hold is ever released as abandoned (nothing was written for it);
+- the team's quota book counts what its pods hold, and no step takes that above the quota (a quota lowered below
+  what is held leaves that, and nothing more is given);
+- the cache files each member under its job.
+And at the step itself: a member's filter passes the node its job's hold planned for it, the hold covering exactly
+the members the job lacks, or refuses it with the job holding nothing; a member's bind without a hold is refused
+while its job lacks members started (`jobs.unheld`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, invariant, precondition, rule
+
+from extender.core import jobs
+from extender.core.groups import KUEUE_GROUP, KUEUE_TOTAL, GroupKey, Scheme, declared
+from extender.core.holds import Allocation, Hold, HoldState
+from extender.core.ledger import GROUP_HOLD_TTL, Ledger
+from extender.core.placement.config import ask_of
+from extender.core.pods import PodRecord, pod_record
+from extender.core.quota.book import Quotas
+from extender.core.quota.limits import read_quota
+from tests.builders import make_quota
+from tests.property import oracle
+from tests.property.machine import OUTCOMES, TTL, CacheMachine
+
+TEAM = "team"
+"""The namespace of the jobs, and of the ResourceQuota."""
+SIZES = st.integers(min_value=1, max_value=4)
+"""Pods a job needs to start: from one (a job of one is still held whole) to more GPUs than most nodes have."""
+SEEN_AT_ONCE = st.sampled_from((True, True, True, False))
+"""Whether the cache sees a member created before the next step: mostly (a job is planned once its members are
+all seen), not always (a member's filter may come before the watch shows it, or the others)."""
+QUOTA_CHANGES = (-4, 0, 4, 16, 64)
+"""GiB the team's quota is set above what it holds (below, at, a member or two above, room for several jobs)."""
+
+
+class JobMachine(CacheMachine):
+    """`CacheMachine` with jobs; a protocol's machine gives `gib`."""
+
+    gib: int
+    """The protocol's memory unit in one GiB (the quota is drawn in GiB)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quotas = Quotas.following(self.cache)
+        self.ledger = Ledger(self.cache, TTL, self.clock, self.quotas)
+        self.jobs: dict[GroupKey, int] = {}
+        """Every job created, with its size (Kueue's total count), in the order created."""
+        self.workers: dict[GroupKey, dict[str, Any] | None] = {}
+        """The pod each member of a job copies (None: each is drawn on its own)."""
+        self.member_of: dict[str, GroupKey] = {}
+        """Pod UID -> its job, for every member ever created."""
+        self.charged = 0
+        """The GPU memory the team held after the last step."""
+        self.grouped_abandoned: list[str] = []
+        """UIDs whose GROUPED hold the cache was told to release as abandoned (must stay empty)."""
+        release = self.cache.release
+
+        def watched_release(uid: str, abandon: bool = False) -> Hold | None:
+            hold = self.cache.hold_of(uid)
+            if abandon and hold is not None and hold.state is HoldState.GROUPED:
+                self.grouped_abandoned.append(uid)
+            return release(uid, abandon)
+
+        self.cache.release = watched_release  # type: ignore[method-assign]
+
+    def pending(self) -> list[str]:
+        """The pods `machine.py`'s rules filter and bind alone: not the members of a job (this machine's rules)."""
+        return [uid for uid in super().pending() if uid not in self.member_of]
+
+    # -- jobs
+
+    @initialize(data=st.data(), size=SIZES)
+    def a_job(self, data: st.DataObject, size: int) -> None:
+        self.create_job(data, size, extra=False)
+
+    @rule(data=st.data(), size=SIZES, extra=st.booleans())
+    def create_job(self, data: st.DataObject, size: int, extra: bool) -> None:
+        """A Kueue pod group of `size` pods, sometimes with one more (placed as any pod once `size` started): workers
+        alike (one pod drawn, the rest its copies), or each drawn on its own."""
+        key = GroupKey(Scheme.KUEUE, TEAM, f"job{len(self.jobs)}")
+        self.jobs[key] = size
+        self.workers[key] = self.pod(data, "worker") if data.draw(st.booleans()) else None
+        for _ in range(size + extra):
+            self.create_member(data, key)
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def replace_member(self, data: st.DataObject) -> None:
+        """One more pod of a job, as Kueue creates one for a member deleted."""
+        self.create_member(data, data.draw(st.sampled_from(list(self.jobs))))
+
+    def create_member(self, data: st.DataObject, key: GroupKey) -> None:
+        """A pod of the protocol's drawing (or a copy of the job's worker), labelled and annotated as Kueue's
+        plain-pod groups are, shown to the cache now or later (its filter may come first)."""
+        self.names += 1
+        name, worker = f"p{self.names}", self.workers[key]
+        pod = self.pod(data, name) if worker is None else copy.deepcopy(worker)
+        metadata = pod["metadata"]
+        metadata["name"], metadata["uid"] = name, f"uid-{name}"
+        metadata["namespace"] = TEAM
+        metadata["labels"] = {**metadata.get("labels", {}), KUEUE_GROUP: key.name}
+        metadata["annotations"] = {**metadata.get("annotations", {}), KUEUE_TOTAL: str(self.jobs[key])}
+        uid = metadata["uid"]
+        self.api[uid] = pod
+        self.member_of[uid] = key
+        if data.draw(SEEN_AT_ONCE):
+            self.show(uid)
+
+    def unstarted(self) -> list[str]:
+        """Members kube-scheduler still filters and binds: not bound, and no bind of theirs took GPUs."""
+        return [
+            uid
+            for uid in self.member_of
+            if uid in self.api
+            and not self.api[uid]["spec"].get("nodeName")
+            and ((hold := self.cache.hold_of(uid)) is None or hold.state is HoldState.GROUPED)
+        ]
+
+    def held_for_jobs(self, uids: list[str]) -> list[str]:
+        """Those of `uids` whose job holds GPUs for them."""
+        return [uid for uid in uids if self.ledger.held_for(uid) is not None]
+
+    def records_of(self, key: GroupKey, asking: PodRecord) -> list[PodRecord]:
+        """The job's members as the cache has them, and the one asking as kube-scheduler sent it."""
+        members = [
+            self.cache.pods[uid]
+            for uid, job in self.member_of.items()
+            if job == key and uid in self.cache.pods and uid != asking.uid
+        ]
+        return [*members, asking]
+
+    @precondition(lambda self: self.nodes and self.unstarted())
+    @rule(data=st.data())
+    def filter_a_member(self, data: st.DataObject) -> None:
+        self.filtered(data, data.draw(st.sampled_from(self.unstarted())))
+
+    @precondition(lambda self: self.nodes and self.unstarted())
+    @rule(data=st.data(), outcome=st.sampled_from(OUTCOMES[:-1]))
+    def bind_a_member(self, data: st.DataObject, outcome: str) -> None:
+        """A member's bind: mostly one its job holds GPUs for, to its planned node or another."""
+        unstarted = self.unstarted()
+        uid = data.draw(mostly(self.held_for_jobs(unstarted), unstarted))  # kube-scheduler binds the pods it passed
+        hold = self.cache.hold_of(uid)
+        nodes = sorted(self.nodes)
+        if hold is not None:
+            node = data.draw(st.one_of(st.just(hold.allocation.node), st.sampled_from(nodes)))
+        else:
+            node = data.draw(st.sampled_from(nodes))
+        self.bind_member(uid, node, outcome)
+
+    @precondition(lambda self: self.nodes and self.unstarted())
+    @rule(data=st.data(), outcome=st.sampled_from(OUTCOMES[:-1]))
+    def schedule_a_member(self, data: st.DataObject, outcome: str) -> None:
+        """kube-scheduler's cycle for a member: its filter, and its bind to the node passed (the first passed, for
+        one placed as any pod), if any."""
+        uid = data.draw(st.sampled_from(self.unstarted()))
+        names, verdict = self.filtered(data, uid)
+        if verdict is None:
+            self.bind_member(uid, names[0], outcome)
+        elif verdict.node in names:
+            self.bind_member(uid, verdict.node, outcome)
+
+    def filtered(self, data: st.DataObject, uid: str) -> tuple[list[str], jobs.MemberFilter | None]:
+        """A member's filter, on every node or some (those kube-scheduler's own filters passed): the node its job's
+        hold planned for it, the job planned and held whole now if it held nothing, or a refusal that holds nothing;
+        nothing to say of it (placed as any pod) once as many members as the job's size started. Returns the nodes
+        sent and the verdict."""
+        key, pod = self.member_of[uid], self.api[uid]
+        said = declared(pod)
+        assert said is not None and said.group == key and said.minimum == self.jobs[key], said
+        record = pod_record(pod, self.protocol)
+        everything = sorted(self.nodes)
+        names = data.draw(st.one_of(st.just(everything), st.sets(st.sampled_from(everything), min_size=1).map(sorted)))
+        gang = oracle.gang(self.cache, self.records_of(key, record), self.jobs[key])
+        before = self.ledger.group_hold(key)
+        self.ledger.unassume(uid)
+        verdict = jobs.filter_member(record, said, names, self.cache, self.ledger, self.placer)
+        after = self.ledger.group_hold(key)
+        if gang is None:
+            assert verdict is None, f"{uid} of {key}, whose size started: {verdict}"
+            return names, verdict
+        assert verdict is not None, f"{uid} of {key} placed as any pod, its job lacking {gang}"
+        if verdict.node:
+            assert after is not None and uid in after.waiting, f"{uid} passed {verdict.node}, its job holding {after}"
+            assert self.ledger.held_for(uid) == verdict.node, f"{uid} passed {verdict.node}, held elsewhere"
+            if verdict.planned:
+                assert sorted(after.planned) == sorted(gang), f"{key} held {after.planned}, lacking {gang}"
+            else:  # planned by an earlier filter, for the members the job lacked then
+                assert after is before, f"{uid} passed {verdict.node}, its job's hold changed: {before}, {after}"
+        elif uid in gang:
+            assert after is None, f"{key} refused ({verdict.reason}), yet holding {after}"
+        else:
+            assert verdict.reason and (after is before or after is None), f"{uid} of {key}: {verdict}, {after}"
+        return names, verdict
+
+    def bind_member(self, uid: str, node: str, outcome: str) -> None:
+        """A member's bind (`binding.py`): with its job's hold, to its planned node it takes it when it still fits
+        there (its GPUs usable, the quota kept), and is refused anywhere else; without a hold, it is refused while
+        its job lacks members started (`jobs.unheld`), else placed as any pod. The binding then ends as
+        `machine.py`'s do (a failure lets go of the job's other holds)."""
+        hold = self.cache.hold_of(uid)
+        if hold is not None:
+            expected = node == hold.allocation.node and oracle.fits(self.cache, hold.allocation, self.memory_quotas)
+            taken = self.ledger.take_grouped(uid, node)
+            assert (taken is not None) == expected, f"{uid} to {node}: took {taken}, the rules say {expected}"
+            if taken is None:
+                assert self.cache.hold_of(uid) == hold, f"{uid}'s hold for its job changed by a refused bind"
+            else:
+                self.bound(uid, taken.allocation, outcome)
+            return
+        key, pod = self.member_of[uid], self.api[uid]
+        record = pod_record(pod, self.protocol)
+        lacking = oracle.gang(self.cache, self.records_of(key, record), self.jobs[key])
+        refusal = jobs.unheld(record, self.cache, self.ledger)
+        assert (refusal is None) == (lacking is None), f"{uid} of {key} without a hold: {refusal!r}, lacking {lacking}"
+        if refusal is not None:
+            return
+        demand = self.protocol.pod_demand(pod)
+        placement = self.placer.choose(demand, self.cache.nodes[node], ask_of(pod, demand))
+        if placement is None:
+            return
+        allocation = Allocation(uid, record.key, node, placement.containers, placement.init_containers)
+        expected = oracle.fits(self.cache, allocation, self.memory_quotas)
+        refused = self.ledger.reserve(allocation)
+        assert (refused is None) == expected, f"{allocation}: the ledger says {refused!r}, the rules {expected}"
+        if refused is None:
+            self.bound(uid, allocation, outcome)
+
+    @precondition(lambda self: any(uid in self.api for uid in self.member_of))
+    @rule(data=st.data())
+    def delete_member(self, data: st.DataObject) -> None:
+        """A member deleted (its job cancelled, or the pod evicted): mostly one held for its job."""
+        alive = [uid for uid in self.member_of if uid in self.api]
+        self.show(data.draw(mostly(self.held_for_jobs(alive), alive)), deleted=True)
+
+    @rule(more=st.sampled_from((None, *QUOTA_CHANGES)))
+    def set_quota(self, more: int | None) -> None:
+        """The team's ResourceQuota on GPU memory set to what it holds now and `more` GiB (below it: what is held
+        stays, nothing more is given), or deleted (None)."""
+        resource = f"limits.{self.protocol.quota_resources.memory}"
+        amount = max(0, oracle.memory_held(self.cache, TEAM) + (more or 0) * self.gib)
+        quota = read_quota(make_quota("gpu-memory", TEAM, **{resource: str(amount)}), self.protocol.quota_resources)
+        self.quotas.apply(quota, deleted=more is None)
+        if more is None:
+            self.memory_quotas.pop(TEAM, None)
+        else:
+            (limit,) = quota.limits
+            self.memory_quotas[TEAM] = limit.amount
+
+    @rule(seconds=st.sampled_from((1.0, 10.0, TTL + 1, GROUP_HOLD_TTL + 1)), watching=st.booleans())
+    def time_passes(self, seconds: float, watching: bool) -> None:
+        """`machine.py`'s, then the sweep's second half (`verbs._expire`): the jobs' holds due let go, each whole,
+        and no job held in part after it."""
+        super().time_passes(seconds, watching)
+        now, due = self.clock(), {}
+        for key in self.jobs:
+            group = self.ledger.group_hold(key)
+            if group is not None and oracle.job_due(self.cache, group, now, GROUP_HOLD_TTL):
+                due[key] = sorted(uid for uid in group.waiting if self.ledger.held_for(uid) is not None)
+        released = self.ledger.expire_groups()
+        freed = {gone.group.key: sorted(hold.allocation.pod_uid for hold in gone.holds) for gone in released}
+        assert freed == due, f"the sweep let go {freed}, due {due}"
+        for key in self.jobs:
+            group = self.ledger.group_hold(key)
+            assert group is None or oracle.whole(self.cache, group), f"{key} held in part after the sweep: {group}"
+
+    # -- after every step
+
+    @invariant()
+    def jobs_held_whole_or_not_at_all(self) -> None:
+        grouped = {uid: hold for uid, hold in self.cache.reserved.items() if hold.state is HoldState.GROUPED}
+        for key in self.jobs:
+            group = self.ledger.group_hold(key)
+            members = {uid for uid, job in self.member_of.items() if job == key}
+            if group is None:
+                assert not members & grouped.keys(), f"{key} holds nothing, yet {sorted(members & grouped.keys())}"
+                continue
+            assert set(group.planned) <= members and group.taken <= set(group.planned), f"{key}: {group}"
+            for uid in group.waiting:
+                hold = grouped.get(uid)
+                if hold is None or hold.allocation.node != group.planned[uid]:
+                    assert uid in self.gone, f"{key} held in part: {uid} holds {hold}, planned {group.planned[uid]}"
+        for uid, hold in grouped.items():
+            job = self.ledger.group_of(uid)
+            group = self.ledger.group_hold(job) if job is not None else None
+            assert group is not None and uid in group.waiting, f"{uid} held for no job: {hold}"
+            assert group.planned[uid] == hold.allocation.node, f"{uid} held on {hold.allocation.node}: {group}"
+
+    @invariant()
+    def no_job_hold_released_as_abandoned(self) -> None:
+        assert not self.grouped_abandoned, f"GROUPED holds released as abandoned: {self.grouped_abandoned}"
+
+    @invariant()
+    def quota_kept(self) -> None:
+        held = oracle.memory_held(self.cache, TEAM)
+        limit = self.memory_quotas.get(TEAM)
+        if limit is not None:
+            (quota,) = self.quotas.quotas()
+            counted = self.quotas.used(TEAM, quota.limits[0])
+            assert counted == held, f"the quota book counts {counted} for {TEAM}, its pods hold {held}"
+            assert held <= max(limit, self.charged), f"{TEAM} holds {held} of its {limit} (it held {self.charged})"
+        self.charged = held
+
+    @invariant()
+    def members_filed_by_job(self) -> None:
+        for key in self.jobs:
+            expected = {uid for uid, job in self.member_of.items() if job == key and uid in self.cache.pods}
+            filed = self.cache.groups.members(key)
+            assert filed == expected, f"{key}: the cache files {sorted(filed)}, its members there {sorted(expected)}"
+
+
+def mostly(preferred: list[str], anyone: list[str]) -> st.SearchStrategy[str]:
+    """One of `preferred` half the time (when there are any), else any of `anyone`."""
+    return st.one_of(st.sampled_from(preferred), st.sampled_from(anyone)) if preferred else st.sampled_from(anyone)
