@@ -235,7 +235,14 @@ class Quotas:
             self._on_node[name] = now
 
     def node_forgotten(self, name: str) -> None:
-        """A node leaves the cache only once nothing is held there: its holds were counted out already."""
+        """A node leaves the cache only once nothing is held there. Its last holds are counted out here if they
+        still count: a pod's release that empties a deleted node is told in the pod's batch of changes, and the
+        cache tells no `node_changed` for a node forgotten within a batch."""
+        for uid in self._on_node.pop(name, set()):
+            counted = self._held.get(uid)
+            if counted is not None and counted.node == name:
+                del self._held[uid]
+                self._count(counted, -1)
 
     def pod_arrived(self, record: PodRecord) -> None:
         """What a pod is given counts from its hold (`node_changed`), not from the pod."""
