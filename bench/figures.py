@@ -363,6 +363,67 @@ def e2e_table(records: Sequence[record.Record]) -> str:
     return "\n".join(lines)
 
 
+# ---- bench.placement.jobs: jobs placed whole ------------------------------------------------------------------
+
+JOB_SCHEDULERS = ("ours, jobs declared", "ours, no groups")
+"""bench.placement.jobs's names for ours, in the order its table gives them; the peers come after, by name."""
+JOB_PROTOCOLS = {"gpushare": "gpushare's protocol", "hami": "HAMi's protocol"}
+
+
+def job_rows(records: Sequence[record.Record]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Every run of every record by (protocol, scheduler): gpushare's protocol first, ours before the peers; each
+    row's runs by seed."""
+    runs = [run for kept in records for run in kept.results.get("runs", [])]
+
+    def order(key: tuple[str, str]) -> tuple[object, ...]:
+        protocol, scheduler = key
+        ours = JOB_SCHEDULERS.index(scheduler) if scheduler in JOB_SCHEDULERS else len(JOB_SCHEDULERS)
+        return protocol != "gpushare", protocol, ours, scheduler
+
+    keys = sorted({(run["protocol"], run["scheduler"]) for run in runs}, key=order)
+    return {
+        key: sorted((run for run in runs if (run["protocol"], run["scheduler"]) == key), key=lambda run: run["seed"])
+        for key in keys
+    }
+
+
+def seed_by_seed(runs: Sequence[dict[str, Any]], show: Callable[[dict[str, Any]], str]) -> str:
+    return " / ".join(show(run) for run in runs)
+
+
+def jobs_table(records: Sequence[record.Record]) -> str:
+    """One row per scheduler and protocol, each cell its runs' figures seed by seed: GPUs allocated, to jobs
+    started whole, and jobs started whole, partly placed (with the GPUs their bound pods hold) and never started."""
+    machine = one_machine(records)
+    rows = job_rows(records)
+    runs = [run for group in rows.values() for run in group]
+    lines = [
+        f"**Results** ({machine.describe()}; {joined([run['nodes'] for run in runs])} of the trace's nodes, "
+        f"{joined([run['gpus'] for run in runs])} GPUs; {joined([run['jobs'] for run in runs])} jobs of "
+        f"{joined([run['pods'] for run in runs])} pods, by seed; a figure per run; {runs_said(records)}):",
+        "",
+        "| scheduler | seeds | GPU allocated, % | to jobs started whole, % | jobs started whole "
+        "| jobs partly placed (GPUs they hold) | jobs never started | end check |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    shown: set[str] = set()
+    for (protocol, scheduler), group in rows.items():
+        if len({key[0] for key in rows}) > 1 and protocol not in shown:
+            lines.append(f"| *{JOB_PROTOCOLS.get(protocol, protocol)}* | | | | | | | |")
+            shown.add(protocol)
+        cells = [
+            seed_by_seed(group, lambda run: str(run["seed"])),
+            seed_by_seed(group, lambda run: f"{run['allocated']:.1f}"),
+            seed_by_seed(group, lambda run: f"{run['useful']:.1f}"),
+            seed_by_seed(group, lambda run: f"{run['whole']:,}"),
+            seed_by_seed(group, lambda run: f"{run['partial']:,} ({run['partial_gpus']:,.1f})"),
+            seed_by_seed(group, lambda run: f"{run['never']:,}"),
+            check_cell(group),
+        ]
+        lines.append(f"| {scheduler} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
     "node_burst": node_burst_table,
     "bench": verbs_table,
@@ -370,6 +431,7 @@ TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
     "cache_build": cache_table,
     "run": loadtest_table,
     "e2e": e2e_table,
+    "jobs": jobs_table,
 }
 """The benches whose pages' tables are built from records, by records folder."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from bench import figures, record
 from bench.placement.job_mix import SIZES, TraceJob, declare, draw_jobs, job_workload, sample_nodes
 from bench.placement.job_report import render, tally
 from bench.placement.jobs_real import job_refusal
@@ -166,3 +167,44 @@ def test_a_job_that_does_not_fit_and_a_pod_that_fits_nowhere_are_refused_for_goo
         "0/20 nodes are available: 12 Insufficient cpu, 8 Insufficient aliyun.com/gpu-mem.",
     ):
         assert job_refusal(refused(message)) == (message, True)
+
+
+# ---- the page's table ---------------------------------------------------------------------------------------
+
+
+def job_run(scheduler: str, seed: int, partial: int = 0, protocol: str = "gpushare") -> dict[str, Any]:
+    return {
+        "scheduler": scheduler, "protocol": protocol, "seed": seed, "nodes": 200, "gpus": 1000, "jobs": 500,
+        "pods": 1600, "allocated": 90.0 + partial, "useful": 90.0, "whole": 350, "partial": partial,
+        "partial_gpus": 2.5 * partial, "never": 150 - partial, "problems": [],
+    }  # fmt: skip
+
+
+def jobs_record(*runs: dict[str, Any]) -> record.Record:
+    return record.Record(
+        bench="bench.placement.jobs", command="python -m bench.placement.jobs", commit=None, dirty=None,
+        started="2026-01-01T00:00:00+00:00", machine=record.Machine("AMD EPYC", 2, "3.11.7 (CPython)"), settings={},
+        results={"runs": list(runs)}, exit_status=0,
+    )  # fmt: skip
+
+
+def test_the_jobs_table_gives_each_scheduler_a_row_seed_by_seed_ours_first() -> None:
+    kept = [
+        jobs_record(job_run("gpushare-scheduler-extender", 42, partial=4)),
+        jobs_record(job_run("ours, no groups", 43, partial=2), job_run("ours, no groups", 42, partial=1)),
+        jobs_record(job_run("ours, jobs declared", 42)),
+    ]
+    rows = [line for line in figures.jobs_table(kept).splitlines() if line.startswith("| ") and "seeds" not in line]
+    assert rows == [
+        "| ours, jobs declared | 42 | 90.0 | 90.0 | 350 | 0 (0.0) | 150 | passed |",
+        "| ours, no groups | 42 / 43 | 91.0 / 92.0 | 90.0 / 90.0 | 350 / 350 | 1 (2.5) / 2 (5.0) | 149 / 148 "
+        "| passed |",
+        "| gpushare-scheduler-extender | 42 | 94.0 | 90.0 | 350 | 4 (10.0) | 146 | passed |",
+    ]
+
+
+def test_the_jobs_table_heads_each_protocol_when_there_are_two() -> None:
+    kept = [jobs_record(job_run("hami-scheduler", 42, protocol="hami"), job_run("ours, jobs declared", 42))]
+    table = figures.jobs_table(kept)
+    assert table.index("*gpushare's protocol*") < table.index("ours, jobs declared") < table.index("*HAMi's")
+    assert table.index("*HAMi's protocol*") < table.index("| hami-scheduler |")
