@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -305,15 +306,23 @@ PROCESSES = ("etcd", "kube-apiserver", "kube-scheduler", "extender")
 """The processes bench.e2e measures the CPU of (the floor counts as `extender`), as its report orders them."""
 
 
-def e2e_runs(records: Sequence[record.Record]) -> list[tuple[int, int, int, dict[str, Any]]]:
-    """(nodes, pods, round, result) of every run of every record, each record's rounds numbered on from the last."""
-    runs, numbered = [], 0
+def round_offsets(records: Sequence[record.Record]) -> list[int]:
+    """Per record, the rounds of the records before it at the same size: its rounds are numbered on from theirs."""
+    offsets, counted = [], Counter[tuple[int, int]]()
     for kept in records:
-        rounds = {run["round"] for run in kept.results["runs"]}
-        for run in kept.results["runs"]:
-            runs.append((kept.settings["nodes"], kept.settings["pods"], numbered + run["round"], run["result"]))
-        numbered += max(rounds, default=0)
-    return runs
+        size = (kept.settings["nodes"], kept.settings["pods"])
+        offsets.append(counted[size])
+        counted[size] += kept.settings["runs"]
+    return offsets
+
+
+def e2e_runs(records: Sequence[record.Record]) -> list[tuple[int, int, int, dict[str, Any]]]:
+    """(nodes, pods, round, result) of every run that finished, the rounds of each size numbered 1, 2, ..."""
+    return [
+        (kept.settings["nodes"], kept.settings["pods"], offset + run["round"], run["result"])
+        for kept, offset in zip(records, round_offsets(records), strict=True)
+        for run in kept.results["runs"]
+    ]
 
 
 def e2e_table(records: Sequence[record.Record]) -> str:
@@ -358,9 +367,29 @@ def e2e_table(records: Sequence[record.Record]) -> str:
             median = {name: statistics.median(run.get(name, 0.0) for run in cpu) for name in shown}
             cells = [f"{median[name]:.1f}" if name in median else "-" for name in PROCESSES]
             lines.append(f"| {nodes:,} | {wiring} | " + " | ".join(cells) + f" | {sum(median.values()):.1f} |")
-    problems = [problem for kept in records for problem in kept.results["failures"]]
-    lines += ["", f"End checks: {'passed in every run' if not problems else f'{len(problems)} problems'}."]
+    lines += ["", end_checks(records, runs)]
     return "\n".join(lines)
+
+
+def end_checks(records: Sequence[record.Record], runs: Sequence[tuple[int, int, int, dict[str, Any]]]) -> str:
+    """Whether every run's end check passed, and which runs did not finish (their reason is in the record)."""
+    checked = [result for _, _, _, result in runs]
+    failed = sum(1 for result in checked if result["check"]["problems"])
+    said = "passed in every run" if not failed else f"found problems in {failed} of {len(checked)} runs"
+    finished = {(nodes, number, result["wiring"]) for nodes, _, number, result in runs}
+    unfinished = []
+    for kept, offset in zip(records, round_offsets(records), strict=True):
+        for failure in kept.results["failures"]:
+            found = re.match(r"round (\d+), ([\w-]+): ", failure)
+            if found:
+                where = (kept.settings["nodes"], offset + int(found[1]), found[2])
+                if where not in finished and where not in unfinished:
+                    unfinished.append(where)
+    text = f"End checks: {said}."
+    if unfinished:
+        listed = "; ".join(f"{wiring} in round {number} at {nodes:,} nodes" for nodes, number, wiring in unfinished)
+        text += f" Runs that did not finish, so have no figure (the record says why): {listed}."
+    return text
 
 
 # ---- bench.placement.jobs: jobs placed whole ------------------------------------------------------------------

@@ -25,7 +25,6 @@ BENCHMARKS = ROOT / "docs" / "benchmarks"
 README = ROOT / "README.md"
 
 AWAITING_RERUN: dict[tuple[str, str], str] = {
-    ("bench-e2e.md", "Five thousand nodes"): "kube-scheduler with ours and with the floor, 1,000 and 5,000 nodes",
     ("placement.md", "The result"): "every policy and peer on the trace, fill-up and churn (make bench-placement)",
     ("placement.md", "The curve"): "the churn plot, ours and our fill policy (churn-default.svg)",
 }
@@ -396,28 +395,47 @@ def test_the_readmes_loadtest_row_takes_the_runs_as_shipped_and_leaves_other_pol
 
 def e2e_result(wiring: str, pods_per_second: float, scheduler_cpu: float) -> dict[str, object]:
     return {
-        "wiring": wiring, "pace": {"pods_per_second": pods_per_second},
+        "wiring": wiring, "pace": {"pods_per_second": pods_per_second}, "check": {"problems": []},
         "cpu_ms_per_pod": {"etcd": 1.0, "kube-apiserver": 2.0, "kube-scheduler": scheduler_cpu, "extender": 4.0},
     }  # fmt: skip
 
 
 def test_the_e2e_table_gives_each_rounds_pace_beside_alone_in_the_same_round_and_the_median_cpu() -> None:
-    # round 1: alone 140, full 70 (0.50); round 2 (the second record's first): alone 120, full 90 (0.75)
-    settings = {"nodes": 1000, "pods": 3000, "wiring": ["full"]}
+    # round 1: alone 140, full 70 (0.50); round 2 (the first of the next record at 1,000 nodes, a record at 5,000
+    # between them): alone 120, full 90 (0.75)
+    settings = {"nodes": 1000, "pods": 3000, "wiring": ["full"], "runs": 1}
     kept = [
         bench_record("bench.e2e", settings, {"runs": [
             {"round": 1, "result": e2e_result("alone", 140.0, 3.0)},
             {"round": 1, "result": e2e_result("full", 70.0, 2.0)}], "failures": []}),
+        bench_record("bench.e2e", {**settings, "nodes": 5000}, {"runs": [
+            {"round": 1, "result": e2e_result("alone", 100.0, 9.0)}], "failures": []}),
         bench_record("bench.e2e", settings, {"runs": [
             {"round": 1, "result": e2e_result("alone", 120.0, 5.0)},
             {"round": 1, "result": e2e_result("full", 90.0, 4.0)}], "failures": []}),
     ]  # fmt: skip
     table = figures.e2e_table(kept)
     assert "| 1,000 | 3,000 | 1 | 140 | 70 | 0.50 |" in table and "| 1,000 | 3,000 | 2 | 120 | 90 | 0.75 |" in table
+    assert "| 5,000 | 3,000 | 1 | 100 | - | - |" in table
     # kube-scheduler's CPU: alone median of 3 and 5 = 4.0; the extender's column is empty for alone
     assert "| 1,000 | alone | 1.0 | 2.0 | 4.0 | - | 7.0 |" in table
     assert "| 1,000 | full | 1.0 | 2.0 | 3.0 | 4.0 | 10.0 |" in table
     assert "passed in every run" in table
+
+
+def test_the_e2e_table_names_the_runs_that_did_not_finish_and_gives_them_no_figure() -> None:
+    settings = {"nodes": 5000, "pods": 3000, "wiring": ["full"], "runs": 2}
+    failures = ["round 2, full: full run in /tmp/x/2-full: extender bench /readyz did not answer 200 within 180 s"]
+    kept = [
+        bench_record("bench.e2e", settings, {"runs": [
+            {"round": 1, "result": e2e_result("alone", 140.0, 3.0)},
+            {"round": 1, "result": e2e_result("full", 70.0, 2.0)},
+            {"round": 2, "result": e2e_result("alone", 120.0, 5.0)}], "failures": failures}),
+    ]  # fmt: skip
+    table = figures.e2e_table(kept)
+    assert "| 5,000 | 3,000 | 2 | 120 | - | - |" in table
+    assert "Runs that did not finish, so have no figure (the record says why): full in round 2 at 5,000" in table
+    assert "/tmp/" not in table
 
 
 def test_the_site_index_shows_the_readmes_figures_with_links_into_the_site() -> None:
