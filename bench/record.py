@@ -107,6 +107,9 @@ class Record:
     source: str | None = None
     """For a record imported from a run's raw output: that output's path, and the importer."""
     notes: tuple[str, ...] = ()
+    load: dict[str, list[float]] = field(default_factory=dict)
+    """The machine's load averages (1, 5 and 15 minutes) when the run began and ended (`os.getloadavg`): what else
+    ran beside it, which a page may show next to the figures; empty in records from before it was kept."""
 
     @property
     def folder(self) -> str:
@@ -230,6 +233,7 @@ def run(main: Callable[[list[str]], int], bench: str, argv: Sequence[str] | None
     if known.record is None:
         return main(argv)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    load_before = _load()
     commit, dirty = this_commit()
     status: int | None = None
     with _recording() as (recorder, report):
@@ -250,10 +254,19 @@ def run(main: Callable[[list[str]], int], bench: str, argv: Sequence[str] | None
                 results=recorder.results,
                 exit_status=status,
                 report=report.getvalue(),
+                load={"start": load_before, "end": _load()},
             )
             path = write(record, known.record)
             print(f"record: {path}", file=sys.stderr)
     return status
+
+
+def _load() -> list[float]:
+    """The load averages now, rounded to hundredths ([] where the system has none)."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:
+        return []
 
 
 def _record_parser() -> argparse.ArgumentParser:

@@ -185,6 +185,7 @@ def test_a_bench_run_with_record_writes_its_command_settings_results_and_report(
     assert kept.results == {"figures": [{"pods": 2}]}
     assert kept.report == "the report\n"
     assert kept.machine == record.this_machine() and kept.commit == record.this_commit()[0]
+    assert set(kept.load) == {"start", "end"} and all(len(kept.load[when]) == 3 for when in kept.load)
 
 
 def test_a_bench_run_without_record_writes_nothing_and_hands_over_nothing(tmp_path: Path) -> None:
