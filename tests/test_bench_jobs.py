@@ -5,11 +5,13 @@ state read from API snapshots. No cluster: the replay itself runs in `python -m 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from bench import figures, record
 from bench.placement.job_mix import SIZES, TraceJob, declare, draw_jobs, job_workload, sample_nodes
 from bench.placement.job_report import render, tally
+from bench.placement.job_timeline import JobTimeline, as_pods, job_plan
 from bench.placement.jobs_real import job_refusal
 from bench.placement.trace import GPUSHARE, MILLI, PROFILE, TracePod, pod_object, synthetic
 from extender.core.groups import GroupKey, MemberPod, Scheme, declared, group_of
@@ -208,3 +210,62 @@ def test_the_jobs_table_heads_each_protocol_when_there_are_two() -> None:
     table = figures.jobs_table(kept)
     assert table.index("*gpushare's protocol*") < table.index("ours, jobs declared") < table.index("*HAMi's")
     assert table.index("*HAMi's protocol*") < table.index("| hami-scheduler |")
+
+
+# ---- jobs that come and go ----------------------------------------------------------------------------------
+
+
+def test_a_job_as_a_pod_asks_all_its_pods_gpus_and_lives_its_shapes_lifetime() -> None:
+    job = TraceJob("job-1", "shape", tuple(replace(make_pod(f"job-1-{n}", 2), lifetime=600) for n in range(4)))
+    (pod,) = as_pods([job])
+    assert (pod.name, pod.gpu_demand, pod.lifetime) == ("job-1", 8 * MILLI, 600)
+
+
+def test_the_churn_plan_keeps_the_jobs_that_arrive_and_their_pods_in_order() -> None:
+    jobs = job_workload("synthetic", NODES, PODS, 42, 20.0)
+    plan, kept, as_workload = job_plan(jobs, 1.2, 2.0, 20.0, 3600.0)
+    assert plan.pods == len(kept.jobs) == len(as_workload.pods) and kept.jobs == jobs.jobs[: plan.pods]
+    assert kept.workload.pods == tuple(member for job in kept.jobs for member in job.members)
+
+
+def test_pods_of_a_job_not_started_hold_gpu_time_until_its_last_pod_binds() -> None:
+    # a job of 3 whole GPUs: 1 GPU from t=10, 2 from t=40, started at t=100: 30 + 120 = 150 GPU-seconds held
+    timeline = JobTimeline((make_job("a", 3),), 10 * MILLI)
+    timeline.arrive(0, 0.0)
+    assert not timeline.bind(0, 0, 10.0) and not timeline.bind(0, 1, 40.0)
+    assert timeline.partly_placed() == 1 and timeline.partial == 2 * MILLI
+    assert timeline.bind(0, 2, 100.0)
+    assert (timeline.partial, timeline.running, timeline.partly_placed()) == (0, 3 * MILLI, 0)
+    figures = timeline.figures(1000.0, 3600.0)
+    assert figures["partial_gpu_hours"] == 150 / 3600
+    assert figures["partial_share"] == 100 * 150 * MILLI / (10 * MILLI * 1000.0)  # 1.5 % of 10 GPUs x 1000 s
+    assert (figures["started"], figures["gang_wait_p50"]) == (1, 100.0)
+
+
+def test_a_job_withdrawn_lets_go_of_what_its_pods_held_and_counts_as_withdrawn_partly_placed() -> None:
+    timeline = JobTimeline((make_job("a", 2), make_job("b", 2)), 4 * MILLI)
+    timeline.arrive(0, 0.0)
+    timeline.arrive(1, 0.0)
+    timeline.bind(0, 0, 0.0)
+    assert timeline.withdraw(0, 60.0) and timeline.withdraw(1, 60.0)
+    assert not timeline.withdraw(0, 61.0) and not timeline.bind(0, 1, 62.0)
+    figures = timeline.figures(100.0, 60.0)
+    assert timeline.partial == 0 and figures["partial_gpu_hours"] == 60 / 3600
+    assert (figures["withdrawn"], figures["withdrawn_partial"], figures["gang_wait_p90"]) == (2, 1, 60.0)
+
+
+def test_a_started_job_finishing_gives_back_its_gpus_once() -> None:
+    timeline = JobTimeline((make_job("a", 1, milli=500),), 2 * MILLI)
+    timeline.arrive(0, 0.0)
+    assert timeline.bind(0, 0, 5.0)
+    timeline.finish(0, 50.0)
+    timeline.finish(0, 60.0)
+    assert timeline.running == 0 and timeline.figures(100.0, 60.0)["partial_gpu_hours"] == 0.0
+
+
+def test_a_job_still_waiting_at_the_end_counts_its_wait_so_far_and_what_it_holds() -> None:
+    timeline = JobTimeline((make_job("a", 4),), 8 * MILLI)
+    timeline.arrive(0, 30.0)
+    timeline.bind(0, 0, 40.0)
+    figures = timeline.figures(100.0, 3600.0)
+    assert (figures["waiting"], figures["waiting_partial"], figures["gang_wait_p50"]) == (1, 1, 70.0)

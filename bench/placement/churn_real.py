@@ -76,11 +76,9 @@ class ChurnReal(RealReplay):
         self.config = self._render_config()
         listed = await self.plane.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")
         await asyncio.to_thread(self.plane.start_scheduler, self.config)
-        plan, pods = self.plan, self.workload.pods
+        plan = self.plan
         end = plan.span / plan.speed
-        for index in range(len(pods)):
-            self.at(plan.arrival(index) / plan.speed, CREATE, index)
-            self.at((plan.arrival(index) + plan.patience) / plan.speed, WITHDRAW, index)
+        self._arrivals()
         for number in range(SAMPLES + 1):
             self.at(end * number / SAMPLES, SAMPLE, number)
         watcher: asyncio.Task[None] | None = None
@@ -102,6 +100,13 @@ class ChurnReal(RealReplay):
                     await watcher
         seconds = time.monotonic() - self.started
         return await self._result(seconds, self._plugin_problems(plugin))
+
+    def _arrivals(self) -> None:
+        """Each pod's creation at its arrival, and its withdrawal a patience later, on the timetable."""
+        plan = self.plan
+        for index in range(len(self.workload.pods)):
+            self.at(plan.arrival(index) / plan.speed, CREATE, index)
+            self.at((plan.arrival(index) + plan.patience) / plan.speed, WITHDRAW, index)
 
     async def _drive(self, session: Any, watcher: asyncio.Task[None], end: float) -> None:
         """Act on the timetable until `end` (seconds after the start), each action at its time."""

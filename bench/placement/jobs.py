@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import record as recording
-from bench.placement import job_report, peers, report
+from bench.placement import churn, job_report, job_timeline, peers, report
 from bench.placement.__main__ import GPUSHARE_FLAGS
+from bench.placement.churn import PlanError
 from bench.placement.hami import HAMI
 from bench.placement.job_mix import SIZES, JobWorkload, job_workload, sample_nodes
+from bench.placement.job_timeline import job_plan
 from bench.placement.trace import GPUSHARE, TraceError, read_nodes, read_pods, trace_folder
 
 POLICIES = ("groups", "no-groups")
@@ -75,6 +77,13 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--scheduler-name", default="gpu-scheduler", help="the profile the pods ask for")
     parser.add_argument("--flag", action="append", default=[], help="a flag for extender serve and scheduler-config")
+    parser.add_argument("--churn", action="store_true", help="jobs come and go (job_timeline.py, jobs_churn.py)")
+    parser.add_argument("--churn-hours", type=float, default=churn.HOURS, help="trace hours of arrivals")
+    parser.add_argument("--churn-offered", type=float, default=churn.OFFERED, help="GPU demand offered, in capacities")
+    parser.add_argument("--churn-minutes", type=float, default=churn.MINUTES, help="minutes of the scheduler's time")
+    parser.add_argument(
+        "--churn-patience", type=float, default=churn.PATIENCE / 60, help="trace minutes before a job is withdrawn"
+    )
     parser.add_argument("--workdir", default="", help="keep every run's logs here (default: a temporary directory)")
     recording.add_option(parser)
     parsed = parser.parse_args(argv)
@@ -95,14 +104,16 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def workload(parsed: argparse.Namespace, seed: int) -> JobWorkload:
+    """The run's jobs: drawn to the fill-up's ratio, or, for the churn, to `churn.LONGEST` capacities (the plan
+    takes what arrives in its hours)."""
     folder = trace_folder(parsed.trace)
     nodes = sample_nodes(read_nodes(folder), parsed.nodes, seed)
-    return job_workload(parsed.workload, nodes, read_pods(folder, parsed.workload), seed, parsed.ratio)
+    ratio = churn.LONGEST if parsed.churn else parsed.ratio
+    return job_workload(parsed.workload, nodes, read_pods(folder, parsed.workload), seed, ratio)
 
 
 def run_one(parsed: argparse.Namespace, policy: str, seed: int, workdir: Path) -> dict[str, Any]:
     """One run of one scheduler: its figures and report lines, as the record keeps them."""
-    from bench.placement.jobs_real import JobReplay
     from tests.e2e.controlplane import binaries_dir, missing_binaries
 
     binaries = binaries_dir()
@@ -110,6 +121,11 @@ def run_one(parsed: argparse.Namespace, policy: str, seed: int, workdir: Path) -
     if missing:
         raise SystemExit(f"bench.placement.jobs: {', '.join(missing)} missing in {binaries}: run `make e2e-build`")
     jobs = workload(parsed, seed)
+    plan = None
+    if parsed.churn:
+        plan, jobs, as_pods = job_plan(
+            jobs, parsed.churn_offered, parsed.churn_hours, parsed.churn_minutes, parsed.churn_patience * 60
+        )
     loaded = jobs.workload
     peer = peers.build(peers.PEERS[policy], parsed.peers[policy]) if policy in parsed.peers else None
     protocol = list(GPUSHARE_FLAGS) if parsed.protocol == "gpushare" else []
@@ -117,35 +133,61 @@ def run_one(parsed: argparse.Namespace, policy: str, seed: int, workdir: Path) -
     label = f"{SCHEDULERS[policy]}, seed {seed}"
     print(
         f"-- {label}: {len(loaded.nodes):,} nodes, {loaded.gpu_capacity // 1000:,} GPUs, {len(jobs.jobs):,} jobs, "
-        f"{len(loaded.pods):,} pods",
+        f"{len(loaded.pods):,} pods" + (f"; {plan.describe().replace(' pods, one', ' jobs, one')}" if plan else ""),
         flush=True,
     )
-    directory = workdir / f"{policy}-{seed}"
+    directory = workdir / f"{policy}-{'churn-' if plan else ''}{seed}"
     directory.mkdir(parents=True, exist_ok=True)
     progress = lambda line: print(f"   {time.strftime('%H:%M:%S')} {line}", flush=True)  # noqa: E731
-    replay = JobReplay(
-        binaries, directory, jobs, [*protocol, *common], common, parsed.scheduler_name,
-        groups=policy == "groups", progress=progress, peer=peer, wire=HAMI if parsed.protocol == "hami" else GPUSHARE,
-    )  # fmt: skip
-    result, jobs_tally = replay.run_jobs()
-    figures = jobs_tally.summary()
-    print(report.render(result, label), flush=True)
-    print(job_report.render(figures), flush=True)
-    return {
+    wire = HAMI if parsed.protocol == "hami" else GPUSHARE
+    arguments = (binaries, directory, jobs)
+    flags = ([*protocol, *common], common, parsed.scheduler_name)
+    ran = {
         "scheduler": SCHEDULERS[policy],
         "policy": policy,
         "protocol": parsed.protocol,
         "seed": seed,
         "nodes": len(loaded.nodes),
         "gpus": loaded.gpu_capacity // 1000,
+    }
+    if plan is not None:
+        from bench.placement.jobs_churn import JobChurn
+
+        churned, figures = JobChurn(
+            *arguments, as_pods, *flags, plan=plan, groups=policy == "groups", progress=progress, peer=peer, wire=wire
+        ).run_jobs()
+        print(churn.render(churned, f"{label}, jobs as pods"), flush=True)
+        print(job_timeline.render(figures), flush=True)
+        return {
+            **ran,
+            "mode": "churn",
+            "hours": parsed.churn_hours,
+            "offered": parsed.churn_offered,
+            "patience_minutes": parsed.churn_patience,
+            "seconds": churned.seconds,
+            "late": churned.extra.get("late"),
+            "peer_crashes": churned.extra.get("peer_crashes", []),
+            **figures,
+            "problems": churned.all_problems,
+        }
+    from bench.placement.jobs_real import JobReplay
+
+    replay = JobReplay(*arguments, *flags, groups=policy == "groups", progress=progress, peer=peer, wire=wire)
+    result, jobs_tally = replay.run_jobs()
+    summary = jobs_tally.summary()
+    print(report.render(result, label), flush=True)
+    print(job_report.render(summary), flush=True)
+    return {
+        **ran,
+        "mode": "fill-up",
         "seconds": result.seconds,
         "pods_per_second": result.extra.get("pods_per_second", 0.0),
         "pods_allocated": 100 * result.allocated / loaded.gpu_capacity,
         "curve": report.curve(loaded, [bool(outcome.node) for outcome in result.outcomes]),
         "refusals": dict(report.refusals(result)),
         "peer_crashes": result.extra.get("peer_crashes", []),
-        **figures,
-        "problems": [*result.problems, *figures["problems"]],
+        **summary,
+        "problems": [*result.problems, *summary["problems"]],
     }
 
 
@@ -161,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for seed in parsed.seed_list:
                 try:
                     run = run_one(parsed, policy, seed, workdir)
-                except (TraceError, OSError, RuntimeError) as error:
+                except (TraceError, PlanError, OSError, RuntimeError) as error:
                     print(f"bench.placement.jobs: {SCHEDULERS[policy]}, seed {seed}: {error}", file=sys.stderr)
                     failed = True
                     continue
@@ -181,12 +223,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def summary(runs: Sequence[dict[str, Any]]) -> str:
-    lines = ["", "== summary: GPU allocated (to jobs started whole) %; jobs started whole / partly placed / never"]
+    lines = [
+        "",
+        "== summary: GPU allocated (to jobs started) %; fill-up: jobs started whole / partly placed (their GPUs) / "
+        "never; churn: jobs started / withdrawn / waiting, GPU-hours held by jobs partly placed",
+    ]
     for run in runs:
-        lines.append(
-            f"{run['scheduler']}, seed {run['seed']}: {run['allocated']:.1f} ({run['useful']:.1f}); "
-            f"{run['whole']:,} / {run['partial']:,} ({run['partial_gpus']:,.1f} GPUs) / {run['never']:,}"
-        )
+        said = f"{run['scheduler']}, seed {run['seed']}: {run['allocated']:.1f} ({run['useful']:.1f}); "
+        if run["mode"] == "churn":
+            said += (
+                f"{run['started']:,} / {run['withdrawn']:,} / {run['waiting']:,}, "
+                f"{run['partial_gpu_hours']:,.1f} GPU-hours"
+            )
+        else:
+            said += f"{run['whole']:,} / {run['partial']:,} ({run['partial_gpus']:,.1f} GPUs) / {run['never']:,}"
+        lines.append(said)
     return "\n".join(lines)
 
 
