@@ -399,10 +399,10 @@ JOB_SCHEDULERS = ("ours, jobs declared", "ours, no groups")
 JOB_PROTOCOLS = {"gpushare": "gpushare's protocol", "hami": "HAMi's protocol"}
 
 
-def job_rows(records: Sequence[record.Record]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """Every run of every record by (protocol, scheduler): gpushare's protocol first, ours before the peers; each
-    row's runs by seed."""
-    runs = [run for kept in records for run in kept.results.get("runs", [])]
+def job_rows(records: Sequence[record.Record], mode: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Every run of `mode` (fill-up or churn) of every record by (protocol, scheduler): gpushare's protocol first,
+    ours before the peers; each row's runs by seed."""
+    runs = [run for kept in records for run in kept.results.get("runs", []) if run.get("mode", "fill-up") == mode]
 
     def order(key: tuple[str, str]) -> tuple[object, ...]:
         protocol, scheduler = key
@@ -420,37 +420,89 @@ def seed_by_seed(runs: Sequence[dict[str, Any]], show: Callable[[dict[str, Any]]
     return " / ".join(show(run) for run in runs)
 
 
-def jobs_table(records: Sequence[record.Record]) -> str:
-    """One row per scheduler and protocol, each cell its runs' figures seed by seed: GPUs allocated, to jobs
-    started whole, and jobs started whole, partly placed (with the GPUs their bound pods hold) and never started."""
-    machine = one_machine(records)
-    rows = job_rows(records)
-    runs = [run for group in rows.values() for run in group]
-    lines = [
-        f"**Results** ({machine.describe()}; {joined([run['nodes'] for run in runs])} of the trace's nodes, "
-        f"{joined([run['gpus'] for run in runs])} GPUs; {joined([run['jobs'] for run in runs])} jobs of "
-        f"{joined([run['pods'] for run in runs])} pods, by seed; a figure per run; {runs_said(records)}):",
-        "",
-        "| scheduler | seeds | GPU allocated, % | to jobs started whole, % | jobs started whole "
-        "| jobs partly placed (GPUs they hold) | jobs never started | end check |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
-    ]
-    shown: set[str] = set()
+def job_table_rows(
+    rows: dict[tuple[str, str], list[dict[str, Any]]], columns: Sequence[Callable[[dict[str, Any]], str]]
+) -> list[str]:
+    """A line per scheduler (under a line per protocol, when there are two), its cells seed by seed."""
+    lines: list[str] = []
+    several = len({protocol for protocol, _ in rows}) > 1
+    headed: set[str] = set()
     for (protocol, scheduler), group in rows.items():
-        if len({key[0] for key in rows}) > 1 and protocol not in shown:
-            lines.append(f"| *{JOB_PROTOCOLS.get(protocol, protocol)}* | | | | | | | |")
-            shown.add(protocol)
-        cells = [
-            seed_by_seed(group, lambda run: str(run["seed"])),
-            seed_by_seed(group, lambda run: f"{run['allocated']:.1f}"),
-            seed_by_seed(group, lambda run: f"{run['useful']:.1f}"),
-            seed_by_seed(group, lambda run: f"{run['whole']:,}"),
-            seed_by_seed(group, lambda run: f"{run['partial']:,} ({run['partial_gpus']:,.1f})"),
-            seed_by_seed(group, lambda run: f"{run['never']:,}"),
-            check_cell(group),
+        if several and protocol not in headed:
+            lines.append(f"| *{JOB_PROTOCOLS.get(protocol, protocol)}* |" + " |" * (len(columns) + 2))
+            headed.add(protocol)
+        cells = [seed_by_seed(group, lambda run: str(run["seed"]))]
+        cells += [seed_by_seed(group, column) for column in columns]
+        lines.append(f"| {scheduler} | " + " | ".join([*cells, check_cell(group)]) + " |")
+    return lines
+
+
+def jobs_table(records: Sequence[record.Record]) -> str:
+    """The fill-up's table (GPUs allocated, to jobs started whole; jobs started whole, partly placed with the GPUs
+    their bound pods hold, never started) and the churn's (GPUs allocated and to jobs started over the full part,
+    GPU-hours held by jobs partly placed, jobs started, withdrawn and waiting at the end, the wait of jobs of
+    several pods): a row per scheduler and protocol, each figure seed by seed."""
+    machine = one_machine(records)
+    said = f"{machine.describe()}; a figure per run, seed by seed; {runs_said(records)}"
+    tables = []
+    fill_up = job_rows(records, "fill-up")
+    if fill_up:
+        runs = [run for group in fill_up.values() for run in group]
+        tables += [
+            f"**Fill-up** ({said}; {joined([run['nodes'] for run in runs])} of the trace's nodes, "
+            f"{joined([run['gpus'] for run in runs])} GPUs; {joined([run['jobs'] for run in runs])} jobs of "
+            f"{joined([run['pods'] for run in runs])} pods, by seed):",
+            "",
+            "| scheduler | seeds | GPU allocated, % | to jobs started whole, % | jobs started whole "
+            "| jobs partly placed (GPUs they hold) | jobs never started | end check |",
+            "|---|---|---:|---:|---:|---:|---:|---|",
+            *job_table_rows(
+                fill_up,
+                [
+                    lambda run: f"{run['allocated']:.1f}",
+                    lambda run: f"{run['useful']:.1f}",
+                    lambda run: f"{run['whole']:,}",
+                    lambda run: f"{run['partial']:,} ({run['partial_gpus']:,.1f})",
+                    lambda run: f"{run['never']:,}",
+                ],
+            ),
         ]
-        lines.append(f"| {scheduler} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    churned = job_rows(records, "churn")
+    if churned:
+        runs = [run for group in churned.values() for run in group]
+        tables += [
+            *([""] if tables else []),
+            f"**Jobs that come and go** ({said}; {joined([run['nodes'] for run in runs])} of the trace's nodes, "
+            f"{joined([run['gpus'] for run in runs])} GPUs; {joined([run['jobs'] for run in runs])} jobs arriving "
+            f"over {joined([run['hours'] for run in runs])} trace hours, "
+            f"{joined([run['offered'] for run in runs])} capacities offered, withdrawn after "
+            f"{joined([run['patience_minutes'] for run in runs])} trace minutes not started):",
+            "",
+            "| scheduler | seeds | GPU allocated, % | to jobs started, % | held by jobs partly placed, GPU-hours "
+            "(% of the cluster's) | jobs started | withdrawn (holding GPUs then) | waiting at the end (holding GPUs) "
+            "| jobs of several pods: wait p90 | end check |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            *job_table_rows(
+                churned,
+                [
+                    lambda run: f"{run['allocated']:.1f}",
+                    lambda run: f"{run['useful']:.1f}",
+                    lambda run: f"{run['partial_gpu_hours']:,.1f} ({run['partial_share']:.1f})",
+                    lambda run: f"{run['started']:,}",
+                    lambda run: f"{run['withdrawn']:,} ({run['withdrawn_partial']:,})",
+                    lambda run: f"{run['waiting']:,} ({run['waiting_partial']:,})",
+                    lambda run: wait_text(run["gang_wait_p90"]),
+                ],
+            ),
+        ]
+    return "\n".join(tables)
+
+
+def wait_text(seconds: float) -> str:
+    """Trace seconds as the churn report says them: `45s`, `12m`, `1.5h`."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
 
 
 TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {

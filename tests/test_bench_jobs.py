@@ -269,3 +269,20 @@ def test_a_job_still_waiting_at_the_end_counts_its_wait_so_far_and_what_it_holds
     timeline.bind(0, 0, 40.0)
     figures = timeline.figures(100.0, 3600.0)
     assert (figures["waiting"], figures["waiting_partial"], figures["gang_wait_p50"]) == (1, 1, 70.0)
+
+
+def churn_run(scheduler: str, seed: int, partial_hours: float) -> dict[str, Any]:
+    return {
+        "scheduler": scheduler, "protocol": "gpushare", "seed": seed, "mode": "churn", "nodes": 200, "gpus": 1000,
+        "jobs": 3000, "hours": 2.0, "offered": 1.2, "patience_minutes": 60.0, "allocated": 95.0, "useful": 80.0,
+        "partial_gpu_hours": partial_hours, "partial_share": 7.5, "started": 2500, "withdrawn": 300,
+        "withdrawn_partial": 40, "waiting": 200, "waiting_partial": 20, "gang_wait_p90": 1500.0, "problems": [],
+    }  # fmt: skip
+
+
+def test_the_churn_runs_get_a_table_of_their_own_after_the_fill_ups() -> None:
+    kept = [jobs_record(churn_run("ours, no groups", 42, 150.0), job_run("ours, no groups", 42))]
+    table = figures.jobs_table(kept)
+    assert table.index("**Fill-up**") < table.index("**Jobs that come and go**")
+    assert "3,000 jobs arriving over 2 trace hours, 1.2 capacities offered, withdrawn after 60 trace minutes" in table
+    assert "| ours, no groups | 42 | 95.0 | 80.0 | 150.0 (7.5) | 2,500 | 300 (40) | 200 (20) | 25m | passed |" in table
