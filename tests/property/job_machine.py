@@ -45,11 +45,14 @@ TEAM = "team"
 """The namespace of the jobs, and of the ResourceQuota."""
 SIZES = st.integers(min_value=1, max_value=4)
 """Pods a job needs to start: from one (a job of one is still held whole) to more GPUs than most nodes have."""
-SEEN_AT_ONCE = st.sampled_from((True, True, True, False))
+SEEN_AT_ONCE = st.sampled_from((True,) * 5 + (False,))
 """Whether the cache sees a member created before the next step: mostly (a job is planned once its members are
 all seen), not always (a member's filter may come before the watch shows it, or the others)."""
-QUOTA_CHANGES = (-4, 0, 4, 16, 64)
-"""GiB the team's quota is set above what it holds (below, at, a member or two above, room for several jobs)."""
+CHANGES = ("node removed", "GPUs unhealthy", "quota lowered")
+"""What may change under a job's hold before its members bind (`bind_after_a_change`)."""
+QUOTA_CHANGES = (-4, 4, 16, 64)
+"""GiB the team's quota is set above what it holds: below (no more is given until pods go), a member or two above,
+room for several jobs."""
 
 
 class JobMachine(CacheMachine):
@@ -82,6 +85,11 @@ class JobMachine(CacheMachine):
 
         self.cache.release = watched_release  # type: ignore[method-assign]
 
+    def worker(self, data: st.DataObject) -> dict[str, Any]:
+        """A pod whose copies make a job: a share of one GPU, as a distributed job's workers each ask, drawn so
+        that several fit the cluster at once (the single pods' drawing fills a node with a pod or two)."""
+        raise NotImplementedError
+
     def pending(self) -> list[str]:
         """The pods `machine.py`'s rules filter and bind alone: not the members of a job (this machine's rules)."""
         return [uid for uid in super().pending() if uid not in self.member_of]
@@ -95,10 +103,10 @@ class JobMachine(CacheMachine):
     @rule(data=st.data(), size=SIZES, extra=st.booleans())
     def create_job(self, data: st.DataObject, size: int, extra: bool) -> None:
         """A Kueue pod group of `size` pods, sometimes with one more (placed as any pod once `size` started): workers
-        alike (one pod drawn, the rest its copies), or each drawn on its own."""
+        alike (copies of one `worker`), or each drawn as the single pods are."""
         key = GroupKey(Scheme.KUEUE, TEAM, f"job{len(self.jobs)}")
         self.jobs[key] = size
-        self.workers[key] = self.pod(data, "worker") if data.draw(st.booleans()) else None
+        self.workers[key] = self.worker(data) if data.draw(st.booleans()) else None
         for _ in range(size + extra):
             self.create_member(data, key)
 
@@ -170,9 +178,39 @@ class JobMachine(CacheMachine):
     @precondition(lambda self: self.nodes and self.unstarted())
     @rule(data=st.data(), outcome=st.sampled_from(OUTCOMES[:-1]))
     def schedule_a_member(self, data: st.DataObject, outcome: str) -> None:
+        self.schedule(data, data.draw(st.sampled_from(self.unstarted())), outcome)
+
+    @precondition(lambda self: self.nodes and self.unstarted())
+    @rule(data=st.data())
+    def schedule_a_job(self, data: st.DataObject) -> None:
+        """kube-scheduler's cycles for every member of a job not started, one after another in any order (once a job
+        is held, kube-scheduler is asked to retry its members at once: `Requeue.job_held`)."""
+        unstarted = self.unstarted()
+        key = self.member_of[data.draw(st.sampled_from(unstarted))]
+        for uid in data.draw(st.permutations([uid for uid in unstarted if self.member_of[uid] == key])):
+            self.schedule(data, uid, data.draw(st.sampled_from(OUTCOMES[:-1])))
+
+    @precondition(lambda self: self.held_for_jobs(self.unstarted()))
+    @rule(data=st.data(), change=st.sampled_from(CHANGES), outcome=st.sampled_from(OUTCOMES[:-1]))
+    def bind_after_a_change(self, data: st.DataObject, change: str, outcome: str) -> None:
+        """What a job holds changes before one of its members binds to its planned node: the node leaves, the GPUs
+        are listed unhealthy (gpushare), or the team's quota is lowered below what it holds. The bind is refused
+        then, its job's hold kept whole for the sweep, as the ledger's rules say."""
+        uid = data.draw(st.sampled_from(self.held_for_jobs(self.unstarted())))
+        allocation = self.cache.reserved[uid].allocation
+        node = allocation.node
+        if change == "node removed" and node in self.nodes:
+            self.cache.apply_node(self.nodes.pop(node), deleted=True)
+        elif change == "GPUs unhealthy" and self.protocol.unhealthy_namespace is not None:
+            self.unhealthy[node] = self.unhealthy.get(node, frozenset()) | {use.index for use in allocation.uses}
+            self.cache.apply_unhealthy(node, self.unhealthy[node])
+        elif change == "quota lowered":
+            self.set_quota(-4)
+        self.bind_member(uid, node, outcome)
+
+    def schedule(self, data: st.DataObject, uid: str, outcome: str) -> None:
         """kube-scheduler's cycle for a member: its filter, and its bind to the node passed (the first passed, for
-        one placed as any pod), if any."""
-        uid = data.draw(st.sampled_from(self.unstarted()))
+        one placed as any pod), if any, ending in `outcome`."""
         names, verdict = self.filtered(data, uid)
         if verdict is None:
             self.bind_member(uid, names[0], outcome)
@@ -246,11 +284,14 @@ class JobMachine(CacheMachine):
             self.bound(uid, allocation, outcome)
 
     @precondition(lambda self: any(uid in self.api for uid in self.member_of))
-    @rule(data=st.data())
-    def delete_member(self, data: st.DataObject) -> None:
-        """A member deleted (its job cancelled, or the pod evicted): mostly one held for its job."""
+    @rule(data=st.data(), swept=st.booleans())
+    def delete_member(self, data: st.DataObject, swept: bool) -> None:
+        """A member deleted (its job cancelled, or the pod evicted): mostly one held for its job; and sometimes the
+        expiry sweep comes next, before any other change."""
         alive = [uid for uid in self.member_of if uid in self.api]
         self.show(data.draw(mostly(self.held_for_jobs(alive), alive)), deleted=True)
+        if swept:
+            self.sweep_jobs()
 
     @rule(more=st.sampled_from((None, *QUOTA_CHANGES)))
     def set_quota(self, more: int | None) -> None:
@@ -271,6 +312,10 @@ class JobMachine(CacheMachine):
         """`machine.py`'s, then the sweep's second half (`verbs._expire`): the jobs' holds due let go, each whole,
         and no job held in part after it."""
         super().time_passes(seconds, watching)
+        self.sweep_jobs()
+
+    def sweep_jobs(self) -> None:
+        """The jobs' holds due let go, each whole, and no job held in part after it."""
         now, due = self.clock(), {}
         for key in self.jobs:
             group = self.ledger.group_hold(key)
