@@ -118,9 +118,24 @@ def joined(values: Sequence[int | float]) -> str:
 
 
 def runs_said(records: Sequence[record.Record]) -> str:
-    if len(records) == 1:
-        return f"its run record in `{records_folder(records)}`"
-    return f"{len(records)} run records in `{records_folder(records)}`"
+    """Where the figures come from, and how busy the machine was while they were measured (where recorded)."""
+    where = (
+        f"its run record in `{records_folder(records)}`"
+        if len(records) == 1
+        else f"{len(records)} run records in `{records_folder(records)}`"
+    )
+    return where + load_said(records)
+
+
+def load_said(records: Sequence[record.Record]) -> str:
+    """`; the machine's load average (1 minute) 0.4 to 6.7 at the runs' starts and ends`, from the records that
+    kept it ("" when none did): on two cores, what else ran beside a bench moves its figures."""
+    loads = [values[0] for kept in records for values in kept.load.values() if values]
+    if not loads:
+        return ""
+    low, high = min(loads), max(loads)
+    span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f} to {high:.1f}"
+    return f"; the machine's load average (1 minute) {span} at the runs' starts and ends"
 
 
 # ---- make bench: the verbs ------------------------------------------------------------------------------------
@@ -505,6 +520,37 @@ def wait_text(seconds: float) -> str:
     return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
 
 
+# ---- make bench: the transport --------------------------------------------------------------------------------
+
+
+def transport_table(records: Sequence[record.Record]) -> str:
+    """bench.transport's servers: each figure the median over every round of every record, as the bench prints
+    one run's (its rounds' median)."""
+    machine = one_machine(records)
+    rates: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    for kept in records:
+        for server in kept.results["servers"]:
+            rates.setdefault(server["label"], []).extend(server["rates"])
+            cpu.setdefault(server["label"], []).extend(server["cpu_us"])
+    settings = records[-1].settings
+    rounds = sum(len(kept.results["servers"][0]["rates"]) for kept in records if kept.results["servers"])
+    return "\n".join(
+        [
+            f"**Results** ({machine.describe()}; {settings['names']:,} node names a POST, "
+            f"{settings['connections']} keep-alive connections from {settings['clients']} client processes, each "
+            f"figure the median of {rounds} runs of {settings['seconds']:g} s; {runs_said(records)}):",
+            "",
+            "| server | req/s | server CPU µs/request |",
+            "|---|---:|---:|",
+            *(
+                f"| {label} | {statistics.median(rates[label]):,.0f} | {statistics.median(cpu[label]):.1f} |"
+                for label in rates
+            ),
+        ]
+    )
+
+
 TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
     "node_burst": node_burst_table,
     "bench": verbs_table,
@@ -513,6 +559,7 @@ TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
     "run": loadtest_table,
     "e2e": e2e_table,
     "jobs": jobs_table,
+    "transport": transport_table,
 }
 """The benches whose pages' tables are built from records, by records folder."""
 

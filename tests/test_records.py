@@ -545,3 +545,28 @@ def test_the_make_defaults_the_pages_quote_are_the_makefiles() -> None:
     quoted = [found for page in pages for found in MAKE_DEFAULT.findall(page.read_text())]
     wrong = [f"{name} ?= {value}" for name, value in quoted if f"\n{name} ?= {value}\n" not in makefile]
     assert not wrong, f"make defaults quoted that the Makefile does not set: {wrong}"
+
+
+def test_a_table_says_how_busy_the_machine_was_where_the_records_kept_it() -> None:
+    old = make_record([])
+    assert figures.load_said([old]) == "", "records from before the load was kept say nothing of it"
+    busy = dataclasses.replace(old, load={"start": [0.42, 1.0, 1.0], "end": [6.66, 3.0, 2.0]})
+    assert (
+        figures.load_said([old, busy])
+        == "; the machine's load average (1 minute) 0.4 to 6.7 at the runs' starts and ends"
+    )
+    assert figures.runs_said([busy]).endswith("0.4 to 6.7 at the runs' starts and ends")
+
+
+def test_the_transport_table_gives_each_servers_median_over_every_round() -> None:
+    servers = [
+        {"label": "ours", "rates": [100.0, 300.0, 200.0], "cpu_us": [10.0, 30.0, 20.0]},
+        {"label": "uvicorn", "rates": [50.0, 70.0, 60.0], "cpu_us": [40.0, 20.0, 30.0]},
+    ]
+    settings = {"names": 1000, "connections": 8, "clients": 2, "seconds": 4.0}
+    kept = dataclasses.replace(
+        make_record([]), bench="bench.transport", settings=settings, results={"servers": servers}
+    )
+    table = figures.transport_table([kept])
+    assert "each figure the median of 3 runs of 4 s" in table
+    assert "| ours | 200 | 20.0 |" in table and "| uvicorn | 60 | 30.0 |" in table
