@@ -63,9 +63,21 @@ AREAS = (
     Area("protocols", ("extender/core/protocols/*.py",), CORE_TESTS),
 )
 
-KILLED = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout"}
-"""mutmut's exit codes (mutmut/stats.py) that count as killed: a test failed, pytest broke, or the run timed out
-(a mutant that loops forever is caught, if slowly). 0 is a survivor, 5 and 33 mean no test reached the mutant."""
+KILLED = {
+    1: "killed",
+    3: "killed",
+    36: "timeout",
+    24: "timeout",
+    -24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    -9: "segfault",
+    -11: "segfault",
+}
+"""mutmut's exit codes (mutmut/stats.py) that count as killed: a test failed, pytest broke, the run timed out (a
+mutant that loops forever is caught, if slowly), or the tests' process died of a signal (mutmut's "segfault":
+SIGSEGV, or SIGKILL past the hard CPU limit or out of memory, as arrays.py's rows grown at every new node were).
+0 is a survivor, 5 and 33 mean no test reached the mutant."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ def test_outcomes_are_counted_killed_survived_untested_and_equivalent_while_its_
         "extender/core/mig.py": {
             "m.x_f__mutmut_1": 1,  # a test failed
             "m.x_f__mutmut_2": 36,  # timed out: counted killed
+            "m.x_f__mutmut_7": -9,  # the tests' process killed (out of memory, past the CPU limit): counted killed
             "m.x_f__mutmut_3": 0,  # survived
             "m.x_f__mutmut_4": 33,  # no test reached it
             "m.x_f__mutmut_5": 0,  # listed, line matches
@@ -41,8 +42,8 @@ def test_outcomes_are_counted_killed_survived_untested_and_equivalent_while_its_
     listed = {name: Equivalent(name, "return a >= 0", "why") for name in ("m.x_f__mutmut_5", "m.x_f__mutmut_6")}
     stale: list[str] = []
     [counted] = tally(codes, diff_of, listed, stale)
-    assert dict(counted.outcomes) == {"killed": 2, "survived": 2, "no tests": 1, "equivalent": 1}
-    assert counted.judged == 5 and counted.killed == 2
+    assert dict(counted.outcomes) == {"killed": 3, "survived": 2, "no tests": 1, "equivalent": 1}
+    assert counted.judged == 6 and counted.killed == 3
     assert counted.survivors == ["m.x_f__mutmut_3", "m.x_f__mutmut_4", "m.x_f__mutmut_6"]
     assert stale == ["m.x_f__mutmut_6"]
     assert share(2, 5) == 40.0 and share(0, 0) == 100.0
