@@ -8,15 +8,29 @@ by, the views of nodes preemption judges (a node without its victims)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand
+from extender.core.placement.batch import after, measures, rounded
+from extender.core.placement.config import Ask
+from extender.core.placement.fragmentation import DIGITS, added_fragmentation
 from extender.core.placement.learned import Learned
 from extender.core.placement.measure import room_of
 from extender.core.placement.placer import Placer
 from extender.core.protocols.gpushare import Profile
-from tests.builders import PROFILE, bound_pod, make_node, make_pod
+from tests.builders import (
+    PROFILE,
+    bound_pod,
+    learned_of,
+    make_hami_cluster,
+    make_hami_node,
+    make_hami_pod,
+    make_node,
+    make_pod,
+    running_hami_pod,
+)
 from tests.core.placement.test_fragmentation import BEST, ask
 from tests.property.fresh import arrays_differences, outcome_of, rebuilt
 
@@ -227,3 +241,59 @@ def test_a_demand_of_one_gpu_is_filtered_by_its_node_arrays_after_a_node_left() 
     placer = Placer(script.cache, BEST, script.learned)
     outcome = placer.filter(Demand(8), ["n1", "n2"], script.cache.nodes, "default/a", ask(8))
     assert outcome.passed == [] and set(outcome.failed) == {"n1", "n2"}
+
+
+# ---- rows of GPUs that count pods: the array way against the scalar one ------------------------------------
+
+
+def counting_pod(name: str, node: str, gpu: int, mem: int) -> dict[str, Any]:
+    """A pod HAMi's plugin runs on GPU `gpu` of `node`, asking 2 cpus and 4 GiB of memory besides."""
+    pod = running_hami_pod(name, node, gpu, mem, 0)
+    pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2", "memory": "4Gi"}
+    return pod
+
+
+def test_nodes_whose_gpus_count_pods_are_judged_in_arrays_as_one_by_one() -> None:
+    """HAMi's GPUs without compute tracked can be judged in arrays; each runs 2 pods at most, so a pod that takes a
+    GPU's last slot leaves nothing there for the next, whatever its memory. The nodes report no cpu or memory
+    (HAMi's do not, in these objects): nothing is ever short of either. The array way (`batch.after`, over the
+    rows) must give what the scalar way gives, to the bit (`batch.py`), here where slots and unreported
+    allocatables matter."""
+    nodes = [make_hami_node(f"h{number}", gpus=2, cores=0, split=2) for number in range(4)]
+    running = [
+        counting_pod("a", "h0", 0, 10000),  # h0: GPU 0 has one slot left
+        counting_pod("b", "h1", 0, 10000),
+        counting_pod("c", "h1", 1, 30000),  # h1: one slot left on each
+        counting_pod("d", "h3", 1, 5000),
+        counting_pod("e", "h3", 1, 5000),  # h3: GPU 1 full by its slots, 30960 MiB free on it
+    ]
+    pending = [make_hami_pod(f"seen-{number}", mem=10000 if number % 2 else 20000) for number in range(6)]
+    for pod in pending:
+        pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2", "memory": "4Gi"}
+    cache = make_hami_cluster(*nodes, pods=(*running, *pending))
+    learned = learned_of(cache)
+    classes = learned.classes()
+    [rows] = learned.arrays.kinds.values()
+    assert rows.size == 4
+    for ask_ in (Ask(Demand(10000), 2000, 4 << 30), Ask(Demand(20000, devices=2), 2000, 4 << 30), Ask(Demand(0))):
+        size = rows.size
+        then, chosen = after(
+            rows.free[:size],
+            rows.slotted[:size],
+            rows.cpu[:size] - ask_.cpu,
+            rows.memory[:size] - ask_.memory,
+            ask_.demand,
+            rows.kind,
+            classes,
+        )
+        _, capacity, model = rows.kind
+        was = measures(rows.free[:size], rows.cpu[:size], rows.memory[:size], capacity, model, classes)
+        added = rounded(then - was, DIGITS).tolist()
+        for position, state in enumerate(rows.states):
+            scalar = added_fragmentation(ask_, state, learned, classes)
+            if scalar is None:  # a pod of two GPUs on h3, one of whose GPUs takes no pod more
+                assert (added[position], ask_.demand.devices, state.name) == (math.inf, 2, "h3")
+                continue
+            assert added[position] == scalar[0], (ask_, state.name)
+            if not ask_.demand.is_zero:
+                assert tuple(chosen[position].tolist()) == scalar[1], (ask_, state.name)
