@@ -141,13 +141,14 @@ def _plan(
 ) -> MemberFilter:
     """Plan the job's pending members at once and hold them whole; the asking member's node, or why not."""
     members = []
+    allowed = frozenset(names)  # one set for every member: kube-scheduler's filters passed these for the pod asking
     for pending in group.gang().members:
         record = asking if pending.uid == asking.uid else cache.pods.get(pending.uid)
         if record is None:  # forgotten between the two reads: not possible without an await; be safe
             return MemberFilter(reason=f"job {key}: pod {pending.name} is gone")
         if record.demand is None:
             return MemberFilter(reason=f"job {key}: pod {record.key}: {record.unreadable}")
-        members.append(Member(record.uid, record.key, record.demand, record.cpu, record.memory, frozenset(names)))
+        members.append(Member(record.uid, record.key, record.demand, record.cpu, record.memory, allowed))
 
     def choose(demand: Demand, state: NodeState) -> Placement | None:
         return placer.choose(demand, state)
