@@ -273,10 +273,12 @@ def _decide(request: BindRequest, context: BindContext) -> BindOutcome | Write:
         return _refused(f"pod {request.key}: {refusal}")
     hold = context.cache.hold_of(request.uid)
     if hold is not None and hold.state is HoldState.GROUPED:  # a member of a job held whole (`jobs.py`)
+        job = context.ledger.group_of(request.uid)
         taken = context.ledger.take_grouped(request.uid, request.node)
         if taken is not None:
             return Write(pod, taken, state)
-        job = context.ledger.group_of(request.uid)
+        if context.ledger.group_of(request.uid) is None:
+            return _refused(f"pod {request.key}: job {job} lost a member it was held for; it is planned again whole")
         return _refused(f"pod {request.key} is held on {hold.allocation.node} for job {job}, not on {request.node}")
     if hold is None:
         unheld = jobs.unheld(record, context.cache, context.ledger)

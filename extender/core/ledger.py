@@ -353,8 +353,9 @@ class Ledger:
 
     def take_grouped(self, uid: str, node: str) -> Hold | None:
         """Reserve what the member's GROUPED hold holds, as its bind's decision, when the bind is to the node
-        planned for it and it still fits there (its GPUs usable: the hold itself is given back to the check).
-        Returns the reservation, or None."""
+        planned for it, it still fits there (its GPUs usable: the hold itself is given back to the check) and its
+        job's hold is still whole. A job that lost a member it was held for (deleted before the sweep noticed) is
+        let go whole here, so no member binds into a job that cannot start. Returns the reservation, or None."""
         hold = self.cluster.reserved.get(uid)
         if (
             hold is None
@@ -363,10 +364,13 @@ class Ledger:
             or self._refusal(hold.allocation) is not None
         ):
             return None
-        reserved = Hold(hold.allocation, HoldState.RESERVED, since=self.clock())
-        self.cluster.restate(reserved)
         key = self._group_of.get(uid)
         group = self._groups.get(key) if key is not None else None
+        if group is not None and self._gone(group):  # a member it was held for is gone: the job cannot start
+            self.release_group(group.key)  # whole; planned again at its next filter, never started in part
+            return None
+        reserved = Hold(hold.allocation, HoldState.RESERVED, since=self.clock())
+        self.cluster.restate(reserved)
         if group is not None:
             group.taken.add(uid)
             if not group.waiting:  # every member's bind has come: the job's hold has done its work
@@ -387,6 +391,10 @@ class Ledger:
                 released.append(self.cluster.release(uid))
         return [hold for hold in released if hold is not None]
 
+    def _gone(self, group: GroupHold) -> int:
+        """How many members the job waits for have lost their hold (deleted, ended, bound by another scheduler)."""
+        return sum(1 for uid in group.waiting if self.held_for(uid) != group.planned[uid])
+
     def _forget_group(self, group: GroupHold) -> None:
         del self._groups[group.key]
         for uid in group.planned:
@@ -401,9 +409,8 @@ class Ledger:
         released = []
         for group in list(self._groups.values()):
             waiting = group.waiting
-            held = [uid for uid in waiting if self.held_for(uid) == group.planned[uid]]
-            if len(held) < len(waiting):
-                gone = len(waiting) - len(held)
+            gone = self._gone(group)
+            if gone:
                 why = f"{gone} of its members' holds are gone (pods deleted, ended or bound by another scheduler)"
             elif group.since < deadline:
                 late, members = len(waiting), len(group.planned)
