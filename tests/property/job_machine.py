@@ -195,7 +195,7 @@ class JobMachine(CacheMachine):
     def bind_after_a_change(self, data: st.DataObject, change: str, outcome: str) -> None:
         """What a job holds changes before one of its members binds to its planned node: the node leaves, the GPUs
         are listed unhealthy (gpushare), or the team's quota is lowered below what it holds. The bind is refused
-        then, its job's hold kept whole for the sweep, as the ledger's rules say."""
+        where the ledger's rules say it no longer fits, its job's hold left whole for the sweep."""
         uid = data.draw(st.sampled_from(self.held_for_jobs(self.unstarted())))
         allocation = self.cache.reserved[uid].allocation
         node = allocation.node
@@ -258,8 +258,13 @@ class JobMachine(CacheMachine):
         hold = self.cache.hold_of(uid)
         if hold is not None:
             expected = node == hold.allocation.node and oracle.fits(self.cache, hold.allocation, self.memory_quotas)
+            job = self.ledger.group_of(uid)
+            group = self.ledger.group_hold(job) if job is not None else None
+            in_part = group is not None and not oracle.whole(self.cache, group)
             taken = self.ledger.take_grouped(uid, node)
-            assert (taken is not None) == expected, f"{uid} to {node}: took {taken}, the rules say {expected}"
+            # A job held in part (a member deleted, the sweep not yet come) may refuse its members' binds: that it
+            # does not yet is test_found_jobs.py's.
+            assert (taken is not None) == expected or (in_part and taken is None), f"{uid} to {node}: took {taken}"
             if taken is None:
                 assert self.cache.hold_of(uid) == hold, f"{uid}'s hold for its job changed by a refused bind"
             else:
