@@ -120,6 +120,9 @@ def filter_member(
         return None
     planned = {member.uid for member in gang.members}
     held = ledger.group_hold(key)
+    if held is not None and not ledger.whole(key):  # a member it was held for is gone: plan the job again
+        ledger.release_group(key)
+        held = None
     if held is not None:
         node = ledger.held_for(record.uid)
         if node is not None and record.uid in held.planned:

@@ -391,6 +391,11 @@ class Ledger:
                 released.append(self.cluster.release(uid))
         return [hold for hold in released if hold is not None]
 
+    def whole(self, key: GroupKey) -> bool:
+        """Whether the job's hold still holds every member it waits for (False when it holds none)."""
+        group = self._groups.get(key)
+        return group is not None and not self._gone(group)
+
     def _gone(self, group: GroupHold) -> int:
         """How many members the job waits for have lost their hold (deleted, ended, bound by another scheduler)."""
         return sum(1 for uid in group.waiting if self.held_for(uid) != group.planned[uid])

@@ -266,3 +266,19 @@ def test_a_job_of_alike_members_that_does_not_fit_costs_one_pass_over_the_nodes(
     said = filter_of(pods[0], cluster, make_ledger(cluster), [f"n{n:02d}" for n in range(50)])
     assert said == jobs.MemberFilter(reason="job default/train needs 64 pods of 1 GPU with 16 GiB; 0 fit now")
     assert len(judged) == 50, "each node judged once for the 64 alike members"
+
+
+def test_a_members_filter_plans_the_job_again_once_a_member_it_was_held_for_is_gone() -> None:
+    """w-1 deleted (its owner makes w-1b in its place) before the sweep: the next member's filter lets the hold
+    go and plans the job with the pods it has now, rather than pass a node for a job that cannot start."""
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    pods = [member("w-0", 2), member("w-1", 2)]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    ledger = make_ledger(cluster)
+    assert filter_of(pods[0], cluster, ledger, ["n1", "n2"]) == jobs.MemberFilter("n1", planned=True)
+    cluster.apply_pod(pods[1], deleted=True)
+    replacement = member("w-1b", 2)
+    cluster.apply_pod(replacement)
+    assert filter_of(pods[0], cluster, ledger, ["n1", "n2"]) == jobs.MemberFilter("n1", planned=True)
+    assert grouped(cluster) == {"uid-w-0": "n1", "uid-w-1b": "n1"}
