@@ -14,7 +14,7 @@ from tests.property.job_machine import JobMachine
 from tests.property.test_gpushare_machine import GpushareMachine
 from tests.property.test_hami_machine import HamiMachine
 
-EXAMPLES = 60
+EXAMPLES = 80
 STEPS = 60
 
 
