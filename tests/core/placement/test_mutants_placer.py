@@ -1,0 +1,97 @@
+"""The placer's surface to the verbs (`placer.py`), where `make mutation` found it unguarded: the bind's GPUs by
+the pod's ask, a filter over states that are not the cache's (judged as they are, not by the cache's arrays), the
+quota's admission in a filter that may first warm its narrowing, and that warming itself: slices to run between
+turns of the event loop, then the answer the filter gives in one go."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extender.core.devices import Demand
+from extender.core.placement import fragmentation
+from extender.core.placement.config import Ask
+from extender.core.placement.filtering import FilterOutcome
+from extender.core.placement.placer import Warming
+from extender.core.protocols.gpushare import Profile, SeveralGpus
+from tests.builders import bound_pod, make_cluster, placer_for
+from tests.core.placement.test_batch import random_cluster
+from tests.core.placement.test_fragmentation import BEST, OFF, ask, node, teach
+
+BIND = Profile(several_gpus=SeveralGpus.BIND)
+"""gpushare with pods of several GPUs bound as they ask (its default refuses them everywhere)."""
+
+
+def test_the_bind_gives_the_gpu_where_the_pod_adds_least_not_the_fullest() -> None:
+    """Shares of half a GPU typical; GPU 0 has 700 of 1000 free, GPU 1 is empty. A 300 share on GPU 0 (the fullest,
+    binpack's choice) leaves 400 that no typical share can use; on GPU 1 it leaves 700 and 700, both usable. The
+    bind gives GPU 1 by the pod's ask; without an ask (cpu and memory unknown) fill decides: GPU 0."""
+    cache = make_cluster(node("n1"), pods=(bound_pod("running", "n1", (0,), 300),))
+    teach(cache, (500, "4", 5))
+    placer, state = placer_for(cache, BEST), cache.nodes["n1"]
+    by_ask = placer.choose(Demand(memory=300), state, ask(300))
+    by_fill = placer.choose(Demand(memory=300), state, None)
+    assert by_ask is not None and [grant.index for grant in by_ask.containers[0]] == [1]
+    assert by_fill is not None and [grant.index for grant in by_fill.containers[0]] == [0]
+
+
+def test_a_filter_over_states_that_are_not_the_caches_judges_those_states() -> None:
+    """Nodes sent whole by the scheduler, or preemption's views, are judged as they are: n1 is empty in the cache
+    but full in the states asked about, so it is refused, though the cache's arrays say it would fit."""
+    cache = make_cluster(node("n1"), node("n2"))
+    fuller = make_cluster(node("n1"), node("n2"), pods=tuple(bound_pod(f"r{i}", "n1", (i,), 1000) for i in (0, 1)))
+    outcome = placer_for(cache, OFF).filter(Demand(memory=500), ["n1", "n2"], fuller.nodes, "default/a", ask(500))
+    assert outcome.passed == ["n2"] and list(outcome.failed) == ["n1"]
+
+
+def refuse_n2(outcome: FilterOutcome) -> None:
+    """A namespace quota with no room for the pod on n2 (`quota.admission.quota_filter` moves such nodes out)."""
+    if "n2" in outcome.passed:
+        outcome.passed = [name for name in outcome.passed if name != "n2"]
+        outcome.failed["n2"] = "exceeds the namespace's quota"
+
+
+def test_the_quota_refuses_nodes_in_a_filter_that_may_warm_as_in_one_that_may_not() -> None:
+    cache = make_cluster(node("n1"), node("n2"))
+    placer = placer_for(cache, OFF)
+    for outcome in (
+        placer.begin_filter(Demand(memory=500), ["n1", "n2"], cache.nodes, "default/a", ask(500), refuse_n2),
+        placer.filter(Demand(memory=500), ["n1", "n2"], cache.nodes, "default/a", ask(500), refuse_n2),
+    ):
+        assert isinstance(outcome, FilterOutcome)
+        assert outcome.passed == ["n1"] and outcome.failed == {"n2": "exceeds the namespace's quota"}
+
+
+PLAIN = Ask(Demand(8), 2000, 4 << 30)
+
+
+def test_a_filter_that_must_judge_many_nodes_afresh_first_gives_slices_then_the_same_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """200 nodes never judged for this pod, 30 judged a slice: `begin_filter` hands back the work as slices (the
+    service runs one per turn of the event loop); `filter` does it all at once; both then pass the same node."""
+    monkeypatch.setattr(fragmentation, "ARRAY_SLICE", 30)
+    cache, learned = random_cluster(random.Random(9), 200, (4, 8), (40,))
+    names = list(cache.nodes)
+    placer = placer_for(cache, BEST)
+    assert placer.learned is learned
+    begun = placer.begin_filter(PLAIN.demand, names, cache.nodes, "default/a", PLAIN)
+    assert isinstance(begun, Warming)
+    assert sum(1 for _ in begun.steps) > 1
+    after_warming = placer.begin_filter(PLAIN.demand, names, cache.nodes, "default/a", PLAIN)
+    assert isinstance(after_warming, FilterOutcome) and len(after_warming.passed) == 1
+
+    cold, _ = random_cluster(random.Random(9), 200, (4, 8), (40,))
+    at_once = placer_for(cold, BEST).filter(PLAIN.demand, names, cold.nodes, "default/a", PLAIN)
+    assert at_once.passed == after_warming.passed
+
+
+def test_a_pod_of_two_gpus_is_never_passed_for_one_gpu_with_room() -> None:
+    """The one-step filter reads each node's largest free GPU, which says nothing of a second: n1 has one GPU free
+    of two, so a pod of two GPUs of 500 each is refused there, by the node's own reason."""
+    cache = make_cluster(node("n1"), node("n2"), pods=(bound_pod("r", "n1", (0,), 1000),), profile=BIND)
+    demand = Demand(memory=1000, devices=2)
+    outcome = placer_for(cache, OFF).filter(demand, ["n1", "n2"], cache.nodes, "default/a", ask(1000, devices=2))
+    assert outcome.passed == ["n2"]
+    assert outcome.failed == {"n1": "needs 2 GPUs with 500 GiB free each; 1 of 2 have that much"}
