@@ -4,9 +4,10 @@ fail (xfail, strict) until the product is fixed, then to pass (and the mark to g
 - A pod deleted after its node left kept counting against its namespace's quota: the cache forgets the node in
   the pod's batch of changes and tells no `node_changed` for it, and the quota book took `node_forgotten` to mean
   its holds were counted out already. Fixed in `Quotas.node_forgotten`.
-- A member's bind takes its hold while its job's hold has lost a member (deleted before the expiry sweep): the job
-  starts in part. The state machine allows that window for the holds (the sweep closes it); it is the bind that
-  should not start a member of a job no longer whole. Not fixed yet (xfail)."""
+- A member's bind took its hold while its job's hold had lost a member (deleted before the expiry sweep): the job
+  started in part. The state machine allows that window for the holds (the sweep closes it); it is the bind that
+  must not start a member of a job no longer whole. Fixed in `Ledger.take_grouped`, which lets such a job go
+  whole."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from tests.property.test_gpushare_machine import GpushareMachine
 from tests.property.test_hami_machine import HamiMachine
 
 EXAMPLES = 80
-STEPS = 60
+STEPS = 80
 
 
 class GpushareJobMachine(JobMachine, GpushareMachine):
