@@ -3,8 +3,9 @@
 Rules make what Kueue and kube-scheduler do with plain-pod groups: jobs of a few pods created (seen by the cache
 at once or later, sometimes one pod more than the job's size, and replacements later), a member filtered (its job
 planned and held whole, or refused whole), a member bound (its job's hold taken on its planned node, or refused
-elsewhere; without a hold, refused while its job lacks members started), members deleted, binds failing (the job's
-other holds let go with it), time passing past the jobs' hold TTL and the sweep letting jobs go, and the team's
+elsewhere; without a hold, refused while its job lacks members started), members deleted (also between another
+member's filter and its bind), binds failing (the job's other holds let go with it), the node, GPUs or quota of a
+held job changing before its binds, time passing past the jobs' hold TTL and the sweep letting jobs go, and the team's
 ResourceQuota on GPU memory set, lowered below what it holds, or deleted; the single pods, reservations and nodes
 of `machine.py` interleave. The jobs live in their own namespace, so the single pods' rules meet no quota.
 
@@ -16,9 +17,12 @@ After every step, besides `machine.py`'s invariants:
 - the team's quota book counts what its pods hold, and no step takes that above the quota (a quota lowered below
   what is held leaves that, and nothing more is given);
 - the cache files each member under its job.
-And at the step itself: a member's filter passes the node its job's hold planned for it, the hold covering exactly
-the members the job lacks, or refuses it with the job holding nothing; a member's bind without a hold is refused
-while its job lacks members started (`jobs.unheld`).
+And at the step itself: a member's filter passes the node its job's hold planned for it (a hold still whole, covering
+exactly the members the job lacked when planned), or refuses it with the job holding nothing; a member's bind takes
+its hold only to its planned node, where it still fits, and while its job's hold is whole (else the job is let go
+whole); a member's bind without a hold is refused while its job lacks members started (`jobs.unheld`).
+
+Binds are modelled here as `binding.py` makes them (as `machine.py` does), not run through it.
 """
 
 from __future__ import annotations
