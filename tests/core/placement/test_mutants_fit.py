@@ -1,15 +1,15 @@
 """The general fit (`fit.py`) where `make mutation` found it unguarded: app containers of one pod adding up on a GPU
 (memory, compute, slots), HAMi's per-GPU score summing memory and compute, a node of MIG and plain GPUs, the
 instance a MIG grant names (its GPU's UUID, its profile, for a share of memory too), a request no MIG profile
-holds, the last NUMA node of a topology-aware container, a request giving both a size and a share of memory, and
-the instances of a pod's init containers: shared by those after them, never overlapped."""
+holds, the last NUMA node of a topology-aware container, and the instances of a pod's init containers: shared
+by those after them, never overlapped."""
 
 from __future__ import annotations
 
 from extender.core.devices import Demand, Device, Request, Selectors, Strategy
 from extender.core.holds import Grant
 from extender.core.mig import MigInstance
-from extender.core.placement.fit import Cause, Judgement, Placement, Usage, Verdict, describe, place
+from extender.core.placement.fit import Cause, Judgement, Placement, Usage, Verdict, place
 from tests.core.test_mutants_placement import gpus, migs, usage
 
 BINPACK = Strategy.BINPACK
@@ -153,7 +153,7 @@ def test_a_refusal_counts_the_gpu_whose_instance_a_container_could_share() -> No
     )
 
 
-# ---- NUMA, and what a request is said to need --------------------------------------------------------------
+# ---- NUMA --------------------------------------------------------------
 
 
 def test_a_topology_aware_container_bound_to_one_numa_node_takes_the_last_walked_that_has_enough() -> None:
@@ -162,11 +162,3 @@ def test_a_topology_aware_container_bound_to_one_numa_node_takes_the_last_walked
     devices = [Device(i, 40960, cores=100, slots=10, uuid=f"GPU-{i}", numa=i // 2) for i in range(6)]
     demand = Demand(2000, 2, selectors=Selectors(numa_bind=True, topology=True))
     assert indexes(placed(demand, devices, usage([0] * 6))) == [[4, 5]]
-
-
-def test_a_request_of_a_size_and_a_share_of_memory_is_told_of_the_size_it_is_given() -> None:
-    """A container asking both gets its size (`Request.memory_on`), and a refusal says so."""
-    both = Request(1, 4000, percent=50)
-    assert both.memory_on(gpus()[0]) == 4000
-    assert describe(both, "MiB") == "4000 MiB"
-    assert describe(Request(1, 0, percent=50), "MiB") == "50 % of its memory"
