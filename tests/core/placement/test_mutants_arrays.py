@@ -19,6 +19,7 @@ from extender.core.placement.fragmentation import DIGITS, added_fragmentation
 from extender.core.placement.learned import Learned
 from extender.core.placement.measure import room_of
 from extender.core.placement.placer import Placer
+from extender.core.placement.workload import Shape
 from extender.core.protocols.gpushare import Profile
 from tests.builders import (
     PROFILE,
@@ -83,7 +84,12 @@ class Scripted:
         fresh = rebuilt(self.cache.protocol, self.cache.clock, self.nodes.values(), self.pods.values(), self.cache)
         fresh_learned = Learned(fresh)
         fresh_learned.workload = self.learned.workload
-        return arrays_differences(self.learned, fresh_learned)
+        found = arrays_differences(self.learned, fresh_learned)
+        rows = {name for kind in self.learned.arrays.kinds.values() for name in kind.row_of}
+        fresh_rows = {name for kind in fresh_learned.arrays.kinds.values() for name in kind.row_of}
+        if rows != fresh_rows or set(self.learned.arrays.located) != fresh_rows:
+            found.append(f"rows of {sorted(rows)} kept, {sorted(fresh_rows)} afresh")
+        return found
 
 
 def test_the_arrays_equal_fresh_ones_after_nodes_leave_the_middle_of_their_rows_and_others_come() -> None:
@@ -110,6 +116,66 @@ def test_the_arrays_equal_fresh_ones_after_nodes_leave_the_middle_of_their_rows_
     script.delete("wide")  # the only node of its kind
     script.measure_all()
     assert script.differences() == []
+
+
+def test_the_rows_of_a_second_kind_move_within_that_kind() -> None:
+    """Three nodes of four GPUs (the second kind, after the nodes of two): deleting the first of them moves the
+    last into its row, whose code must name that kind and row."""
+    script = Scripted()
+    script.teach()
+    script.add("n0")
+    for number in range(3):
+        script.add(f"wide{number}", gpus=4)
+    script.bind("a", "wide2", 3, 8)
+    script.measure_all()
+    script.delete("wide0")
+    assert script.differences() == []
+    script.measure_all()
+    assert script.differences() == []
+
+
+def test_a_node_judged_one_by_one_is_measured_afresh_after_it_changes() -> None:
+    """A node of unequal GPUs keeps its measure beside the arrays: a pod bound there, it must be measured again."""
+    script = Scripted()
+    script.teach()
+    script.add("n0")
+    script.add("mixed", node=mixed("mixed"))
+    script.measure_all()
+    script.bind("a", "mixed", 0, 10)
+    assert script.differences() == []
+    script.measure_all()
+    script.remove("a")
+    assert script.differences() == []
+
+
+def test_the_bind_after_a_node_changed_gives_gpus_judged_on_the_node_as_it_is_now() -> None:
+    """The filter remembers, beside what a pod adds to each node, the GPUs it would take there; the bind reads them
+    (`choice_on`). A pod bound on n1 since, filling the GPU the filter chose, must be seen: the bind gives the
+    other GPU. Shares of a quarter and a half typical; n1's GPU 0 has 10 of 16 free, n2 is empty."""
+    script = Scripted()
+    script.teach()
+    script.add("n1")
+    script.add("n2")
+    script.bind("a", "n1", 0, 6)
+    placer = Placer(script.cache, BEST, script.learned)
+    asked = ask(8)
+    assert len(placer.filter(asked.demand, ["n1", "n2"], script.cache.nodes, "default/p", asked).passed) == 1
+    first = placer.choose(asked.demand, script.cache.nodes["n1"], asked)
+    assert first is not None
+    [[grant]] = first.containers
+    script.bind("b", "n1", grant.index, GPU - (6 if grant.index == 0 else 0))  # that GPU now full
+    again = placer.choose(asked.demand, script.cache.nodes["n1"], asked)
+    assert again is not None and [g.index for g in again.containers[0]] == [1 - grant.index]
+
+
+def test_a_pod_learned_from_its_filter_is_not_learned_again_when_the_watch_shows_it() -> None:
+    script = Scripted()
+    pod = make_pod("p", gpu_mem=4, cpu="2", memory="8Gi")
+    uid = pod["metadata"]["uid"]
+    shape = Shape(2000, 8 << 30, 1, 4)
+    script.learned.asked(uid, shape)
+    script.cache.apply_pod(pod)
+    assert script.learned.workload.observed == 1 and script.learned.workload.weights == {shape: 1.0}
 
 
 def test_the_arrays_equal_fresh_ones_as_nodes_turn_not_ready_and_ready_again() -> None:
@@ -258,7 +324,8 @@ def test_nodes_whose_gpus_count_pods_are_judged_in_arrays_as_one_by_one() -> Non
     GPU's last slot leaves nothing there for the next, whatever its memory. The nodes report no cpu or memory
     (HAMi's do not, in these objects): nothing is ever short of either. The array way (`batch.after`, over the
     rows) must give what the scalar way gives, to the bit (`batch.py`), here where slots and unreported
-    allocatables matter."""
+    allocatables matter: with pods of 35000 MiB typical, what a GPU keeps free after a pod of 10000 is a fragment
+    unless the pod took its last slot."""
     nodes = [make_hami_node(f"h{number}", gpus=2, cores=0, split=2) for number in range(4)]
     running = [
         counting_pod("a", "h0", 0, 10000),  # h0: GPU 0 has one slot left
@@ -267,7 +334,7 @@ def test_nodes_whose_gpus_count_pods_are_judged_in_arrays_as_one_by_one() -> Non
         counting_pod("d", "h3", 1, 5000),
         counting_pod("e", "h3", 1, 5000),  # h3: GPU 1 full by its slots, 30960 MiB free on it
     ]
-    pending = [make_hami_pod(f"seen-{number}", mem=10000 if number % 2 else 20000) for number in range(6)]
+    pending = [make_hami_pod(f"seen-{number}", mem=10000 if number % 3 else 35000) for number in range(6)]
     for pod in pending:
         pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2", "memory": "4Gi"}
     cache = make_hami_cluster(*nodes, pods=(*running, *pending))
