@@ -1,19 +1,22 @@
 """The placer's surface to the verbs (`placer.py`), where `make mutation` found it unguarded: the bind's GPUs by
-the pod's ask, a filter over states that are not the cache's (judged as they are, not by the cache's arrays), the
-quota's admission in a filter that may first warm its narrowing, and that warming itself: slices to run between
-turns of the event loop, then the answer the filter gives in one go."""
+the pod's ask, a filter over states that are not the cache's (judged as they are, not by the cache's arrays, and
+narrowed by what they hold), the quota's admission in a filter that may first warm its narrowing, and that
+warming itself: slices to run between turns of the event loop, then the answer the filter gives in one go; and
+what a topology-aware pod of one GPU pays on a node that reports no links."""
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
-from extender.core.devices import Demand
+from extender.core.devices import Demand, Device, Selectors
 from extender.core.placement import fragmentation
 from extender.core.placement.config import Ask
 from extender.core.placement.filtering import FilterOutcome
 from extender.core.placement.placer import Warming
+from extender.core.placement.topology import link_term
 from extender.core.protocols.gpushare import Profile, SeveralGpus
 from tests.builders import bound_pod, make_cluster, placer_for
 from tests.core.placement.test_batch import random_cluster
@@ -95,3 +98,25 @@ def test_a_pod_of_two_gpus_is_never_passed_for_one_gpu_with_room() -> None:
     outcome = placer_for(cache, OFF).filter(demand, ["n1", "n2"], cache.nodes, "default/a", ask(1000, devices=2))
     assert outcome.passed == ["n2"]
     assert outcome.failed == {"n1": "needs 2 GPUs with 500 GiB free each; 1 of 2 have that much"}
+
+
+def test_the_narrowing_over_views_of_nodes_reads_those_views() -> None:
+    """Halves and wholes typical; in the cache n1 and n2 each hold 400 of a GPU, n3 nothing: a 500 share goes to a
+    started GPU, n1 first by name (`test_mutants_placement`). In the views preemption judges, n1's pod is a victim:
+    n1 is as empty as n3, so the one started node left, n2, is the best."""
+    started = (bound_pod("r1", "n1", (0,), 400), bound_pod("r2", "n2", (0,), 400))
+    cache = make_cluster(node("n1"), node("n2"), node("n3"), pods=started)
+    teach(cache, (500, "4", 5), (1000, "8", 5))
+    views = make_cluster(node("n1"), node("n2"), node("n3"), pods=started[1:])
+    placer = placer_for(cache, BEST)
+    names = ["n3", "n1", "n2"]
+    assert placer.filter(Demand(memory=500), names, cache.nodes, "default/a", ask(500)).passed == ["n1"]
+    assert placer.filter(Demand(memory=500), names, views.nodes, "default/a", ask(500)).passed == ["n2"]
+
+
+def test_a_topology_aware_pod_of_one_gpu_pays_nothing_for_links_a_node_does_not_report() -> None:
+    """A node without pair scores (gpushare's, or HAMi's without hami.io/node-nvidia-score): no link is known to
+    break, so one GPU costs nothing there, as on a node whose GPUs are all linked alike."""
+    devices = [Device(index, 16, uuid=f"GPU-{index}") for index in range(2)]
+    state = SimpleNamespace(devices=devices, free=[16, 16])
+    assert link_term(Demand(4, selectors=Selectors(topology=True)), state, [0]) == 0.0  # type: ignore[arg-type]
