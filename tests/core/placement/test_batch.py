@@ -107,27 +107,35 @@ def test_what_a_pod_adds_and_the_gpus_it_gets_in_arrays_are_the_scalar_ones(seed
     for _ in range(25):
         ask = random_ask(rng)
         for rows in learned.arrays.kinds.values():
-            size = rows.size
-            then, chosen = after(
-                rows.free[:size],
-                rows.slotted[:size],
-                rows.cpu[:size] - ask.cpu,
-                rows.memory[:size] - ask.memory,
-                ask.demand,
-                rows.kind,
-                classes,
-            )
-            _, capacity, model = rows.kind
-            was = measures(rows.free[:size], rows.cpu[:size], rows.memory[:size], capacity, model, classes)
-            added = rounded(then - was, DIGITS).tolist()
-            for position, state in enumerate(rows.states):
-                scalar = added_fragmentation(ask, state, learned, classes)
+            for state, added, chosen, scalar in arrays_beside_scalar(rows, ask, learned, classes):
                 if scalar is None:
-                    assert added[position] == math.inf, state.name
+                    assert added == math.inf, state.name
                     continue
-                assert added[position] == scalar[0], state.name
+                assert added == scalar[0], state.name
                 if not ask.demand.is_zero:
-                    assert tuple(chosen[position].tolist()) == scalar[1], state.name
+                    assert chosen == scalar[1], state.name
+
+
+def arrays_beside_scalar(rows: Any, ask: Ask, learned: Learned, classes: Any) -> list[tuple[Any, float, Any, Any]]:
+    """Per node of one kind's rows: its state, what the arrays say the pod adds there and the GPUs they choose, and
+    the scalar answer (`added_fragmentation`: None where it refuses the node)."""
+    size = rows.size
+    then, chosen = after(
+        rows.free[:size],
+        rows.slotted[:size],
+        rows.cpu[:size] - ask.cpu,
+        rows.memory[:size] - ask.memory,
+        ask.demand,
+        rows.kind,
+        classes,
+    )
+    _, capacity, model = rows.kind
+    was = measures(rows.free[:size], rows.cpu[:size], rows.memory[:size], capacity, model, classes)
+    added = rounded(then - was, DIGITS).tolist()
+    return [
+        (state, added[position], tuple(chosen[position].tolist()), added_fragmentation(ask, state, learned, classes))
+        for position, state in enumerate(rows.states)
+    ]
 
 
 @pytest.mark.parametrize("seed", range(3))

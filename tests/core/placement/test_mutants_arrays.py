@@ -13,9 +13,7 @@ from typing import Any
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand
-from extender.core.placement.batch import after, measures, rounded
 from extender.core.placement.config import Ask
-from extender.core.placement.fragmentation import DIGITS, added_fragmentation
 from extender.core.placement.learned import Learned
 from extender.core.placement.measure import room_of
 from extender.core.placement.placer import Placer
@@ -32,6 +30,7 @@ from tests.builders import (
     make_pod,
     running_hami_pod,
 )
+from tests.core.placement.test_batch import arrays_beside_scalar
 from tests.core.placement.test_fragmentation import BEST, ask
 from tests.property.fresh import arrays_differences, outcome_of, rebuilt
 
@@ -343,24 +342,10 @@ def test_nodes_whose_gpus_count_pods_are_judged_in_arrays_as_one_by_one() -> Non
     [rows] = learned.arrays.kinds.values()
     assert rows.size == 4
     for ask_ in (Ask(Demand(10000), 2000, 4 << 30), Ask(Demand(20000, devices=2), 2000, 4 << 30), Ask(Demand(0))):
-        size = rows.size
-        then, chosen = after(
-            rows.free[:size],
-            rows.slotted[:size],
-            rows.cpu[:size] - ask_.cpu,
-            rows.memory[:size] - ask_.memory,
-            ask_.demand,
-            rows.kind,
-            classes,
-        )
-        _, capacity, model = rows.kind
-        was = measures(rows.free[:size], rows.cpu[:size], rows.memory[:size], capacity, model, classes)
-        added = rounded(then - was, DIGITS).tolist()
-        for position, state in enumerate(rows.states):
-            scalar = added_fragmentation(ask_, state, learned, classes)
+        for state, added, chosen, scalar in arrays_beside_scalar(rows, ask_, learned, classes):
             if scalar is None:  # a pod of two GPUs on h3, one of whose GPUs takes no pod more
-                assert (added[position], ask_.demand.devices, state.name) == (math.inf, 2, "h3")
+                assert (added, ask_.demand.devices, state.name) == (math.inf, 2, "h3")
                 continue
-            assert added[position] == scalar[0], (ask_, state.name)
+            assert added == scalar[0], (ask_, state.name)
             if not ask_.demand.is_zero:
-                assert tuple(chosen[position].tolist()) == scalar[1], (ask_, state.name)
+                assert chosen == scalar[1], (ask_, state.name)
