@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from extender.core.cache import Cache
@@ -15,6 +16,7 @@ from extender.core.devices import Demand, Selectors, Strategy
 from extender.core.placement import fragmentation
 from extender.core.placement.config import Ask
 from extender.core.placement.fragmentation import added_fragmentation, warming
+from extender.core.placement.learned import Learned
 from extender.core.placement.topology import ASKED_WEIGHT
 from tests.builders import bound_pod, learned_of, make_cluster, placer_for
 from tests.core.placement.test_batch import random_cluster
@@ -74,15 +76,31 @@ PLAIN = Ask(Demand(8), 2000, 4 << 30)
 OWN_STRATEGY = Ask(Demand(8, node_strategy=Strategy.SPREAD), 2000, 4 << 30)
 
 
-@pytest.mark.parametrize("asked", [PLAIN, OWN_STRATEGY], ids=["in arrays", "one by one"])
-def test_warming_in_slices_leaves_nothing_to_judge_after(asked: Ask, monkeypatch: pytest.MonkeyPatch) -> None:
+def unjudged(asked: Ask, names: list[str], learned: Learned) -> int:
+    """How many of the nodes have no value for this ask yet (what `warming` slices)."""
+    table = fragmentation._values(asked, learned, learned.classes())
+    return int(np.count_nonzero(np.isnan(table[learned.arrays.slots_of(names)])))
+
+
+@pytest.mark.parametrize(("asked", "per_slice"), [(PLAIN, 30), (OWN_STRATEGY, 40)], ids=["in arrays", "one by one"])
+def test_warming_judges_a_slice_at_a_time_and_leaves_nothing_to_judge_after(
+    asked: Ask, per_slice: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 nodes never judged for the pod, 30 a slice in arrays, 40 one by one: each step judges a slice at most (so
+    no turn of the event loop is held longer), and after the last none is left."""
     monkeypatch.setattr(fragmentation, "ARRAY_SLICE", 30)
     monkeypatch.setattr(fragmentation, "SCALAR_SLICE", 40)
     cache, learned = random_cluster(random.Random(9), 200, (4, 8), (40,))
     names = list(cache.nodes)
     steps = warming(asked, names, learned, cache.nodes)
-    assert steps is not None and sum(1 for _ in steps) > 1
-    assert warming(asked, names, learned, cache.nodes) is None
+    assert steps is not None
+    left = unjudged(asked, names, learned)
+    assert left == 200
+    for _ in steps:
+        now = unjudged(asked, names, learned)
+        assert left - per_slice <= now < left
+        left = now
+    assert left == 0 and warming(asked, names, learned, cache.nodes) is None
 
 
 def test_a_topology_aware_pod_of_several_gpus_pays_in_full_on_a_node_that_reports_no_links() -> None:
