@@ -1,26 +1,48 @@
-"""The fragmentation policy's memos and slices (`fragmentation.py`) where `make mutation` found them unguarded: what
-each pod size adds to each node, and the GPUs it would take there, are kept per size and for the cache's own nodes
-alone, so a filter or a bind for one size never reads what another size, or a view of the nodes, left; warming in
-slices leaves nothing to judge after; and a topology-aware pod of several GPUs pays in full for a node that reports
-no links."""
+"""The fragmentation policy (`fragmentation.py`) where `make mutation` found it unguarded: what each pod size adds
+to each node, and the GPUs it would take there, are kept per size and for the cache's own nodes alone, so a filter
+or a bind for one size never reads what another size, or a view of the nodes, left; warming judges a slice at a
+time and leaves nothing to judge after; a topology-aware pod of several GPUs pays in full for a node that reports
+no links; and, judged the general way (compute, several containers, shares, MIG), what a pod adds is what the node
+measures once it holds the pod, on the GPU where that is least."""
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import pytest
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand, Selectors, Strategy
+from extender.core.holds import Allocation, Grant
+from extender.core.mig import MigInstance
 from extender.core.placement import fragmentation
 from extender.core.placement.config import Ask
-from extender.core.placement.fragmentation import added_fragmentation, warming
+from extender.core.placement.fit import Placement
+from extender.core.placement.fragmentation import DIGITS, added_fragmentation, warming
 from extender.core.placement.learned import Learned
+from extender.core.placement.measure import room_of
 from extender.core.placement.topology import ASKED_WEIGHT
-from tests.builders import bound_pod, learned_of, make_cluster, placer_for
+from tests.builders import (
+    HAMI,
+    bound_pod,
+    learned_of,
+    make_cluster,
+    make_hami_cluster,
+    make_hami_node,
+    make_hami_pod,
+    make_ledger,
+    make_mig_node,
+    placer_for,
+    running_hami_pod,
+)
 from tests.core.placement.test_batch import random_cluster
 from tests.core.placement.test_fragmentation import BEST, ask, node, teach
+from tests.core.test_hami_rules_v2100 import mig_held as held_instances
+from tests.core.test_hami_rules_v2100 import one_g
+
+MIG = {"nvidia.com/vgpu-mode": "mig"}
 
 
 def two_nodes() -> Cache:
@@ -115,3 +137,116 @@ def test_a_topology_aware_pod_of_several_gpus_pays_in_full_on_a_node_that_report
     with_links = added_fragmentation(linked, cache.nodes["n1"], learned)
     assert without is not None and with_links is not None
     assert with_links[0] - without[0] == pytest.approx(ASKED_WEIGHT)
+
+
+# ---- what a pod adds is what the node's measure becomes once it holds the pod ------------------------------
+
+
+def hami_seen(number: int, mem: int, cores: int) -> dict[str, Any]:
+    return make_hami_pod(f"seen-{number}", mem=mem, cores=cores)
+
+
+def adds_what_it_holds(cluster: Cache, node_name: str, pod: dict[str, Any]) -> Placement:
+    """What the policy says placing the pod adds to the node (`added_fragmentation`, the general way for a pod
+    asking compute, several containers or a MIG instance) is the node's measure once it holds the pod on the GPUs
+    chosen, less its measure before: the same build of the typical shapes, the pod asking no cpu or memory."""
+    learned = learned_of(cluster)
+    classes = learned.classes()
+    state = cluster.nodes[node_name]
+    demand = HAMI.pod_demand(pod)
+    added = added_fragmentation(Ask(demand, 0, 0), state, learned, classes)
+    assert added is not None and isinstance(added[1], Placement)
+    placement = added[1]
+    before = learned.fragments.of(room_of(state), classes)
+    allocation = Allocation("uid-new", "default/new", node_name, placement.containers, placement.init_containers)
+    assert make_ledger(cluster).reserve(allocation) is None
+    after = learned.fragments.of(room_of(cluster.nodes[node_name]), classes)
+    assert added[0] == round(after - before, DIGITS) != 0.0
+    return placement
+
+
+def test_a_hami_pod_asking_compute_adds_what_the_node_holding_it_measures() -> None:
+    """One GPU running 10000 MiB and 30 %; pods of 10000 and 30 % and of 20000 and 60 % typical: the pod's 15000
+    and 40 % leave room for the smaller only."""
+    seen = [hami_seen(number, 10000 if number % 2 else 20000, 30 if number % 2 else 60) for number in range(6)]
+    cluster = make_hami_cluster(make_hami_node("h", gpus=1), pods=(running_hami_pod("a", "h", 0, 10000, 30), *seen))
+    adds_what_it_holds(cluster, "h", make_hami_pod("new", mem=15000, cores=40))
+
+
+def test_a_pod_of_two_containers_on_one_gpu_adds_what_the_node_holding_both_measures() -> None:
+    """GPU 1 is all but full, so both containers (5000 MiB and 10 % each) go to GPU 0, beside pod a: 20000 MiB and
+    50 % used there, too little compute left for the typical 20000 and 60 %."""
+    seen = [hami_seen(number, 10000 if number % 2 else 20000, 30 if number % 2 else 60) for number in range(6)]
+    running = (running_hami_pod("a", "h", 0, 10000, 30), running_hami_pod("b", "h", 1, 40000, 10))
+    cluster = make_hami_cluster(make_hami_node("h"), pods=(*running, *seen))
+    pod = make_hami_pod("new", mem=5000, cores=10)
+    pod["spec"]["containers"].append({**pod["spec"]["containers"][0], "name": "second"})
+    placement = adds_what_it_holds(cluster, "h", pod)
+    assert [grant.index for grants in placement.containers for grant in grants] == [0, 0]
+
+
+def test_pods_asking_memory_alone_or_a_share_add_what_the_node_holding_them_measures() -> None:
+    """Judged the general way too (two containers; a share of a GPU's memory): 6000 MiB twice, no compute, beside
+    pod a on GPU 0; 30 % of 40960 (12288) beside pod a on a node of one GPU: either leaves less than 20000."""
+    seen = [hami_seen(number, 10000 if number % 2 else 20000, 30 if number % 2 else 60) for number in range(6)]
+    running = (running_hami_pod("a", "h", 0, 10000, 30), running_hami_pod("b", "h", 1, 40000, 10))
+    cluster = make_hami_cluster(make_hami_node("h"), pods=(*running, *seen))
+    pod = make_hami_pod("new", mem=6000)
+    pod["spec"]["containers"].append({**pod["spec"]["containers"][0], "name": "second"})
+    adds_what_it_holds(cluster, "h", pod)
+    share = make_hami_pod("new")
+    share["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "30"
+    cluster = make_hami_cluster(make_hami_node("h", gpus=1), pods=(running_hami_pod("a", "h", 0, 10000, 30), *seen))
+    placement = adds_what_it_holds(cluster, "h", share)
+    assert placement.containers[0][0].memory == 12288
+
+
+def test_a_mig_pod_adds_what_the_node_holding_its_instance_measures() -> None:
+    """1g instances at slices 0-3; 1g and 3g pods typical: a 1g more (at slice 6) leaves no room for a 3g, which
+    had room at slices 4-7."""
+    seen = [make_hami_pod(f"seen-{number}", mem=4000 if number % 2 else 20000, **MIG) for number in range(6)]
+    cluster = make_hami_cluster(
+        make_mig_node(), pods=(*held_instances(*(one_g(start) for start in (0, 1, 2, 3))), *seen)
+    )
+    placement = adds_what_it_holds(cluster, "mig-1", make_hami_pod("new", mem=4000, **MIG))
+    assert placement.containers[0][0].instance == MigInstance("1g.5gb", 6, 1)
+
+
+def hami_cluster(used: tuple[tuple[int, int], tuple[int, int]]) -> Cache:
+    """Two GPUs running (memory, compute) each; pods of 10000 MiB and 30 % and of 20000 and 60 % typical."""
+    seen = [hami_seen(number, 10000 if number % 2 else 20000, 30 if number % 2 else 60) for number in range(6)]
+    running = tuple(running_hami_pod(f"r{gpu}", "h", gpu, memory, cores) for gpu, (memory, cores) in enumerate(used))
+    return make_hami_cluster(make_hami_node("h"), pods=(*running, *seen))
+
+
+@pytest.mark.parametrize(
+    ("used", "asked"),
+    [
+        (((10000, 60), (10000, 0)), (5000, 40)),  # GPU 0's last compute: nothing left there to strand
+        (((10000, 0), (25000, 0)), (8000, 50)),
+        (((25000, 60), (10000, 60)), (10000, 30)),
+        (((10000, 0), (10000, 60)), (10000, 30)),
+    ],
+)
+def test_a_hami_pod_goes_to_the_gpu_whose_hold_adds_least(
+    used: tuple[tuple[int, int], tuple[int, int]], asked: tuple[int, int]
+) -> None:
+    """Each GPU is tried by holding the pod there (the ledger's reservation, in a cluster of its own) and measuring
+    the node: the policy chooses the GPU where that adds least, by memory and compute both, and says so."""
+    memory, cores = asked
+    cluster = hami_cluster(used)
+    learned = learned_of(cluster)
+    classes = learned.classes()
+    before = learned.fragments.of(room_of(cluster.nodes["h"]), classes)
+    held = {}
+    for gpu in (0, 1):
+        trial = hami_cluster(used)
+        allocation = Allocation("uid-new", "default/new", "h", ((Grant(gpu, memory, cores, f"GPU-h-{gpu}"),),), 0)
+        assert make_ledger(trial).reserve(allocation) is None
+        held[gpu] = round(learned.fragments.of(room_of(trial.nodes["h"]), classes) - before, DIGITS)
+    assert held[0] != held[1]
+    demand = HAMI.pod_demand(make_hami_pod("new", mem=memory, cores=cores))
+    added = added_fragmentation(Ask(demand, 0, 0), cluster.nodes["h"], learned, classes)
+    assert added is not None and isinstance(added[1], Placement)
+    best = min(held, key=held.__getitem__)
+    assert (added[1].containers[0][0].index, added[0]) == (best, held[best])
