@@ -13,7 +13,9 @@ from typing import Any
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand
+from extender.core.placement.batch import measures
 from extender.core.placement.config import Ask
+from extender.core.placement.fragmentation import FULLER, added_fragmentation, judged
 from extender.core.placement.learned import Learned
 from extender.core.placement.measure import room_of
 from extender.core.placement.placer import Placer
@@ -23,6 +25,7 @@ from tests.builders import (
     PROFILE,
     bound_pod,
     learned_of,
+    make_cluster,
     make_hami_cluster,
     make_hami_node,
     make_hami_pod,
@@ -324,7 +327,8 @@ def test_nodes_whose_gpus_count_pods_are_judged_in_arrays_as_one_by_one() -> Non
     (HAMi's do not, in these objects): nothing is ever short of either. The array way (`batch.after`, over the
     rows) must give what the scalar way gives, to the bit (`batch.py`), here where slots and unreported
     allocatables matter: with pods of 35000 MiB typical, what a GPU keeps free after a pod of 10000 is a fragment
-    unless the pod took its last slot."""
+    unless the pod took its last slot. A share of a GPU's memory typical too: the measure of each node as it is,
+    in arrays, is the memo's."""
     nodes = [make_hami_node(f"h{number}", gpus=2, cores=0, split=2) for number in range(4)]
     running = [
         counting_pod("a", "h0", 0, 10000),  # h0: GPU 0 has one slot left
@@ -334,6 +338,9 @@ def test_nodes_whose_gpus_count_pods_are_judged_in_arrays_as_one_by_one() -> Non
         counting_pod("e", "h3", 1, 5000),  # h3: GPU 1 full by its slots, 30960 MiB free on it
     ]
     pending = [make_hami_pod(f"seen-{number}", mem=10000 if number % 3 else 35000) for number in range(6)]
+    share = make_hami_pod("seen-share")  # a share of the GPU's memory: 25 %
+    share["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "25"
+    pending.append(share)
     for pod in pending:
         pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2", "memory": "4Gi"}
     cache = make_hami_cluster(*nodes, pods=(*running, *pending))
@@ -341,6 +348,9 @@ def test_nodes_whose_gpus_count_pods_are_judged_in_arrays_as_one_by_one() -> Non
     classes = learned.classes()
     [rows] = learned.arrays.kinds.values()
     assert rows.size == 4
+    _, capacity, model = rows.kind  # each node's measure as it is: in arrays, and the memo's way (a share typical)
+    batch = measures(rows.free[:4], rows.cpu[:4], rows.memory[:4], capacity, model, classes).tolist()
+    assert batch == [learned.fragments.of(room_of(state), classes) for state in rows.states]
     for ask_ in (Ask(Demand(10000), 2000, 4 << 30), Ask(Demand(20000, devices=2), 2000, 4 << 30), Ask(Demand(0))):
         for state, added, chosen, scalar in arrays_beside_scalar(rows, ask_, learned, classes):
             if scalar is None:  # a pod of two GPUs on h3, one of whose GPUs takes no pod more
@@ -349,3 +359,26 @@ def test_nodes_whose_gpus_count_pods_are_judged_in_arrays_as_one_by_one() -> Non
             assert added == scalar[0], (ask_, state.name)
             if not ask_.demand.is_zero:
                 assert chosen == scalar[1], (ask_, state.name)
+
+
+def test_nodes_of_a_gpu_model_are_judged_in_arrays_as_one_by_one_with_shapes_that_ask_that_model() -> None:
+    """Twenty nodes of T4s (enough to be judged in arrays) and four of A100s; half the typical pods ask for a T4.
+    What a pod adds to each node is the same whichever way it is judged (`batch.py`), here where whether a shape
+    may use a GPU depends on the GPU's model."""
+    nodes = [make_node(f"t{number:02d}", gpus=2, mem=GPU, cpu="32", memory="128Gi", model="T4") for number in range(20)]
+    nodes += [make_node(f"a{number}", gpus=2, mem=GPU, cpu="32", memory="128Gi", model="A100") for number in range(4)]
+    pods = [bound_pod(f"r{number}", f"t{number:02d}", (number % 2,), 2 + number % 7) for number in range(20)]
+    pods += [make_pod(f"picky-{number}", gpu_mem=12, cpu="2", memory="8Gi", models=("T4",)) for number in range(6)]
+    pods += [make_pod(f"any-{number}", gpu_mem=4, cpu="2", memory="8Gi") for number in range(6)]
+    for asked in (Ask(Demand(8), 2000, 8 << 30), Ask(Demand(0), 2000, 8 << 30)):
+        cache, one_by_one = make_cluster(*nodes, pods=tuple(pods)), make_cluster(*nodes, pods=tuple(pods))
+        learned, alone = learned_of(cache), learned_of(one_by_one)  # each its own measures remembered
+        classes = learned.classes()
+        assert any(shape.models == ("T4",) for shape in classes.shapes)
+        names = list(cache.nodes)
+        table = dict(zip(names, judged(asked, names, learned, cache.nodes, classes).tolist(), strict=True))
+        for name in names:
+            state = one_by_one.nodes[name]
+            scalar = added_fragmentation(asked, state, alone, alone.classes())
+            expected = math.inf if scalar is None else scalar[0] + FULLER * state.free_gpus
+            assert table[name] == expected, (asked, name)
