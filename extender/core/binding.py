@@ -294,6 +294,12 @@ def _decide(request: BindRequest, context: BindContext) -> BindOutcome | Write:
         earlier = _earlier_decision(request, context, pod, hold, state)
         if earlier is not None:
             return earlier
+    job = context.ledger.waiting_on().get(request.node)
+    if job is not None:  # its filter may have come before the job's plan took this node's cpu and memory
+        here = hold is not None and hold.allocation.node == request.node  # its requests are counted there
+        crowded = jobs.crowds(record.cpu, record.memory, state, job, counted=here)
+        if crowded is not None:
+            return _refused(f"pod {request.key}: {crowded}")
     return _new_allocation(request, context, pod, record.demand, state)
 
 

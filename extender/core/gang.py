@@ -202,10 +202,18 @@ def _first_fit(
 
 
 def _room(state: NodeState, member: Member) -> bool:
-    """Whether the node has the member's cpu and memory free (0 allocatable: not reported, no limit)."""
-    cpu = not state.cpu_allocatable or state.cpu_requested + member.cpu <= state.cpu_allocatable
-    memory = not state.memory_allocatable or state.memory_requested + member.memory <= state.memory_allocatable
-    return cpu and memory
+    return short_of(state, member.cpu, member.memory) is None
+
+
+def short_of(state: NodeState, cpu: int, memory: int) -> str | None:
+    """What of a pod's cpu (millicores) and memory (bytes) the node's requests leave no room for ("cpu",
+    "memory", or None when both fit), as kube-scheduler's NodeResourcesFit counts: the requests of the pods on it
+    against its allocatable, 0 allocatable meaning "not reported" (no limit)."""
+    if state.cpu_allocatable and state.cpu_requested + cpu > state.cpu_allocatable:
+        return "cpu"
+    if state.memory_allocatable and state.memory_requested + memory > state.memory_allocatable:
+        return "memory"
+    return None
 
 
 def shape(demand: Demand, unit: str) -> str:

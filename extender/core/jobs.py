@@ -22,6 +22,12 @@ against what the other jobs' holds left. The holds of a job whose members do not
 waiting members is deleted; a member's bind that fails for sure lets go of its job's others (`binding.py`). The
 job is then planned again at its next member's filter, its members bound counted.
 
+The members' cpu and memory are held with their GPUs: their holds count their requests on the nodes planned for
+them, and while one waits to bind, a pod that is not one of them is refused a node whose cpu or memory left it
+would take (`HeldRoom` at its filter, `crowds` again at its bind, for a filter that came before the plan).
+kube-scheduler counts only pods bound or assumed: without this it sends such a node to any pod, and the member,
+filtered next, finds it full and waits until its job's hold expires.
+
 A member's bind takes its hold (`Ledger.take_grouped`) to the node planned for it; a bind elsewhere, or of a
 member of a job that holds nothing while it lacks members, is refused (`unheld`): kube-scheduler filters the
 pod again, and the job is planned whole. So a job never runs in part because of us.
@@ -39,17 +45,19 @@ sends the node later. Jobs are best served with `percentageOfNodesToScore: 100`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand
-from extender.core.gang import Member, NoPlan, plan_group
+from extender.core.gang import Member, NoPlan, plan_group, short_of
 from extender.core.groups import Declared, Group, GroupKey, MemberPod, PodGroups, group_of, resolve
 from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
 from extender.core.nodes import NodeState
-from extender.core.placement.fit import Placement
+from extender.core.placement.config import Ask
+from extender.core.placement.filtering import FilterOutcome
+from extender.core.placement.fit import Cause, Placement
 from extender.core.placement.placer import Placer
 from extender.core.pods import PodRecord
 
@@ -165,6 +173,65 @@ def _plan(
     if refusal is not None:
         return MemberFilter(reason=f"job {key}: {refusal}")
     return MemberFilter(plan.node_of(asking.uid) or "", planned=True)
+
+
+def crowds(cpu: int, memory: int, state: NodeState, job: GroupKey, counted: bool = False) -> str | None:
+    """Why a pod that is not one of them may not take this node: members of `job` planned here and still to bind
+    need the cpu or memory it would take (their holds count their requests on the node, as kube-scheduler counts
+    a pod it assumed; kube-scheduler itself knows nothing of them). `counted`: the pod's own requests are counted
+    on this node already (a hold of its own here). None when it fits beside them."""
+    if counted:
+        cpu = memory = 0
+    short = short_of(state, cpu, memory)
+    if short is None:
+        return None
+    return f"node {state.name}'s {short} left is held for pods of job {job} still to bind"
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRoom:
+    """The filter's check that a pod takes no cpu or memory planned for a job's members still to bind
+    (`Placer.filter`'s `admit`). Without it, kube-scheduler, which counts only the pods bound and assumed, passes
+    such a node to any pod, our filter passed it for its GPUs, and the member filtered next found the node full:
+    seen in the gang replay, a job of 16 with 15 members bound waited for the last until its hold expired, then
+    was planned again. Refused as unresolvable: evicting a pod frees nothing a hold does not already count."""
+
+    uid: str
+    ask: Ask
+    states: Mapping[str, NodeState]
+    waiting: Mapping[str, GroupKey]
+    """`Ledger.waiting_on`."""
+    own: str
+    """The node where the pod's own requests are counted already ("" for none)."""
+
+    def __call__(self, outcome: FilterOutcome) -> None:
+        passed = []
+        for name in outcome.passed:
+            job = self.waiting.get(name)
+            state = self.states.get(name) if job is not None else None
+            why = None
+            if job is not None and state is not None:
+                why = crowds(self.ask.cpu, self.ask.memory, state, job, counted=name == self.own)
+            if why is None:
+                passed.append(name)
+                continue
+            outcome.unresolvable[name] = why
+            outcome.causes[Cause.JOB_HOLD] += 1
+        outcome.passed = passed
+
+
+def held_room(
+    uid: str, ask: Ask | None, states: Mapping[str, NodeState], cache: Cache, ledger: Ledger
+) -> HeldRoom | None:
+    """The check for this pod's filter (`HeldRoom`), or None when no job's members wait on any node or the pod
+    asks no cpu or memory."""
+    if ask is None or not (ask.cpu or ask.memory):
+        return None
+    waiting = ledger.waiting_on()
+    if not waiting:
+        return None
+    hold = cache.hold_of(uid)
+    return HeldRoom(uid, ask, states, waiting, hold.allocation.node if hold is not None else "")
 
 
 def unheld(record: PodRecord, cache: Cache, ledger: Ledger) -> str | None:

@@ -391,6 +391,12 @@ class Ledger:
                 released.append(self.cluster.release(uid))
         return [hold for hold in released if hold is not None]
 
+    def waiting_on(self) -> dict[str, GroupKey]:
+        """Nodes where members of a job held whole still wait to bind, each with one such job: the cpu and memory
+        planned for them there (counted in the node's requests as their holds are) is theirs (`jobs.crowds`).
+        Costs one pass over the members waiting, which are few: jobs between their plan and their last bind."""
+        return {group.planned[uid]: group.key for group in self._groups.values() for uid in group.waiting}
+
     def whole(self, key: GroupKey) -> bool:
         """Whether the job's hold still holds every member it waits for (False when it holds none)."""
         group = self._groups.get(key)

@@ -248,10 +248,27 @@ def _judge(
         label = cache.protocol.model_label
         placer.learned.asked(uid, shape_of(demand, ask.cpu, ask.memory, required_values(args.Pod, label)))
     states = _states(args, service)
-    admit = quota_filter(args.Pod, demand, placer, service.quotas, states, ask)
+    admit = _both(
+        quota_filter(args.Pod, demand, placer, service.quotas, states, ask),
+        jobs.held_room(uid, ask, states, cache, service.ledger),
+    )
     if defer:
         return placer.begin_filter(demand, names, states, pod_key(args.Pod), ask, admit)
     return placer.filter(demand, names, states, pod_key(args.Pod), ask, admit)
+
+
+def _both(
+    first: Callable[[FilterOutcome], None] | None, second: Callable[[FilterOutcome], None] | None
+) -> Callable[[FilterOutcome], None] | None:
+    """Two checks of a filter's outcome (`Placer.filter`'s `admit`) as one, either of them None."""
+    if first is None or second is None:
+        return first or second
+
+    def admit(outcome: FilterOutcome) -> None:
+        first(outcome)
+        second(outcome)
+
+    return admit
 
 
 def _not_ready_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult:

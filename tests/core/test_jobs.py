@@ -9,9 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from extender.core import gang, jobs
+from extender.core.devices import Demand
 from extender.core.groups import KUEUE_GROUP, KUEUE_TOTAL, GroupKey, Scheme
 from extender.core.holds import Allocation, HoldState
 from extender.core.ledger import Ledger
+from extender.core.placement.config import Ask, ask_of
+from extender.core.placement.filtering import FilterOutcome
+from extender.core.placement.fit import Cause
 from extender.core.pods import pod_record
 from extender.core.quota.limits import read_quota
 from tests.builders import (
@@ -282,3 +286,56 @@ def test_a_members_filter_plans_the_job_again_once_a_member_it_was_held_for_is_g
     cluster.apply_pod(replacement)
     assert filter_of(pods[0], cluster, ledger, ["n1", "n2"]) == jobs.MemberFilter("n1", planned=True)
     assert grouped(cluster) == {"uid-w-0": "n1", "uid-w-1b": "n1"}
+
+
+def test_members_waiting_keep_the_cpu_and_memory_planned_for_them_from_other_pods() -> None:
+    """What `HeldRoom` refuses and `crowds` says, short of cpu or of memory, and what it lets through: a pod fitting
+    beside the members, a pod whose own requests the node counts already, nodes where no member waits, and every
+    node once the members bound (their holds taken: reservations, as kube-scheduler's assumed pods)."""
+    cluster = make_cluster(make_node("n1", cpu="16", memory="64Gi"), make_node("n2", cpu="16", memory="64Gi"))
+    pods = [member(f"m{n}", 2, cpu="10", memory="40Gi") for n in range(2)]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    ledger, placer = make_ledger(cluster), placer_for(cluster)
+    assert ledger.waiting_on() == {}
+    first = pod_record(pods[0], cluster.protocol)
+    said = jobs.declared_group(first, cluster.podgroups)
+    assert said is not None
+    planned = jobs.filter_member(first, said, ["n1", "n2"], cluster, ledger, placer)
+    assert planned == jobs.MemberFilter("n1", planned=True)
+    assert ledger.waiting_on() == {"n1": JOB, "n2": JOB}
+    assert (cluster.nodes["n2"].cpu_requested, cluster.nodes["n2"].memory_requested) == (10_000, 40 * 2**30)
+
+    def outcome(cpu: str, memory: str, own: str = "") -> FilterOutcome:
+        ask = placer_ask(cpu, memory)
+        check = jobs.held_room("uid-x", ask, cluster.nodes, cluster, ledger)
+        assert check is not None
+        result = FilterOutcome(passed=["n1", "n2", "n3"])
+        jobs.HeldRoom(check.uid, check.ask, check.states, check.waiting, own)(result)
+        return result
+
+    cpu_short = outcome("7", "1Gi")
+    assert cpu_short.passed == ["n3"], "n3 is no node of the cache: the filter's own judging refuses it"
+    assert cpu_short.unresolvable == {
+        "n1": "node n1's cpu left is held for pods of job default/train still to bind",
+        "n2": "node n2's cpu left is held for pods of job default/train still to bind",
+    }
+    assert cpu_short.causes[Cause.JOB_HOLD] == 2
+    memory = "node n1's memory left is held for pods of job default/train still to bind"
+    assert outcome("1", "25Gi").unresolvable["n1"] == memory
+    assert outcome("6", "24Gi").passed == ["n1", "n2", "n3"], "6 cores and 24 GiB fit beside 10 and 40"
+    assert outcome("7", "1Gi", own="n2").passed == ["n2", "n3"], "its own requests are counted on n2 already"
+    assert jobs.held_room("uid-x", placer_ask("0", "0"), cluster.nodes, cluster, ledger) is None, "asks nothing"
+    assert jobs.crowds(7_000, 0, cluster.nodes["n2"], JOB) is not None
+    assert jobs.crowds(7_000, 0, cluster.nodes["n2"], JOB, counted=True) is None
+
+    for pod in pods:
+        assert ledger.take_grouped(pod["metadata"]["uid"], ledger.held_for(pod["metadata"]["uid"]) or "") is not None
+    assert ledger.waiting_on() == {}
+    assert jobs.held_room("uid-x", placer_ask("7", "1Gi"), cluster.nodes, cluster, ledger) is None
+
+
+def placer_ask(cpu: str, memory: str) -> Ask:
+    """The ask of a pod of 1 GiB of GPU memory with these requests."""
+    pod = make_pod("x", gpu_mem=1, cpu=cpu, memory=memory)
+    return ask_of(pod, Demand(memory=1, devices=1))

@@ -132,3 +132,35 @@ async def test_a_job_refused_for_want_of_pods_is_retried_when_the_watch_shows_it
     assert asked == ["pod default/a-0 of job default/a arrived; its members refused for want of it may start"]
     cluster.apply_pod(make_pod("plain", 4))
     assert len(asked) == 1, "once per refusal, and only for a job's pods"
+
+
+async def test_a_jobs_members_still_to_bind_keep_the_cpu_planned_for_them(client_for: ClientFor) -> None:
+    """The gang replay's churn found this: a job of 16 with 15 members bound waited a minute for its last, whose
+    planned node another pod had filled meanwhile. kube-scheduler counts only pods bound or assumed, so it sends
+    a held node to any pod; the hold keeps the GPUs, and now the cpu and memory planned there too. Each node has
+    16 cores; job a's two pods ask 12 each, so each goes to a node of its own; pod c asks 8 cores and a small share
+    of a GPU, which its GPUs alone would let it have on either node."""
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    pods = [member("a", n, 2) for n in range(2)]
+    for pod in pods:
+        pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "12"}
+    other = make_pod("c", gpu_mem=2, cpu="8", uid="uid-c")
+    for pod in [*pods, other]:
+        cluster.apply_pod(pod)
+    client = await client_for(make_service(cluster, binder=FileBinder(cluster, [*pods, other])))
+    assert (await (await client.post("/filter", data=filter_body(pods[0], NODES))).json())["NodeNames"] == ["n1"]
+    assert (await (await client.post("/bind", data=bind_body(pods[0], "n1"))).json())["Error"] == ""
+
+    # n1 has a-0's 12 cores bound: kube-scheduler's own filter refuses c there, and sends only n2
+    reply = await (await client.post("/filter", data=filter_body(other, ["n2"]))).json()
+    held = "node n2's cpu left is held for pods of job default/a still to bind"
+    assert reply["NodeNames"] == [] and reply["FailedAndUnresolvableNodes"] == {"n2": held}, reply
+    metrics = await (await client.get("/metrics")).text()
+    assert 'extender_filter_rejections_total{cause="job_hold"} 1.0' in metrics
+    # kube-scheduler passed c to n2 before the job's plan (its filter did not see the hold): its bind is refused
+    bound = await (await client.post("/bind", data=bind_body(other, "n2"))).json()
+    assert bound["Error"] == f"pod default/c: {held}"
+
+    assert (await (await client.post("/filter", data=filter_body(pods[1], NODES))).json())["NodeNames"] == ["n2"]
+    assert (await (await client.post("/bind", data=bind_body(pods[1], "n2"))).json())["Error"] == ""
+    assert {record.name: record.node_name for record in cluster.pods.values()} == {"a-0": "n1", "a-1": "n2", "c": ""}

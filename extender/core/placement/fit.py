@@ -71,6 +71,8 @@ class Cause(enum.StrEnum):
     """No MIG instance that holds it can be placed in the GPU's free slices."""
     QUOTA = "quota"
     """The namespace's ResourceQuota has no room left for what the pod would be given here (`quota/`)."""
+    JOB_HOLD = "job_hold"
+    """The node's cpu or memory left is held for members of a job placed whole that are still to bind (`jobs.py`)."""
 
 
 class Judgement(NamedTuple):
