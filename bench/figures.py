@@ -416,8 +416,13 @@ JOB_PROTOCOLS = {"gpushare": "gpushare's protocol", "hami": "HAMi's protocol"}
 
 def job_rows(records: Sequence[record.Record], mode: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """Every run of `mode` (fill-up or churn) of every record by (protocol, scheduler): gpushare's protocol first,
-    ours before the peers; each row's runs by seed."""
-    runs = [run for kept in records for run in kept.results.get("runs", []) if run.get("mode", "fill-up") == mode]
+    ours before the peers; each row's runs by seed. A seed run again replaces its earlier run (records by start)."""
+    newest: dict[tuple[str, str, object], dict[str, Any]] = {}
+    for kept in sorted(records, key=lambda kept: kept.started):
+        for run in kept.results.get("runs", []):
+            if run.get("mode", "fill-up") == mode:
+                newest[run["protocol"], run["scheduler"], run["seed"]] = run
+    runs = list(newest.values())
 
     def order(key: tuple[str, str]) -> tuple[object, ...]:
         protocol, scheduler = key

@@ -570,3 +570,20 @@ def test_the_transport_table_gives_each_servers_median_over_every_round() -> Non
     table = figures.transport_table([kept])
     assert "each figure the median of 3 runs of 4 s" in table
     assert "| ours | 200 | 20.0 |" in table and "| uvicorn | 60 | 30.0 |" in table
+
+
+def test_a_seed_of_the_gang_replay_run_again_replaces_its_earlier_run() -> None:
+    def job_record(started: str, allocated: float, seeds: tuple[int, ...]) -> record.Record:
+        runs = [
+            {"mode": "churn", "protocol": "gpushare", "scheduler": "ours, jobs declared", "seed": seed,
+             "allocated": allocated}
+            for seed in seeds
+        ]  # fmt: skip
+        return dataclasses.replace(bench_record("bench.placement.jobs", {}, {"runs": runs}), started=started)
+
+    later = job_record("2026-01-02T00:00:00+00:00", 2.0, (42,))
+    earlier = job_record("2026-01-01T00:00:00+00:00", 1.0, (42, 43))
+    rows = figures.job_rows([later, earlier], "churn")
+    runs = rows["gpushare", "ours, jobs declared"]
+    assert [(run["seed"], run["allocated"]) for run in runs] == [(42, 2.0), (43, 1.0)]
+    assert figures.job_rows([later, earlier], "fill-up") == {}
