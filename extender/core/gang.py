@@ -10,7 +10,8 @@ filter) are given back first, as the ledger's re-check gives a pod's own hold ba
 The order is first-fit decreasing, which keeps it simple and every answer reproducible:
 - members largest first (GPUs asked, then GPU memory, percentage and compute per GPU, then cpu and memory), ties
   by pod name;
-- each on the first node, in the order given (by name when none is), that takes its GPUs now (`judge`), has its
+- each on the first node, in the order given (the placement policy's preference for the largest member, from
+  `jobs.py`; by name when none is), that takes its GPUs now (`judge`), has its
   cpu and memory free (as kube-scheduler's NodeResourcesFit counts a node's requests against its allocatable,
   0 allocatable meaning "not reported": no limit), is among the nodes the member may use, and where the choice
   gives it GPUs.
@@ -102,7 +103,7 @@ def plan_group(
     order = sorted(states) if names is None else list(names)
     planned: dict[str, Allocation] = {}
     resume: dict[tuple[object, ...], int] = {}
-    for member in sorted(members, key=_largest_first):
+    for member in sorted(members, key=largest_first):
         ask = (member.demand, member.cpu, member.memory, member.nodes)
         start = resume.get(ask, 0)
         allocation, at = _first_fit(member, order, start, states, scratch, unit, choose)
@@ -114,7 +115,9 @@ def plan_group(
     return Plan(tuple(planned[member.uid] for member in members), ChainMap(scratch, dict(states)))
 
 
-def _largest_first(member: Member) -> tuple[object, ...]:
+def largest_first(member: Member) -> tuple[object, ...]:
+    """The order members are planned in: the largest first (GPUs asked, GPU memory, percentage and compute per
+    GPU, cpu, memory), then by pod name."""
     demand = member.demand
     requests = demand.requests
     return (
@@ -232,7 +235,7 @@ def shape(demand: Demand, unit: str) -> str:
 def _shapes(members: Sequence[Member], unit: str) -> str:
     """ "8 pods of 1 GPU with 4 GiB", or "8 pods (6 of 1 GPU with 4 GiB, 2 of 2 GPUs with 8 GiB each)"."""
     counted: dict[str, int] = {}
-    for member in sorted(members, key=_largest_first):
+    for member in sorted(members, key=largest_first):
         said = shape(member.demand, unit)
         counted[said] = counted.get(said, 0) + 1
     pods = f"{len(members)} pod" + ("s" if len(members) != 1 else "")

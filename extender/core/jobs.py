@@ -4,7 +4,8 @@ A member's filter, when its job lacks members bound (its minimum, `Group.gang`):
 - **Its job holds GPUs already** (`Ledger.group_hold`): the member is passed the node planned for it, and only
   that node. A member past the job's minimum waits until the minimum has started.
 - **Its job holds nothing**: every member still to place is planned at once (`gang.plan_group`, first fit,
-  largest first, on the nodes kube-scheduler sent for this pod, with the policy's choice of GPUs on each), and
+  largest first, on the nodes kube-scheduler sent for this pod, tried in the order the placement policy prefers
+  for the largest member (`Placer.order`), with the policy's choice of GPUs on each), and
   the ledger holds all their GPUs together or none (`Ledger.reserve_group`: room, MIG instances and the
   namespace's quota, summed). The member asking is passed its planned node; each other member, filtered next, is
   passed its own. If the job does not fit, every member is refused, with the reason ("job team/train-7 needs 8
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand
-from extender.core.gang import Member, NoPlan, plan_group, short_of
+from extender.core.gang import Member, NoPlan, largest_first, plan_group, short_of
 from extender.core.groups import Declared, Group, GroupKey, MemberPod, PodGroups, group_of, resolve
 from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
@@ -165,7 +166,9 @@ def _plan(
         return placer.choose(demand, state)
 
     protocol = cache.protocol
-    order = sorted(name for name in names if isinstance(name, str))
+    largest = min(members, key=largest_first)  # the member planned first: its best node is tried first
+    named = sorted(name for name in names if isinstance(name, str))
+    order = placer.order(Ask(largest.demand, largest.cpu, largest.memory), named, cache.nodes)
     plan = plan_group(str(key), members, cache.nodes, protocol.unit, choose, order, protocol.refusal)
     if isinstance(plan, NoPlan):
         return MemberFilter(reason=plan.reason)

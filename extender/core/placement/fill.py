@@ -146,6 +146,11 @@ class Fill:
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:
         return fill_choice(demand, state, demand.device_strategy or self.config.device_strategy)
 
+    def order(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
+        """The nodes by score for this ask, the highest first, then by name (those it does not fit score 0)."""
+        demand, config = ask.demand, self.config
+        return sorted(names, key=lambda name: (-score_node(demand, states.get(name), config), name))
+
     def prioritize(
         self, demand: Demand, names: list[str], states: Mapping[str, NodeState], ask: Ask | None
     ) -> list[HostPriorityEntry]:

@@ -52,6 +52,10 @@ class PolicyRules(Protocol):
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:
         """The GPUs to give the pod on this node, or None when it does not fit there now."""
 
+    def order(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
+        """`names` in the order this policy would place the ask on them now, the best first (a job's plan tries
+        its members' nodes so: `core/jobs.py`)."""
+
 
 POLICIES: dict[Policy, Callable[[PolicyConfig, Learned, Fill], PolicyRules]] = {
     Policy.FRAGMENTATION: Fragmentation,
@@ -178,6 +182,10 @@ class Placer:
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None = None) -> Placement | None:
         """The GPUs to give the pod on this node (per GPU container), or None when it does not fit now."""
         return self.rules(demand).choose(demand, state, ask)
+
+    def order(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
+        """The nodes best first for the ask (`PolicyRules.order`)."""
+        return self.rules(ask.demand).order(ask, names, states)
 
     def build(self) -> int:
         """The build of the typical shapes `choose` judges by now: with it and the node unchanged, `choose` gives
