@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -257,7 +259,8 @@ def test_certs_user_errors_are_one_line_and_exit_2(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     if os.geteuid() == 0 and "UNWRITABLE/certs" in argv:
-        pytest.skip("root writes anywhere")
+        unprivileged_certs_into_an_unwritable_directory()
+        return
     unwritable = tmp_path / "unwritable"
     unwritable.mkdir(mode=0o500)
     (tmp_path / "a-file").write_text("")
@@ -275,6 +278,21 @@ def test_certs_user_errors_are_one_line_and_exit_2(
     assert error.count("\n") == 1
     assert error.startswith("extender certs: ")
     assert placed(message) in error
+
+
+def unprivileged_certs_into_an_unwritable_directory() -> None:
+    """Root writes anywhere, so as root the case runs as an unprivileged user (nobody, by util-linux's setpriv), in
+    a directory it may enter but not write: the message a user without root sees."""
+    assert shutil.which("setpriv"), "setpriv (util-linux) runs the case as nobody when the tests run as root"
+    unwritable = Path(tempfile.mkdtemp(prefix="unwritable-"))  # under /tmp, which nobody may traverse
+    unwritable.chmod(0o555)
+    try:
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "extender"]
+        run = subprocess.run([*argv, "certs", "--out", f"{unwritable}/certs"], capture_output=True, text=True, cwd="/")
+    finally:
+        unwritable.rmdir()
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == f"extender certs: cannot write certificates to {unwritable}/certs: Permission denied\n"
 
 
 def test_a_programming_error_keeps_its_traceback_instead_of_passing_for_a_user_error(
