@@ -3,9 +3,9 @@
 A member's filter, when its job lacks members bound (its minimum, `Group.gang`):
 - **Its job holds GPUs already** (`Ledger.group_hold`): the member is passed the node planned for it, and only
   that node. A member past the job's minimum waits until the minimum has started.
-- **Its job holds nothing**: every member still to place is planned at once (`gang.plan_group`, first fit,
-  largest first, on the nodes kube-scheduler sent for this pod, tried in the order the placement policy prefers
-  for the largest member (`Placer.order`), with the policy's choice of GPUs on each), and
+- **Its job holds nothing**: every member still to place is planned at once (`gang.plan_group`, greedy,
+  largest first, on the nodes kube-scheduler sent for this pod, each member's tried in the order the placement
+  policy prefers for it with the members before it planned (`Placer.values`), with the policy's choice of GPUs), and
   the ledger holds all their GPUs together or none (`Ledger.reserve_group`: room, MIG instances and the
   namespace's quota, summed). The member asking is passed its planned node; each other member, filtered next, is
   passed its own. If the job does not fit, every member is refused, with the reason ("job team/train-7 needs 8
@@ -51,11 +51,12 @@ from dataclasses import dataclass
 
 from extender.core.cache import Cache
 from extender.core.devices import Demand
-from extender.core.gang import Member, NoPlan, largest_first, plan_group, short_of
+from extender.core.gang import Member, NoPlan, plan_group, short_of
 from extender.core.groups import Declared, Group, GroupKey, MemberPod, PodGroups, group_of, resolve
 from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
 from extender.core.nodes import NodeState
+from extender.core.placement.batch import Floats
 from extender.core.placement.config import Ask
 from extender.core.placement.filtering import FilterOutcome
 from extender.core.placement.fit import Cause, Placement
@@ -165,11 +166,12 @@ def _plan(
     def choose(demand: Demand, state: NodeState) -> Placement | None:
         return placer.choose(demand, state)
 
+    def rank(member: Member, names: Sequence[str], states: Mapping[str, NodeState]) -> Floats:
+        return placer.values(Ask(member.demand, member.cpu, member.memory), names, states)
+
     protocol = cache.protocol
-    largest = min(members, key=largest_first)  # the member planned first: its best node is tried first
-    named = sorted(name for name in names if isinstance(name, str))
-    order = placer.order(Ask(largest.demand, largest.cpu, largest.memory), named, cache.nodes)
-    plan = plan_group(str(key), members, cache.nodes, protocol.unit, choose, order, protocol.refusal)
+    order = sorted(name for name in names if isinstance(name, str))
+    plan = plan_group(str(key), members, cache.nodes, protocol.unit, choose, order, protocol.refusal, rank)
     if isinstance(plan, NoPlan):
         return MemberFilter(reason=plan.reason)
     refusal = ledger.reserve_group(key, plan.allocations)

@@ -6,8 +6,10 @@ label and annotation Kueue v0.17.0 reads (`groups.py` cites where)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 
 from extender.core import gang, jobs
@@ -15,6 +17,7 @@ from extender.core.devices import Demand
 from extender.core.groups import KUEUE_GROUP, KUEUE_TOTAL, GroupKey, Scheme
 from extender.core.holds import Allocation, HoldState
 from extender.core.ledger import Ledger
+from extender.core.nodes import NodeState
 from extender.core.placement.config import Ask, Policy, PolicyConfig, ask_of
 from extender.core.placement.filtering import FilterOutcome
 from extender.core.placement.fit import Cause
@@ -270,9 +273,14 @@ def test_a_job_of_alike_members_that_does_not_fit_costs_one_pass_over_the_nodes(
         return real(demand, state, unit, pod)
 
     monkeypatch.setattr(gang, "judge", counting)
-    said = filter_of(pods[0], cluster, make_ledger(cluster), [f"n{n:02d}" for n in range(50)])
+    names = [f"n{n:02d}" for n in range(50)]
+    said = filter_of(pods[0], cluster, make_ledger(cluster), names)
     assert said == jobs.MemberFilter(reason="job default/train needs 64 pods of 1 GPU with 16 GiB; 0 fit now")
-    assert len(judged) == 50, "each node judged once for the 64 alike members"
+    assert judged == [], "the policy's values say no node takes the ask: none is tried"
+    members = [gang.Member(f"uid-w-{n:02d}", f"default/w-{n:02d}", Demand(memory=16, devices=1)) for n in range(64)]
+    plan = gang.plan_group("default/train", members, cluster.nodes, "GiB", names=names)
+    assert isinstance(plan, gang.NoPlan) and plan.fit == 0
+    assert sorted(judged) == names, "by name alone, each node judged once for the 64 alike members"
 
 
 def test_a_members_filter_plans_the_job_again_once_a_member_it_was_held_for_is_gone() -> None:
@@ -359,7 +367,8 @@ def test_a_job_is_planned_on_the_nodes_the_placement_policy_prefers_not_by_name(
     for pod in pods:
         cluster.apply_pod(pod)
     placer = placer_for(cluster, config)
-    assert placer.order(placer_ask("0", "0", gpu_mem=8), ["n1", "n2"], cluster.nodes) == ["n2", "n1"]
+    first, second = placer.values(placer_ask("0", "0", gpu_mem=8), ["n1", "n2"], cluster.nodes).tolist()
+    assert second < first, "the policy prefers n2"
     record = pod_record(pods[0], cluster.protocol)
     assert record.group is not None
     ledger = make_ledger(cluster)
@@ -371,3 +380,25 @@ def test_a_job_is_planned_on_the_nodes_the_placement_policy_prefers_not_by_name(
         for uid, hold in cluster.reserved.items()
     }
     assert held == {"uid-w-0": ("n2", (0,)), "uid-w-1": ("n2", (1,))}, "8 GiB beside x, then on n2's other GPU"
+
+
+def test_each_member_is_ranked_with_the_members_before_it_planned() -> None:
+    """The policy's values are read once per ask over the nodes as they are, and again for each node the plan
+    changed, on its scratch copy, once per change: with a rank that prefers the node holding least, three members
+    of 4 GiB spread over three nodes that could each take all three, ties by name; by name alone they stack on
+    n1."""
+    cluster = make_cluster(*(make_node(f"n{n}", gpus=1, mem=16) for n in (1, 2, 3)))
+    members = [gang.Member(f"uid-w-{n}", f"default/w-{n}", Demand(memory=4, devices=1)) for n in range(3)]
+    asked: list[list[str]] = []
+
+    def least_held(member: gang.Member, names: Sequence[str], states: Mapping[str, NodeState]) -> Any:
+        asked.append(list(names))
+        return np.array([len(states[name].holds) for name in names], dtype=float)
+
+    spread = gang.plan_group("default/train", members, cluster.nodes, "GiB", rank=least_held)
+    assert isinstance(spread, gang.Plan)
+    assert [allocation.node for allocation in spread.allocations] == ["n1", "n2", "n3"]
+    assert asked == [["n1", "n2", "n3"], ["n1"], ["n2"]], "once in all, then the node the member before changed"
+    stacked = gang.plan_group("default/train", members, cluster.nodes, "GiB")
+    assert isinstance(stacked, gang.Plan)
+    assert [allocation.node for allocation in stacked.allocations] == ["n1", "n1", "n1"]

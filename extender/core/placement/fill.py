@@ -10,8 +10,10 @@ policy. Pure: nothing here changes the cache.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import cast
+
+import numpy as np
 
 from extender.core.cache import Cache
 from extender.core.contract import MAX_EXTENDER_PRIORITY, HostPriorityEntry, host_priority
@@ -19,6 +21,7 @@ from extender.core.devices import Demand, Strategy
 from extender.core.holds import Grant
 from extender.core.memo import Question
 from extender.core.nodes import NodeState
+from extender.core.placement.batch import Floats
 from extender.core.placement.config import Ask, PolicyConfig
 from extender.core.placement.fit import Judgement, Placement, place
 from extender.core.placement.judge import usage_of
@@ -146,10 +149,16 @@ class Fill:
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:
         return fill_choice(demand, state, demand.device_strategy or self.config.device_strategy)
 
-    def order(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
-        """The nodes by score for this ask, the highest first, then by name (those it does not fit score 0)."""
+    def values(self, ask: Ask, names: Sequence[str], states: Mapping[str, NodeState]) -> Floats:
+        """Per node, minus its score for this ask (the best lowest), `inf` where the ask does not fit now."""
         demand, config = ask.demand, self.config
-        return sorted(names, key=lambda name: (-score_node(demand, states.get(name), config), name))
+        strategy = demand.device_strategy or config.device_strategy
+        found = np.full(len(names), np.inf)
+        for position, name in enumerate(names):
+            state = states.get(name)
+            if state is not None and state.known and state.ready and fill_choice(demand, state, strategy) is not None:
+                found[position] = -score_node(demand, state, config)
+        return found
 
     def prioritize(
         self, demand: Demand, names: list[str], states: Mapping[str, NodeState], ask: Ask | None

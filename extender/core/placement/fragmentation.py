@@ -455,13 +455,12 @@ class Fragmentation:
             return None
         return warming(ask, names, self.learned, states, slots)
 
-    def order(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
-        """The nodes best first for this ask: the least fragmentation added, the fuller first among equals (the
-        values' own term), then by name; those it does not fit now last, by name. A pod asking no GPU: by name."""
+    def values(self, ask: Ask, names: Sequence[str], states: Mapping[str, NodeState]) -> Floats:
+        """What placing the ask adds to each node's fragmentation, the fuller first among equals
+        (`fragmentation_values`); `inf` where it does not fit. A pod asking no GPU: 0 wherever it goes."""
         if ask.demand.is_zero:
-            return sorted(names)
-        values = fragmentation_values(ask, names, self.learned, states).tolist()
-        return [name for _, name in sorted(zip(values, names, strict=True))]
+            return np.zeros(len(names))
+        return fragmentation_values(ask, names, self.learned, states)
 
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:
         """The GPUs where the pod adds least (by fill for a pod that asks none, or whose ask is unknown): as the

@@ -8,7 +8,7 @@ there. A pod that asks its own strategy (HAMi's annotations) is placed by fill w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any, Protocol
@@ -19,7 +19,7 @@ from extender.core.cache import Cache
 from extender.core.contract import HostPriorityEntry
 from extender.core.devices import Demand
 from extender.core.nodes import NodeState
-from extender.core.placement.batch import Bools, Ints
+from extender.core.placement.batch import Bools, Floats, Ints
 from extender.core.placement.config import Ask, Policy, PolicyConfig
 from extender.core.placement.fill import Fill
 from extender.core.placement.filtering import FilterOutcome, filter_cached
@@ -52,9 +52,10 @@ class PolicyRules(Protocol):
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:
         """The GPUs to give the pod on this node, or None when it does not fit there now."""
 
-    def order(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
-        """`names` in the order this policy would place the ask on them now, the best first (a job's plan tries
-        its members' nodes so: `core/jobs.py`)."""
+    def values(self, ask: Ask, names: Sequence[str], states: Mapping[str, NodeState]) -> Floats:
+        """How this policy ranks the named nodes for the ask now, the best lowest, `inf` where it does not fit (a
+        job's plan tries each member's nodes in this order: `core/gang.py`). Over the cache's nodes, as cheap as
+        the filter's narrowing; over other states (a plan's scratch copies), judged afresh."""
 
 
 POLICIES: dict[Policy, Callable[[PolicyConfig, Learned, Fill], PolicyRules]] = {
@@ -183,9 +184,9 @@ class Placer:
         """The GPUs to give the pod on this node (per GPU container), or None when it does not fit now."""
         return self.rules(demand).choose(demand, state, ask)
 
-    def order(self, ask: Ask, names: list[str], states: Mapping[str, NodeState]) -> list[str]:
-        """The nodes best first for the ask (`PolicyRules.order`)."""
-        return self.rules(ask.demand).order(ask, names, states)
+    def values(self, ask: Ask, names: Sequence[str], states: Mapping[str, NodeState]) -> Floats:
+        """The policy's rank of each named node for the ask (`PolicyRules.values`)."""
+        return self.rules(ask.demand).values(ask, names, states)
 
     def build(self) -> int:
         """The build of the typical shapes `choose` judges by now: with it and the node unchanged, `choose` gives
