@@ -499,15 +499,16 @@ def jobs_table(records: Sequence[record.Record]) -> str:
             f"{joined([run['patience_minutes'] for run in runs])} trace minutes not started):",
             "",
             "| scheduler | seeds | GPU allocated, % | to jobs started, % | held by jobs partly placed, GPU-hours "
-            "(% of the cluster's) | jobs started | withdrawn (holding GPUs then) | waiting at the end (holding GPUs) "
-            "| jobs of several pods: wait p90 | end check |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            "(% of the cluster's) | longest a job was partly placed | jobs started | withdrawn (holding GPUs then) "
+            "| waiting at the end (holding GPUs) | jobs of several pods: wait p90 | end check |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
             *job_table_rows(
                 churned,
                 [
                     lambda run: f"{run['allocated']:.1f}",
                     lambda run: f"{run['useful']:.1f}",
                     lambda run: f"{run['partial_gpu_hours']:,.1f} ({run['partial_share']:.1f})",
+                    longest_partly_placed,
                     lambda run: f"{run['started']:,}",
                     lambda run: f"{run['withdrawn']:,} ({run['withdrawn_partial']:,})",
                     lambda run: f"{run['waiting']:,} ({run['waiting_partial']:,})",
@@ -516,6 +517,11 @@ def jobs_table(records: Sequence[record.Record]) -> str:
             ),
         ]
     return "\n".join(tables)
+
+
+def longest_partly_placed(run: dict[str, Any]) -> str:
+    """The longest a job was partly placed, or "not counted" in a record from before the figure was."""
+    return wait_text(run["partly_placed_longest"]) if "partly_placed_longest" in run else "not counted"
 
 
 def wait_text(seconds: float) -> str:

@@ -240,6 +240,7 @@ def test_pods_of_a_job_not_started_hold_gpu_time_until_its_last_pod_binds() -> N
     assert figures["partial_gpu_hours"] == 150 / 3600
     assert figures["partial_share"] == 100 * 150 * MILLI / (10 * MILLI * 1000.0)  # 1.5 % of 10 GPUs x 1000 s
     assert (figures["started"], figures["gang_wait_p50"]) == (1, 100.0)
+    assert figures["partly_placed_longest"] == 90.0, "from its first bind at t=10 to its last at t=100"
 
 
 def test_a_job_withdrawn_lets_go_of_what_its_pods_held_and_counts_as_withdrawn_partly_placed() -> None:
@@ -252,6 +253,16 @@ def test_a_job_withdrawn_lets_go_of_what_its_pods_held_and_counts_as_withdrawn_p
     figures = timeline.figures(100.0, 60.0)
     assert timeline.partial == 0 and figures["partial_gpu_hours"] == 60 / 3600
     assert (figures["withdrawn"], figures["withdrawn_partial"], figures["gang_wait_p90"]) == (2, 1, 60.0)
+    assert figures["partly_placed_longest"] == 60.0, "a bound at 0, withdrawn at 60; b never partly placed"
+
+
+def test_the_longest_a_job_was_partly_placed_counts_one_still_waiting_at_the_end() -> None:
+    timeline = JobTimeline((make_job("a", 2), make_job("b", 2)), 4 * MILLI)
+    timeline.arrive(0, 0.0)
+    timeline.arrive(1, 0.0)
+    assert not timeline.bind(0, 0, 1.0) and timeline.bind(0, 1, 2.0)
+    assert not timeline.bind(1, 0, 30.0)
+    assert timeline.figures(100.0, 3600.0)["partly_placed_longest"] == 70.0, "b from 30 to the end"
 
 
 def test_a_started_job_finishing_gives_back_its_gpus_once() -> None:
@@ -277,6 +288,7 @@ def churn_run(scheduler: str, seed: int, partial_hours: float) -> dict[str, Any]
         "jobs": 3000, "hours": 2.0, "offered": 1.2, "patience_minutes": 60.0, "allocated": 95.0, "useful": 80.0,
         "partial_gpu_hours": partial_hours, "partial_share": 7.5, "started": 2500, "withdrawn": 300,
         "withdrawn_partial": 40, "waiting": 200, "waiting_partial": 20, "gang_wait_p90": 1500.0, "problems": [],
+        "partly_placed_longest": 90.0,
     }  # fmt: skip
 
 
@@ -285,4 +297,8 @@ def test_the_churn_runs_get_a_table_of_their_own_after_the_fill_ups() -> None:
     table = figures.jobs_table(kept)
     assert table.index("**Fill-up**") < table.index("**Jobs that come and go**")
     assert "3,000 jobs arriving over 2 trace hours, 1.2 capacities offered, withdrawn after 60 trace minutes" in table
-    assert "| ours, no groups | 42 | 95.0 | 80.0 | 150.0 (7.5) | 2,500 | 300 (40) | 200 (20) | 25m | passed |" in table
+    row = "| ours, no groups | 42 | 95.0 | 80.0 | 150.0 (7.5) | 90s | 2,500 | 300 (40) | 200 (20) | 25m | passed |"
+    assert row in table
+    older = dict(churn_run("ours, no groups", 42, 150.0))
+    del older["partly_placed_longest"]  # a record from before the figure was counted
+    assert "| 150.0 (7.5) | not counted | 2,500 |" in figures.jobs_table([jobs_record(older)])

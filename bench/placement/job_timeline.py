@@ -71,6 +71,10 @@ class JobTimeline:
     """Milli-GPU held now by jobs started."""
     partial_area: float = 0.0
     """Milli-GPU x trace seconds held by the pods of jobs not started, so far."""
+    first_bound: dict[int, float] = field(default_factory=dict)
+    """Job -> when its first pod bound, while it has not started (nor been withdrawn)."""
+    spans: list[float] = field(default_factory=list)
+    """Trace seconds each job spent partly placed: from its first pod's bind to its last's (or its withdrawal)."""
     last: float = 0.0
 
     def advance(self, now: float) -> None:
@@ -92,8 +96,10 @@ class JobTimeline:
             return False
         bound.add(member)
         self.partial += members[member].gpu_demand
+        self.first_bound.setdefault(job, now)
         if len(bound) < len(members):
             return False
+        self.spans.append(now - self.first_bound.pop(job))
         self.partial -= sum(member.gpu_demand for member in members)
         self.running += self.jobs[job].gpu_demand
         self.started[job] = now
@@ -107,6 +113,8 @@ class JobTimeline:
         self.advance(now)
         members = self.jobs[job].members
         held = sum(members[number].gpu_demand for number in self.bound.pop(job, set()))
+        if job in self.first_bound:
+            self.spans.append(now - self.first_bound.pop(job))
         self.partial -= held
         self.withdrawn[job] = held
         return True
@@ -132,8 +140,10 @@ class JobTimeline:
     def figures(self, end: float, patience: float) -> dict[str, Any]:
         """The jobs' figures at `end`: GPU-hours held by jobs not started (and their share of the cluster's
         GPU-hours over the run), jobs started / withdrawn (holding GPUs then) / waiting at the end (holding GPUs),
-        and the wait of the jobs of several pods (p50, p90; a withdrawn one at the patience, one still waiting at
-        its wait so far)."""
+        the wait of the jobs of several pods (p50, p90; a withdrawn one at the patience, one still waiting at
+        its wait so far), and the longest any job was partly placed (from its first pod's bind to its last's, its
+        withdrawal, or the end: a job bound whole in one go is partly placed only while kube-scheduler binds its
+        pods one after another)."""
         self.advance(end)
         waiting = [job for job in self.arrived if job not in self.started and job not in self.withdrawn]
         gangs = [job for job in self.arrived if self.jobs[job].size > 1]
@@ -150,6 +160,9 @@ class JobTimeline:
             "partial_share": 100 * self.partial_area / (self.capacity * end) if end > 0 and self.capacity else 0.0,
             "gang_wait_p50": percentile(waits, 0.5),
             "gang_wait_p90": percentile(waits, 0.9),
+            "partly_placed_longest": max(
+                [*self.spans, *(end - first for first in self.first_bound.values())], default=0.0
+            ),
         }
 
 
@@ -181,6 +194,7 @@ def render(figures: dict[str, Any]) -> str:
             f"{figures['useful']:.1f} %; held by jobs partly placed {figures['partial_gpu_hours']:,.1f} GPU-hours of "
             f"trace time ({figures['partial_share']:.2f} % of the cluster's over the run)",
             f"wait of jobs of several pods, trace time: p50 {churn.duration(figures['gang_wait_p50'])}, "
-            f"p90 {churn.duration(figures['gang_wait_p90'])}",
+            f"p90 {churn.duration(figures['gang_wait_p90'])}; the longest a job was partly placed "
+            f"{churn.duration(figures['partly_placed_longest'])}",
         ]
     )
