@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 
+from extender.core.cache import Cache
 from extender.core.devices import Demand, Request, Strategy
 from extender.core.holds import Grant
 from extender.core.nodes import NodeState
-from extender.core.placement.config import Policy, PolicyConfig, ask_of
+from extender.core.placement.config import Ask, Policy, PolicyConfig, ask_of
 from extender.core.placement.fill import choose_devices, fill_choice, score_node
 from extender.core.placement.fit import Placement
 from extender.core.placement.narrowing import scores
@@ -127,3 +128,37 @@ def test_the_fragmentation_policy_places_every_demand_but_those_asking_their_own
     assert not PolicyConfig().by_fragmentation(Demand(4, node_strategy=Strategy.SPREAD))
     assert not PolicyConfig().by_fragmentation(Demand(4, device_strategy=Strategy.BINPACK))
     assert not BINPACK.by_fragmentation(Demand(4))
+
+
+# ---- the fill policy's rank of nodes for a job's plan (`Fill.values`) -------------------------------------
+
+
+NAMES = ["half", "empty", "full", "down", "ghost"]
+
+
+def ranked_nodes() -> Cache:
+    """Nodes of two GPUs of 16 GiB: `half` runs 8 GiB on GPU 0, `empty` nothing, `full` 16 on each, `down` is empty
+    but not Ready; `ghost` is no node of the cache."""
+    pods = (bound_pod("a", "half", (0,), 8), bound_pod("f", "full", (0, 1), 32, gpus=2))
+    nodes = [make_node(name, gpus=2, mem=16) for name in ("half", "empty", "full")]
+    return make_cluster(*nodes, make_node("down", gpus=2, mem=16, ready=False), pods=pods)
+
+
+def test_fill_ranks_nodes_by_minus_their_score_and_leaves_those_it_cannot_use_at_infinity() -> None:
+    """4 GiB under binpack: on `half` it joins the 8 GiB on GPU 0, 12 of 16 (device 7 of 10), and the node holds 12
+    of 32 (3): (7 + 3) // 2 = 5; on `empty` 4 of 16 (2) and 4 of 32 (1): 1. Under spread: `half` gives GPU 1,
+    (16 - 4) x 10 // 16 = 7, the node (32 - 12) x 10 // 32 = 6: 6; `empty` 7 and 8: 7. The best ranks lowest;
+    the full node, the one not Ready (it would fit) and the unknown name cannot take the pod: inf."""
+    cluster = ranked_nodes()
+    binpack = placer_for(cluster, BINPACK).values(Ask(Demand(4)), NAMES, cluster.nodes)
+    spread = placer_for(cluster, SPREAD).values(Ask(Demand(4)), NAMES, cluster.nodes)
+    assert binpack.tolist() == [-5.0, -1.0, math.inf, math.inf, math.inf]
+    assert spread.tolist() == [-6.0, -7.0, math.inf, math.inf, math.inf]
+
+
+def test_fill_ranks_a_pod_by_the_gpu_strategy_it_asks_and_the_node_strategy_configured() -> None:
+    """Under binpack, a pod asking spread over GPUs: on `half` GPU 1, (16 - 4) x 10 // 16 = 7, and the node by
+    binpack, 12 x 10 // 32 = 3: 5; on `empty` 7 and 4 x 10 // 32 = 1: 4."""
+    cluster = ranked_nodes()
+    asked = Ask(Demand(4, device_strategy=Strategy.SPREAD))
+    assert placer_for(cluster, BINPACK).values(asked, NAMES, cluster.nodes).tolist()[:3] == [-5.0, -4.0, math.inf]

@@ -250,3 +250,37 @@ def test_a_hami_pod_goes_to_the_gpu_whose_hold_adds_least(
     assert added is not None and isinstance(added[1], Placement)
     best = min(held, key=held.__getitem__)
     assert (added[1].containers[0][0].index, added[0]) == (best, held[best])
+
+
+# ---- the policy's rank of nodes for a job's plan (`Fragmentation.values`) ---------------------------------
+
+
+def three_kinds() -> Cache:
+    """`n1` runs 500 of its GPU 0's 1000, `empty` two GPUs free, `four` four; cpu aplenty; halves and two-GPU pods
+    typical (test_fragmentation's scores)."""
+    cache = make_cluster(node("n1", cpu="256"), node("empty", cpu="256"), node("four", gpus=4, cpu="256"))
+    cache.apply_pod(bound_pod("running", "n1", (0,), 500))
+    teach(cache, (500, "1", 5), (2000, "1", 5))
+    return cache
+
+
+def test_the_policy_ranks_nodes_by_the_fragmentation_a_pod_adds_there() -> None:
+    """A half on n1 takes the 500 left: F falls from 5/11 x 1.5 to 5/11 x 1 (-5/22); on the empty node it breaks a
+    GPU the two-GPU pods needed (+15/22); on `four` the 500 left is theirs to waste (+5/22): each rounded to 1e-9,
+    plus 1e-12 x the node's free GPU (1.5, 2, 4) to rank the fuller first among equals; the unknown name inf."""
+    cache = three_kinds()
+    values = placer_for(cache, BEST).values(ask(500, cpu="1"), ["n1", "empty", "four", "unknown"], cache.nodes)
+    expected = [round(-5 / 22, DIGITS) + 1.5e-12, round(15 / 22, DIGITS) + 2e-12, round(5 / 22, DIGITS) + 4e-12]
+    assert values.tolist()[:3] == pytest.approx(expected, abs=1e-13)
+    assert values[3] == np.inf
+
+
+def test_a_pod_asking_no_gpu_ranks_every_node_alike() -> None:
+    """What its cpu strands differs by node (the measure says so), but the plan of a job's member that asks no GPU
+    has no GPUs to choose: every node ranks 0, the unknown name too."""
+    cache = three_kinds()
+    names = ["n1", "empty", "four", "unknown"]
+    cpu_heavy = Ask(Demand(0), 255_500, 0)
+    stranded = fragmentation.fragmentation_values(cpu_heavy, names, learned_of(cache), cache.nodes)
+    assert len(set(stranded.tolist())) == 4
+    assert placer_for(cache, BEST).values(cpu_heavy, names, cache.nodes).tolist() == [0.0, 0.0, 0.0, 0.0]

@@ -6,12 +6,13 @@ what a topology-aware pod of one GPU pays on a node that reports no links."""
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
 import pytest
 
-from extender.core.devices import Demand, Device, Selectors
+from extender.core.devices import Demand, Device, Selectors, Strategy
 from extender.core.placement import fragmentation
 from extender.core.placement.config import Ask
 from extender.core.placement.filtering import FilterOutcome
@@ -120,3 +121,14 @@ def test_a_topology_aware_pod_of_one_gpu_pays_nothing_for_links_a_node_does_not_
     devices = [Device(index, 16, uuid=f"GPU-{index}") for index in range(2)]
     state = SimpleNamespace(devices=devices, free=[16, 16])
     assert link_term(Demand(4, selectors=Selectors(topology=True)), state, [0]) == 0.0  # type: ignore[arg-type]
+
+
+def test_a_pod_asking_its_own_strategy_is_ranked_by_fill_under_the_fragmentation_policy() -> None:
+    """For a job's plan as for a bind: a half asking spread over GPUs goes by fill. On n1 (500 of GPU 0 taken) GPU 1,
+    (1000 - 500) x 10 // 1000 = 5, the node by binpack 1000 x 10 // 2000 = 5: 5; on the empty node 5 and 2: 3; on
+    `four` 5 and 1: 3. Minus the scores, the best lowest."""
+    cache = make_cluster(node("n1", cpu="256"), node("empty", cpu="256"), node("four", gpus=4, cpu="256"))
+    cache.apply_pod(bound_pod("running", "n1", (0,), 500))
+    spread = Ask(Demand(500, device_strategy=Strategy.SPREAD), 1000, 1 << 30)
+    values = placer_for(cache, BEST).values(spread, ["n1", "empty", "four", "unknown"], cache.nodes)
+    assert values.tolist() == [-5.0, -3.0, -3.0, math.inf]
