@@ -10,14 +10,25 @@ at no poll does the job that waits have a pod bound, at the end one job has all 
 none; once the first job's pods are deleted, the second is placed whole (judged at the end: it may fit, and bind,
 before the first's last pod is gone).
 
+The same for jobs declared by scheduler-plugins' coscheduling PodGroups, with their CRD installed
+(`scheduling.x-k8s.io/v1alpha1`, `podgroups`, namespaced; its schema keeps every field, as the extender reads only
+`metadata` and `spec.minMember`) and pods naming theirs by the label `scheduling.x-k8s.io/pod-group`, as
+scheduler-plugins v0.31.8 reads it; no coscheduling plugin or controller runs. A PodGroup's minimum is the job's
+size: with 2 of its minimum of 3 pods created, neither binds, and kube-scheduler's message says why; the PodGroup
+lowered to 2 (news kube-scheduler does not watch), the extender asks kube-scheduler to retry and both bind; a
+second job of 3 that does not fit beside them waits whole, never bound in part, and is placed whole once room
+comes.
+
 The module has its own extender (with its own pod, which it annotates to ask kube-scheduler for retries) and
-kube-scheduler (its own schedulerName), and its own namespace and nodes.
+kube-scheduler (its own schedulerName), and its own namespace and nodes. The CRD is created before the extender
+starts (so its first list finds it) and deleted at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -37,10 +48,51 @@ FLAGS = ("--no-leader-elect", "--lease-namespace", EXTENDER_NAMESPACE, "--pod-na
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 SIZE = 3
 JOBS = ("a", "b")
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CRD_NAME = "podgroups.scheduling.x-k8s.io"
+PODGROUPS = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{NAMESPACE}/podgroups"
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+
+
+CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": CRD_NAME},
+    "spec": {
+        "group": "scheduling.x-k8s.io",
+        "scope": "Namespaced",
+        "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup", "shortNames": ["pg", "pgs"]},
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+"""scheduler-plugins' PodGroup CRD as far as the extender reads it: its group, version, kind and scope are the
+project's (config/crd/bases/scheduling.x-k8s.io_podgroups.yaml at v0.31.8); its schema keeps every field."""
 
 
 @pytest.fixture(scope="module")
-def cluster(control_plane: ControlPlane) -> Iterator[tuple[str, ...]]:
+def podgroup_crd(control_plane: ControlPlane) -> Iterator[None]:
+    control_plane.request("POST", CRDS, CRD)
+    deadline = time.monotonic() + 30
+    while True:
+        conditions = (control_plane.request("GET", f"{CRDS}/{CRD_NAME}").get("status") or {}).get("conditions") or ()
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            break
+        assert time.monotonic() < deadline, "the PodGroup CRD not established after 30 s"
+        time.sleep(0.2)
+    yield
+    control_plane.request("DELETE", f"{CRDS}/{CRD_NAME}")
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: ControlPlane, podgroup_crd: None) -> Iterator[tuple[str, ...]]:
     control_plane.namespace_now(NAMESPACE)
     for name in NODES:
         control_plane.create_node_now(name, gpus=2, gpu_mem=16)
@@ -63,15 +115,22 @@ def scheduler(control_plane: ControlPlane, extender: ExtenderProcess) -> Iterato
 
 
 def member(job: str, number: int) -> dict[str, Any]:
+    """Pod `number` of Kueue plain-pod group `job` of `SIZE` pods."""
+    labels = {"kueue.x-k8s.io/pod-group-name": job}
+    return gpu_pod(f"{job}-{number}", labels, {"kueue.x-k8s.io/pod-group-total-count": str(SIZE)})
+
+
+def podgroup_member(group: str, number: int) -> dict[str, Any]:
+    """Pod `number` of coscheduling PodGroup `group`."""
+    return gpu_pod(f"{group}-{number}", {POD_GROUP_LABEL: group}, {})
+
+
+def gpu_pod(name: str, labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
+    """A pod of this module's scheduler asking one whole 16 GiB GPU."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": f"{job}-{number}",
-            "namespace": NAMESPACE,
-            "labels": {"kueue.x-k8s.io/pod-group-name": job},
-            "annotations": {"kueue.x-k8s.io/pod-group-total-count": str(SIZE)},
-        },
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels, "annotations": annotations},
         "spec": {
             "schedulerName": SCHEDULER_NAME,
             "terminationGracePeriodSeconds": 0,
@@ -91,8 +150,9 @@ async def bound_by_job(control_plane: ControlPlane) -> dict[str, list[str]]:
     pods = (await control_plane.api("GET", PODS))["items"]
     found: dict[str, list[str]] = {job: [] for job in JOBS}
     for pod in pods:
-        if pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
-            found[pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"]].append(pod["metadata"]["name"])
+        job = pod["metadata"].get("labels", {}).get("kueue.x-k8s.io/pod-group-name")
+        if job in found and pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
+            found[job].append(pod["metadata"]["name"])
     return found
 
 
@@ -139,6 +199,18 @@ async def unschedulable(control_plane: ControlPlane, names: list[str]) -> list[s
     return reasons
 
 
+async def nothing_held(extender: ExtenderProcess) -> None:
+    report = await extender.inspect()
+    assert report["reservations"] == 0, "every hold taken by its bind and shown bound by the API"
+
+
+async def deleted(control_plane: ControlPlane, paths: list[str]) -> None:
+    """Each object deleted, those already gone passed over."""
+    for path in paths:
+        with contextlib.suppress(ApiError):
+            await control_plane.delete(path)
+
+
 async def test_two_jobs_that_do_not_both_fit_arriving_interleaved_one_runs_whole_the_other_waits_whole(
     control_plane: ControlPlane, scheduler: Scheduler, extender: ExtenderProcess
 ) -> None:
@@ -181,9 +253,83 @@ async def test_two_jobs_that_do_not_both_fit_arriving_interleaved_one_runs_whole
             return len(bound[second]) == SIZE and not bound[first]
 
         await eventually(second_whole, timeout=60, what=f"job {second} placed whole once {first} is gone")
-        report = await extender.inspect()
-        assert report["reservations"] == 0, "every hold taken by its bind and shown bound by the API"
+        await nothing_held(extender)
     finally:
-        for name in created:
-            with contextlib.suppress(ApiError):
-                await control_plane.delete(f"{PODS}/{name}")
+        await deleted(control_plane, [f"{PODS}/{name}" for name in created])
+
+
+def podgroup(name: str, minimum: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"minMember": minimum},
+    }
+
+
+async def bound_of(control_plane: ControlPlane, group: str) -> list[str]:
+    """The names of the group's pods bound, from the API."""
+    pods = (await control_plane.api("GET", f"{PODS}?labelSelector={POD_GROUP_LABEL}%3D{group}"))["items"]
+    return sorted(
+        pod["metadata"]["name"]
+        for pod in pods
+        if pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp")
+    )
+
+
+async def test_a_podgroups_minimum_is_its_jobs_size_and_a_job_that_does_not_fit_waits_whole(
+    control_plane: ControlPlane, scheduler: Scheduler, extender: ExtenderProcess
+) -> None:
+    created: list[str] = []
+    try:
+        await control_plane.api("POST", PODGROUPS, podgroup("train", 3))
+        for number in range(2):
+            await control_plane.api("POST", PODS, podgroup_member("train", number))
+            created.append(f"train-{number}")
+
+        async def short() -> list[str]:
+            found = await unschedulable(control_plane, created)
+            return found if len(found) == 2 else []
+
+        said = await eventually(short, timeout=60, what="train's two pods refused for want of a third")
+        # "1 exist" for a pod refused before the second was created: nothing retries it until the job can start
+        assert all(f"job {NAMESPACE}/train needs 3 pods to start; " in message for message in said), said
+        assert await bound_of(control_plane, "train") == []
+
+        # The minimum lowered: kube-scheduler watches no PodGroup, the extender asks it to retry.
+        await control_plane.api("PATCH", f"{PODGROUPS}/train", {"spec": {"minMember": 2}})
+
+        async def train_bound() -> bool:
+            return await bound_of(control_plane, "train") == ["train-0", "train-1"]
+
+        await eventually(train_bound, timeout=60, what="train placed once its PodGroup asks 2")
+
+        # Two GPUs left of four; a job of 3 waits whole, and is never placed in part meanwhile.
+        await control_plane.api("POST", PODGROUPS, podgroup("big", 3))
+        waiting = [f"big-{number}" for number in range(3)]
+        for name in waiting:
+            await control_plane.api("POST", PODS, podgroup_member("big", int(name[-1])))
+            created.append(name)
+
+        async def big_refused() -> list[str]:
+            assert await bound_of(control_plane, "big") == [], "a pod of the job that does not fit was bound"
+            found = await unschedulable(control_plane, waiting)
+            return found if len(found) == 3 else []
+
+        said = await eventually(big_refused, timeout=60, what="big's pods refused whole")
+        assert any(f"job {NAMESPACE}/big needs 3 pods of 1 GPU with 16 GiB; 2 fit now" in message for message in said)
+        for _ in range(30):  # retries come and go: still nothing of big bound
+            assert await bound_of(control_plane, "big") == []
+            await asyncio.sleep(0.1)
+
+        for number in range(2):
+            await control_plane.delete(f"{PODS}/train-{number}")
+
+        async def big_bound() -> bool:
+            return await bound_of(control_plane, "big") == waiting
+
+        await eventually(big_bound, timeout=60, what="big placed whole once train is gone")
+        await nothing_held(extender)
+    finally:
+        paths = [f"{PODS}/{name}" for name in created] + [f"{PODGROUPS}/{name}" for name in ("train", "big")]
+        await deleted(control_plane, paths)
