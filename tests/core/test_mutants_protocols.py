@@ -109,10 +109,18 @@ def test_hamis_devices_text_is_read_entry_by_entry_and_refused_whole_when_one_is
         decode(long_entry + ":;")
 
 
-@pytest.mark.parametrize("memory", ["2147483648", "12345678901", "-1", "1e3", "٣"])
+@pytest.mark.parametrize("memory", ["2147483648", "12345678901", "-1", "1e3", "٣", "", "+5", "00002147483648"])
 def test_hamis_memory_beyond_int32_or_not_decimal_digits_is_refused(memory: str) -> None:
     with pytest.raises(ValueError, match=r"is not a whole number of at most 2\^31-1$"):
         decode(f"GPU-a,NVIDIA,{memory},0:;")
+
+
+@pytest.mark.parametrize(("memory", "read"), [("0000000016", 16), ("000000000002147483647", 2147483647), ("0", 0)])
+def test_hamis_memory_with_leading_zeros_is_read_as_its_parseint_reads_it(memory: str, read: int) -> None:
+    """HAMi reads the field with strconv.ParseInt(s, 10, 32) (pkg/device/devices.go:512 and 517,
+    DecodeContainerDevices, at v2.10.0), which takes leading zeros; the length bound applies to the digits after
+    them."""
+    assert decode(f"GPU-a,NVIDIA,{memory},0:;") == ((Grant(-1, read, 0, "GPU-a"),),)
 
 
 def test_a_number_too_long_is_named_by_its_first_40_characters() -> None:
