@@ -383,9 +383,8 @@ def _cordoned(value: object) -> frozenset[str]:
 
 def _int32(text: str) -> int:
     """A decimal int32 as HAMi's `strconv.ParseInt(s, 10, 32)` reads one (pkg/device/devices.go:512 at v2.10.0,
-    DecodeContainerDevices), leading zeros included
-    ("0000000016" is 16); a sign, a negative or anything past 2^31-1 is refused. Bounded: the digits past the
-    zeros are at most 10 before `int` is asked."""
+    DecodeContainerDevices), leading zeros included ("0000000016" is 16); a sign, a negative or anything past
+    2^31-1 is refused. Bounded: the digits past the zeros are at most 10 before `int` is asked."""
     digits = text.lstrip("0") or ("0" if text else "")
     value = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 10 else -1
     if not 0 <= value <= MAX_INT32:
