@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from extender.core import jobs, objects
+from extender.core import jobplan, jobs, objects
 from extender.core.cache import Cache
 from extender.core.devices import Demand
 from extender.core.holds import Allocation, Hold, HoldState
@@ -221,6 +221,8 @@ class Write:
     pod: Raw
     hold: Hold | None
     state: NodeState
+    written: str | None = None
+    """For a member of a job held whole: its job's hold as it stands, written beside its allocation (`jobplan.py`)."""
 
 
 def _one_pod_on_node(request: BindRequest) -> str:
@@ -276,7 +278,7 @@ def _decide(request: BindRequest, context: BindContext) -> BindOutcome | Write:
         job = context.ledger.group_of(request.uid)
         taken = context.ledger.take_grouped(request.uid, request.node)
         if taken is not None:
-            return Write(pod, taken, state)
+            return Write(pod, taken, state, context.ledger.written(job))
         if context.ledger.group_of(request.uid) is None:
             return _refused(f"pod {request.key}: job {job} lost a member it was held for; it is planned again whole")
         return _refused(f"pod {request.key} is held on {hold.allocation.node} for job {job}, not on {request.node}")
@@ -405,18 +407,20 @@ def _indexes(allocation: Allocation) -> str:
     return ",".join(map(str, allocation.indexes))
 
 
-def _annotations(hold: Hold | None, state: NodeState, protocol: DeviceProtocol) -> dict[str, str]:
-    """What records the hold on the pod ({} for a pod that holds nothing); the same hold always writes the
-    same annotations."""
+def _annotations(write: Write, protocol: DeviceProtocol) -> dict[str, str]:
+    """What records the hold on the pod ({} for a pod that holds nothing): the same hold always writes the same
+    allocation; a member of a job held whole, its job's hold as well, while members of it wait."""
+    hold = write.hold
     if hold is None:
         return {}
-    return protocol.allocation_annotations(hold.allocation, state.devices, hold.since)
+    written = {jobplan.ANNOTATION: write.written} if write.written is not None else {}
+    return protocol.allocation_annotations(hold.allocation, write.state.devices, hold.since) | written
 
 
 async def _write(request: BindRequest, context: BindContext, write: Write) -> BindOutcome:
     """Write the annotations and the binding (within the guard's time); settle the reservation by the result."""
     key, node, ledger = request.key, request.node, context.ledger
-    annotations = _annotations(write.hold, write.state, context.cache.protocol)
+    annotations = _annotations(write, context.cache.protocol)
     try:
         try:
             async with _while_allowed(context.guard.time_left):

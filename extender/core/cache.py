@@ -381,7 +381,7 @@ class Cache:
         previous = self.pods.get(uid)
         self.pods[uid] = record
         arrived = previous is None
-        self.groups.move(uid, previous.group if previous is not None else None, record.group)
+        self.groups.move(uid, previous.group if previous is not None else None, record.group, record.written)
         if arrived:
             for listener in self.listeners:
                 listener.pod_arrived(record)

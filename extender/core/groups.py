@@ -41,6 +41,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from extender.core import objects
+from extender.core.holds import Allocation
+from extender.core.memo import Lru
 from extender.core.objects import Raw, as_object
 
 KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
@@ -378,16 +380,37 @@ def _disagreement(key: GroupKey, said_by: list[tuple[MemberPod, int]]) -> str:
     return ""
 
 
+@dataclass(frozen=True, slots=True)
+class WrittenHold:
+    """A job's hold as a member's bind wrote it on its pod (`jobplan.py`)."""
+
+    job: GroupKey
+    since: float
+    """When the hold was taken (Unix seconds): it expires `group_hold_ttl` after, written or not."""
+    waiting: tuple[Allocation, ...]
+    """The members still to bind then, each with its node and GPUs."""
+
+
+WRITTEN_FORGOTTEN = 4096
+"""Written holds let go remembered at most (`Jobs.forget`), so a relist does not bring them back."""
+
+
 class Jobs:
-    """Every job's pods whose declaration can be used, by pod UID, kept by the cache as pods come, change and go.
+    """Every job's pods whose declaration can be used, by pod UID, kept by the cache as pods come, change and go;
+    and the newest hold written for each job on its pods (`jobplan.py`), until the ledger has done with it.
     Mutable."""
 
     def __init__(self) -> None:
         self._members: dict[GroupKey, set[str]] = {}
+        self._written: dict[GroupKey, WrittenHold] = {}
+        self._forgotten: Lru[tuple[GroupKey, float], bool] = Lru(WRITTEN_FORGOTTEN)
 
-    def move(self, uid: str, before: Said, after: Said) -> None:
+    def move(self, uid: str, before: Said, after: Said, written: WrittenHold | None = None) -> None:
         """The pod declared `before` and now declares `after` (None: nothing, or it is gone). A pod is filed under
-        every group it may be a member of (`keys`): which one counts is the PodGroups' to say when it is asked."""
+        every group it may be a member of (`keys`): which one counts is the PodGroups' to say when it is asked.
+        `written`: the job's hold its annotations carry, kept if it is the newest for its job and not forgotten."""
+        if written is not None:
+            self._write(written)
         if before == after:
             return
         for key in keys(before):
@@ -401,6 +424,25 @@ class Jobs:
 
     def members(self, key: GroupKey) -> frozenset[str]:
         return frozenset(self._members.get(key, ()))
+
+    def written(self) -> list[WrittenHold]:
+        """The newest hold written for each job, not yet forgotten (few: `Ledger.restore_groups` forgets each once
+        it is held again, expired or of no use)."""
+        return list(self._written.values())
+
+    def forget(self, job: GroupKey, since: float) -> None:
+        """Done with the job's hold taken at `since`, as written: it is never kept again (a relist shows the same
+        annotations). The ledger says so when it lets go of a hold, and when it has held one again or found it of
+        no use."""
+        self._forgotten.put((job, since), True)
+        known = self._written.get(job)
+        if known is not None and known.since == since:
+            del self._written[job]
+
+    def _write(self, hold: WrittenHold) -> None:
+        known = self._written.get(hold.job)
+        if (known is None or hold.since > known.since) and (hold.job, hold.since) not in self._forgotten:
+            self._written[hold.job] = hold
 
     def __len__(self) -> int:
         return len(self._members)

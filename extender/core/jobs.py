@@ -33,11 +33,11 @@ A member's bind takes its hold (`Ledger.take_grouped`) to the node planned for i
 member of a job that holds nothing while it lacks members, is refused (`unheld`): kube-scheduler filters the
 pod again, and the job is planned whole. So a job never runs in part because of us.
 
-Restart and leader change: the holds live in memory. A restart, or a standby become leader, forgets them; the
-members bound stay bound (the API has them), and the rest are planned again, whole, at their next filter, with
-what is free then. A restart between two members' binds can therefore leave a job with members bound and the
-rest waiting for room, which the job's hold was to spare it: the window is the time kube-scheduler takes from a
-job's first bind to its last (milliseconds to seconds).
+Restart and leader change: the holds live in memory, and each member's bind writes its job's hold on its pod
+(`jobplan.py`). A restart, or a standby become leader, before the first bind forgets the hold: no member is
+placed, and the job is planned again whole at its next member's filter. After it, the replica holds the members
+still waiting again as the binds wrote them, before it answers any filter (`Ledger.restore_groups`), until the
+hold's own expiry; if they no longer fit (another scheduler took the room meanwhile), the job is planned again.
 
 kube-scheduler's sample: with `percentageOfNodesToScore` under 100, the names a filter is sent may not include
 a member's planned node; the member then waits ("planned on node X") and kube-scheduler's rotating start

@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
-from extender.core import mig
+from extender.core import jobplan, mig
 from extender.core.cache import Cache
-from extender.core.groups import GroupKey
+from extender.core.groups import GroupKey, WrittenHold
 from extender.core.holds import Allocation, Hold, HoldState, Use
 from extender.core.nodes import NodeState
 from extender.core.quota.book import Quotas
+
+log = logging.getLogger(__name__)
 
 ASSUMED_TTL = 5.0
 """Seconds an assumption (`assume.py`) is held without its bind: kube-scheduler binds a pod moments after its
@@ -303,17 +306,18 @@ class Ledger:
 
     # -- jobs held whole
 
-    def reserve_group(self, key: GroupKey, allocations: Sequence[Allocation]) -> str | None:
+    def reserve_group(self, key: GroupKey, allocations: Sequence[Allocation], since: float | None = None) -> str | None:
         """Hold every member's allocation as GROUPED, or none; returns None when all are held, else why not.
 
         Each is checked as `reserve` checks one (room, MIG instances, the namespace's quota) against the node as
         the members recorded before it left it, in one step with no await: the quota book counts each hold as
         it is recorded, so the namespace's quota is charged with the members' sum, and a quota with room for
         five of eight members refuses the job. On a refusal the members recorded are let go again.
-        A job already held is let go first (the caller plans it again)."""
+        A job already held is let go first (the caller plans it again). `since`: when the hold was taken, for one
+        held again as a bind wrote it (`restore_groups`); now by default."""
         self.release_group(key)
         recorded: list[str] = []
-        now = self.clock()
+        now = self.clock() if since is None else since
         refusal: str | None = None
         for allocation in allocations:
             uid = allocation.pod_uid
@@ -384,12 +388,61 @@ class Ledger:
         if group is None:
             return []
         self._forget_group(group)
+        self.cluster.groups.forget(group.key, group.since)  # never held again from what its binds wrote
         released = []
         for uid in group.waiting:
             hold = self.cluster.reserved.get(uid)
             if hold is not None and hold.state is HoldState.GROUPED:
                 released.append(self.cluster.release(uid))
         return [hold for hold in released if hold is not None]
+
+    def written(self, key: GroupKey | None) -> str | None:
+        """The job's hold as a member's bind writes it on its pod (`jobplan.py`): when it was taken and every member
+        still waiting; None when the job holds nothing, none waits, or it is too large to write."""
+        group = self._groups.get(key) if key is not None else None
+        if group is None or not group.waiting:
+            return None
+        holds = [self.cluster.reserved.get(uid) for uid in group.waiting]
+        allocations = [hold.allocation for hold in holds if hold is not None and hold.state is HoldState.GROUPED]
+        return jobplan.encode(group.key, group.since, allocations)
+
+    def restore_groups(self) -> list[GroupKey]:
+        """Hold again, as written, the jobs whose hold a member's bind wrote on its pod and that hold nothing here
+        (this replica restarted, or became the leader, between two of their members' binds): the members still
+        waiting, all or none, until the written hold's own expiry. A written hold is forgotten once held again, or
+        when of no use: expired, let go here before, a member gone, none waiting, or no longer fitting (the job is
+        then planned again at its next member's filter). Returns the jobs held again. Cheap when nothing is written
+        (the common case): one look at an empty list."""
+        restored = []
+        for hold in self.cluster.groups.written():
+            job, since = hold.job, hold.since
+            if job in self._groups:
+                continue
+            self.cluster.groups.forget(job, since)
+            waiting = self._still_waiting(hold)
+            if not waiting or since < self.clock() - self.group_ttl:
+                continue
+            refusal = self.reserve_group(job, waiting, since=since)
+            if refusal is not None:
+                log.warning("job %s: its hold written by its members' binds cannot be held again (%s)", job, refusal)
+                continue
+            log.info("job %s: its hold for %d members held again as its members' binds wrote it", job, len(waiting))
+            restored.append(job)
+        return restored
+
+    def _still_waiting(self, hold: WrittenHold) -> list[Allocation]:
+        """The members the written hold lists that still wait to bind ([] when one is gone or ended: the job is
+        then planned again); those bound or decided since are left out."""
+        waiting = []
+        for allocation in hold.waiting:
+            record = self.cluster.pods.get(allocation.pod_uid)
+            if record is None or record.finished:
+                return []
+            held = self.cluster.hold_of(allocation.pod_uid)
+            if record.node_name or (held is not None and held.state is not HoldState.ASSUMED):
+                continue
+            waiting.append(allocation)
+        return waiting
 
     def waiting_on(self) -> dict[str, GroupKey]:
         """Nodes where members of a job held whole still wait to bind, each with one such job: the cpu and memory

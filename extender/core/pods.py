@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from extender.core import objects
+from extender.core import jobplan, objects
 from extender.core.devices import Demand
-from extender.core.groups import Said, read
+from extender.core.groups import Said, WrittenHold, read
 from extender.core.holds import Allocation
 from extender.core.objects import Raw, as_object, pod_priority
 from extender.core.protocols import DeviceProtocol
@@ -51,6 +51,8 @@ class PodRecord:
     after the pod, or change."""
     gated: bool = False
     """It has scheduling gates: kube-scheduler does not place it yet."""
+    written: WrittenHold | None = None
+    """The hold of its job its bind wrote on it (`jobplan.py`), if any."""
 
     @property
     def key(self) -> str:
@@ -87,4 +89,5 @@ def pod_record(pod: Raw, protocol: DeviceProtocol) -> PodRecord:
         required_values(pod, label) if label else (),
         read(pod),
         bool(spec.get("schedulingGates")),
+        jobplan.written(objects.annotations_of(pod)),
     )

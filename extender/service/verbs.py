@@ -167,6 +167,7 @@ def _filter_args(args: contract.ExtenderArgs, demand: Demand, service: Service) 
     service.recent.remember(args.Pod)
     service.metrics.demands.record(demand.per_device)
     service.ledger.unassume(objects.uid(args.Pod))  # its own assumption, from an earlier filter, is no rival
+    _restore_groups(service)  # before anything is judged: after a restart, jobs' written holds come first
     member = _member_filter(args, service)
     if member is not None:
         return member
@@ -393,6 +394,13 @@ async def _expiry_sweep(service: Service) -> None:
             log.exception("expiring reservations and node locks failed; trying again in %g s", service.expiry_interval)
 
 
+def _restore_groups(service: Service) -> None:
+    """Hold again the jobs whose hold their members' binds wrote and this replica lost (`Ledger.restore_groups`),
+    and ask kube-scheduler to retry their members refused meanwhile."""
+    for job in service.ledger.restore_groups():
+        service.requeue.job_held(str(job))
+
+
 def _expire(service: Service) -> None:
     """One round of the sweep."""
     for hold in service.ledger.expire(include_bound=service.source.cache_current()):
@@ -411,6 +419,7 @@ def _expire(service: Service) -> None:
         nodes = sorted({hold.allocation.node for hold in released.holds})
         log.warning("hold of job %s on %s let go: %s", group.key, ", ".join(nodes) or "no node", released.why)
         service.requeue.freed(nodes, group.since)
+    _restore_groups(service)
     stale = service.cache.expire_locks()
     if stale:
         log.warning(

@@ -267,9 +267,9 @@ def podgroup(name: str, minimum: int) -> dict[str, Any]:
     }
 
 
-async def bound_of(control_plane: ControlPlane, group: str) -> list[str]:
-    """The names of the group's pods bound, from the API."""
-    pods = (await control_plane.api("GET", f"{PODS}?labelSelector={POD_GROUP_LABEL}%3D{group}"))["items"]
+async def bound_of(control_plane: ControlPlane, group: str, label: str = POD_GROUP_LABEL) -> list[str]:
+    """The names of the group's pods bound (those labelled `label`=`group`), from the API."""
+    pods = (await control_plane.api("GET", f"{PODS}?labelSelector={label}%3D{group}"))["items"]
     return sorted(
         pod["metadata"]["name"]
         for pod in pods
@@ -333,3 +333,57 @@ async def test_a_podgroups_minimum_is_its_jobs_size_and_a_job_that_does_not_fit_
     finally:
         paths = [f"{PODS}/{name}" for name in created] + [f"{PODGROUPS}/{name}" for name in ("train", "big")]
         await deleted(control_plane, paths)
+
+
+async def test_a_job_half_bound_when_the_extender_restarts_is_held_again_from_what_its_binds_wrote(
+    control_plane: ControlPlane, scheduler: Scheduler, extender: ExtenderProcess
+) -> None:
+    """Job r's third pod asks a node label no node has yet, so kube-scheduler's own filters keep it pending: the job
+    is planned whole at r-0's or r-1's filter (r-2's GPU held on the node planned for it), those two bind, and r-2
+    waits. The extender restarts (a new process: what it held in memory is gone). Two pods asking a whole GPU each
+    come, for the two GPUs left, one of them r-2's: held again from what r-0's and r-1's binds wrote on their pods,
+    it goes to neither, and only one of them binds. The nodes labelled, r-2 binds, its job whole."""
+    label = "e2e-jobs/later"
+    kueue = "kueue.x-k8s.io/pod-group-name"
+    created: list[str] = []
+    try:
+        for number in range(SIZE):
+            pod = member("r", number)
+            if number == SIZE - 1:
+                pod["spec"]["nodeSelector"] = {label: "yes"}
+            await control_plane.api("POST", PODS, pod)
+            created.append(pod["metadata"]["name"])
+
+        async def two_bound() -> bool:
+            return await bound_of(control_plane, "r", kueue) == ["r-0", "r-1"]
+
+        await eventually(two_bound, timeout=60, what="r-0 and r-1 bound, r-2 kept pending by its node selector")
+        assert (await extender.inspect())["reservations"] == 1, "r-2's GPU held for it"
+
+        extender.stop()
+        extender.start()
+        await asyncio.to_thread(extender.wait_until, 200)
+        for name in ("x-0", "x-1"):
+            await control_plane.api("POST", PODS, gpu_pod(name, {"e2e-jobs/other": "x"}, {}))
+            created.append(name)
+
+        async def one_refused() -> list[str]:
+            return await unschedulable(control_plane, ["x-0", "x-1"])
+
+        await eventually(one_refused, timeout=60, what="one of x-0 and x-1 refused")
+        await asyncio.sleep(2)  # retries come and go: r-2's GPU stays r-2's
+        assert len(await bound_of(control_plane, "x", "e2e-jobs/other")) == 1
+
+        for node in NODES:
+            await control_plane.api("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": {label: "yes"}}})
+
+        async def whole() -> bool:
+            return await bound_of(control_plane, "r", kueue) == ["r-0", "r-1", "r-2"]
+
+        await eventually(whole, timeout=60, what="r-2 bound once a node has its label")
+        await nothing_held(extender)
+    finally:
+        for node in NODES:
+            with contextlib.suppress(ApiError):
+                await control_plane.api("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": {label: None}}})
+        await deleted(control_plane, [f"{PODS}/{name}" for name in created])

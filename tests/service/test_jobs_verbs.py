@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from extender.core import jobplan
 from extender.core.groups import KUEUE_GROUP, KUEUE_TOTAL
 from extender.core.holds import HoldState
 from extender.core.ledger import Ledger
@@ -164,3 +165,39 @@ async def test_a_jobs_members_still_to_bind_keep_the_cpu_planned_for_them(client
     assert (await (await client.post("/filter", data=filter_body(pods[1], NODES))).json())["NodeNames"] == ["n2"]
     assert (await (await client.post("/bind", data=bind_body(pods[1], "n2"))).json())["Error"] == ""
     assert {record.name: record.node_name for record in cluster.pods.values()} == {"a-0": "n1", "a-1": "n2", "c": ""}
+
+
+async def test_a_job_half_bound_when_the_extender_restarts_is_held_again_before_any_other_pod_is_filtered(
+    client_for: ClientFor,
+) -> None:
+    """a-0's bind writes the job's hold on its pod beside its allocation; an extender started afresh from the
+    API's objects holds a-1's GPU again before it answers anything, so a pod filtered first cannot take it, and
+    a-1 is passed its planned node."""
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
+    pods = [member("a", n, 2) for n in range(2)]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    binder = FileBinder(cluster, pods)
+    client = await client_for(make_service(cluster, binder=binder))
+    assert (await (await client.post("/filter", data=filter_body(pods[0], NODES))).json())["NodeNames"] == ["n1"]
+    assert (await (await client.post("/bind", data=bind_body(pods[0], "n1"))).json())["Error"] == ""
+    shown = binder._pods["uid-a-0"]
+    assert jobplan.decode(shown["metadata"]["annotations"][jobplan.ANNOTATION]).waiting[0].node == "n2"
+
+    other = make_pod("c", gpu_mem=16, uid="uid-c")
+    again = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
+    for pod in [shown, pods[1], other]:
+        again.apply_pod(pod)
+    asked: list[str] = []
+    client = await client_for(
+        make_service(again, binder=FileBinder(again, [shown, pods[1], other]), requeue=asked.append)
+    )
+    reply = await (await client.post("/filter", data=filter_body(other, NODES))).json()
+    full = "needs 16 GiB on one GPU; all 1 GPUs here are full; no pod on its GPUs has a lower priority, so preemption"
+    assert reply["NodeNames"] == [] and reply["FailedAndUnresolvableNodes"] == {
+        "n1": f"{full} cannot help",
+        "n2": f"{full} cannot help",
+    }, "n2's GPU is a-1's again"
+    assert asked == ["job default/a is held whole: its members may bind"]
+    assert (await (await client.post("/filter", data=filter_body(pods[1], NODES))).json())["NodeNames"] == ["n2"]
+    assert (await (await client.post("/bind", data=bind_body(pods[1], "n2"))).json())["Error"] == ""
