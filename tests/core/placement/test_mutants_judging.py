@@ -14,6 +14,9 @@ import pytest
 from extender.core.cache import Cache
 from extender.core.contract import InvalidArgs
 from extender.core.devices import Demand
+from extender.core.holds import Grant
+from extender.core.mig import MigInstance
+from extender.core.nodes import NodeState
 from extender.core.placement.filtering import FilterOutcome, all_fit, filter_cached, judged
 from extender.core.placement.fit import FITS, Cause, Judgement, Verdict
 from extender.core.placement.judge import NOT_IN_CACHE, judge
@@ -26,13 +29,16 @@ from tests.builders import (
     FakeClock,
     bound_pod,
     make_cluster,
+    make_hami_cluster,
     make_hami_node,
     make_hami_pod,
     make_node,
     placer_for,
+    running_hami_pod,
     two_gpus_with_12_and_4_used,
 )
 from tests.core.placement.test_fragmentation import BEST, ask, node, teach
+from tests.core.protocols.test_hami_mig import bound_mig_pod
 
 
 def gpushare() -> Cache:
@@ -269,3 +275,60 @@ def test_a_placer_places_by_the_learned_workload_it_is_given() -> None:
     placer = Placer(cache, BEST, given)
     assert placer.learned is given
     assert len(placer.learned.classes().shapes) == 1
+
+
+# ---- the general fit as the filter judges it ----------------------------------------------------------------
+
+
+def two_containers(*annotations: tuple[str, str]) -> Demand:
+    """A HAMi pod of two containers on a GPU each: 10000 MiB and 35000 MiB, 10 % compute each."""
+    pod = make_hami_pod("new", mem=10000, cores=10, **dict(annotations))
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "35000", "nvidia.com/gpucores": "10"}
+    pod["spec"]["containers"].append({"name": "second", "resources": {"limits": limits}})
+    return HAMI.pod_demand(pod)
+
+
+def test_a_pod_of_several_containers_is_judged_by_the_gpu_strategy_its_bind_will_use() -> None:
+    """GPU 1 has 12000 MiB free, GPU 0 all 40960. By binpack (the default) the first container takes the fuller GPU
+    1 and the second fits on GPU 0; by spread, which the pod may ask, the first takes GPU 0, which keeps 30960,
+    too little for the second: the filter says so rather than pass a node its bind would refuse."""
+    cluster = make_hami_cluster(make_hami_node("h"), pods=(running_hami_pod("a", "h", 1, 28960, 10),))
+    state = cluster.nodes["h"]
+    assert judge(two_containers(), state, "MiB") == FITS
+    assert judge(two_containers(("hami.io/gpu-scheduler-policy", "spread")), state, "MiB") == Judgement(
+        FAILED,
+        "container 2 of 2: needs 35000 MiB on one GPU; largest free is 30960 MiB (GPU 0 of 2)",
+        Cause.MEMORY,
+    )
+
+
+def test_a_gpu_blocked_on_a_node_not_in_mig_mode_takes_no_pod_asking_compute() -> None:
+    """A pod reserves a MIG instance on GPU 0, which is not in MIG mode (HAMi marks such a GPU unhealthy): nothing
+    is free there, though only 5120 MiB are used; GPU 1 has 5960 left. A pod of 10000 MiB and 20 % fits nowhere."""
+    odd = bound_mig_pod("odd", "core-1", (Grant(0, 5120, 14, "GPU-core-1-0", MigInstance("1g.5gb", 6, 1)),))
+    busy = running_hami_pod("b", "core-1", 1, 35000, 10)
+    state = make_hami_cluster(make_hami_node("core-1"), pods=(odd, busy)).nodes["core-1"]
+    assert not state.mig and list(state.blocked) == [0]
+    assert judge(Demand(10000, cores=20), state, "MiB") == Judgement(
+        FAILED, "needs 10000 MiB on one GPU; largest free is 5960 MiB (GPU 1 of 2)", Cause.MEMORY
+    )
+
+
+def test_a_node_locked_for_the_pod_asking_refuses_it_for_room_not_for_the_lock() -> None:
+    """The node is locked for default/p, and both GPUs run 40000 of 40960 MiB: its own lock keeps nothing from the
+    pod, so what it is told is what an eviction could fix, the memory."""
+    clock = FakeClock()
+    clock.now = 1_787_306_400.0 + 10  # 2026-08-21T10:00:10Z
+    cache = Cache(HAMI, lock_timeout=300.0, clock=clock)
+    running = [running_hami_pod(name, "held", gpu, 40000, 10) for gpu, name in enumerate("ab")]
+    node = make_hami_node("held", **{LOCK: "2026-08-21T10:00:00Z,default,p"})
+    cache.replace([node], [make_hami_pod("p", mem=1000), *running])
+    full = Judgement(FAILED, "needs 1000 MiB on one GPU; largest free is 960 MiB (GPU 0 of 2)", Cause.MEMORY)
+    assert judge(Demand(1000), cache.nodes["held"], "MiB", "default/p") == full
+    assert judge(Demand(1000, cores=10), cache.nodes["held"], "MiB", "default/p") == full
+
+
+def test_a_node_state_without_gpus_or_a_reason_is_unresolvable_for_having_no_gpus() -> None:
+    """Every protocol says why it found no GPUs; a state without devices and without that reason still answers
+    plainly."""
+    assert judge(Demand(4), NodeState("bare"), "GiB") == Judgement(UNRESOLVABLE, "no GPUs", Cause.NO_GPUS)
