@@ -282,7 +282,8 @@ def test_a_placer_places_by_the_learned_workload_it_is_given() -> None:
 
 def two_containers(*annotations: tuple[str, str]) -> Demand:
     """A HAMi pod of two containers on a GPU each: 10000 MiB and 35000 MiB, 10 % compute each."""
-    pod = make_hami_pod("new", mem=10000, cores=10, **dict(annotations))
+    pod = make_hami_pod("new", mem=10000, cores=10)
+    pod["metadata"]["annotations"].update(annotations)
     limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "35000", "nvidia.com/gpucores": "10"}
     pod["spec"]["containers"].append({"name": "second", "resources": {"limits": limits}})
     return HAMI.pod_demand(pod)
@@ -321,7 +322,8 @@ def test_a_node_locked_for_the_pod_asking_refuses_it_for_room_not_for_the_lock()
     clock.now = 1_787_306_400.0 + 10  # 2026-08-21T10:00:10Z
     cache = Cache(HAMI, lock_timeout=300.0, clock=clock)
     running = [running_hami_pod(name, "held", gpu, 40000, 10) for gpu, name in enumerate("ab")]
-    node = make_hami_node("held", **{LOCK: "2026-08-21T10:00:00Z,default,p"})
+    node = make_hami_node("held")
+    node["metadata"]["annotations"][LOCK] = "2026-08-21T10:00:00Z,default,p"
     cache.replace([node], [make_hami_pod("p", mem=1000), *running])
     full = Judgement(FAILED, "needs 1000 MiB on one GPU; largest free is 960 MiB (GPU 0 of 2)", Cause.MEMORY)
     assert judge(Demand(1000), cache.nodes["held"], "MiB", "default/p") == full
