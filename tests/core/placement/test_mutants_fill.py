@@ -17,10 +17,12 @@ from extender.core.placement.fill import choose_devices, fill_choice, score_node
 from extender.core.placement.fit import Placement
 from extender.core.placement.narrowing import scores
 from tests.builders import (
+    HAMI,
     bound_pod,
     make_cluster,
     make_hami_cluster,
     make_hami_node,
+    make_hami_pod,
     make_node,
     make_pod,
     placer_for,
@@ -162,3 +164,37 @@ def test_fill_ranks_a_pod_by_the_gpu_strategy_it_asks_and_the_node_strategy_conf
     cluster = ranked_nodes()
     asked = Ask(Demand(4, device_strategy=Strategy.SPREAD))
     assert placer_for(cluster, BINPACK).values(asked, NAMES, cluster.nodes).tolist()[:3] == [-5.0, -4.0, math.inf]
+
+
+def two_containers(strategy: str = "") -> Demand:
+    """A HAMi pod of two containers on a GPU each, 10000 MiB and 35000 MiB, 10 % compute each; `strategy`: the GPU
+    strategy it asks (hami.io/gpu-scheduler-policy)."""
+    pod = make_hami_pod("new", mem=10000, cores=10)
+    if strategy:
+        pod["metadata"]["annotations"]["hami.io/gpu-scheduler-policy"] = strategy
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "35000", "nvidia.com/gpucores": "10"}
+    pod["spec"]["containers"].append({"name": "second", "resources": {"limits": limits}})
+    return HAMI.pod_demand(pod)
+
+
+def test_fill_ranks_a_pod_of_several_containers_where_its_strategy_places_all_of_them() -> None:
+    """GPU 1 runs 28960 of 40960 MiB. By binpack the first container takes the fuller GPU 1 (12000 free) and the
+    second fits on GPU 0: both GPUs then hold 73960 of 81920, device and node 73960 x 10 // 81920 = 9: -9. By
+    spread, which the pod may ask, the first takes the empty GPU 0 and the second no longer fits: inf."""
+    cluster = make_hami_cluster(make_hami_node("h"), pods=(running_hami_pod("a", "h", 1, 28960, 10),))
+    placer = placer_for(cluster, BINPACK)
+    assert placer.values(Ask(two_containers()), ["h"], cluster.nodes).tolist() == [-9.0]
+    assert placer.values(Ask(two_containers("spread")), ["h"], cluster.nodes).tolist() == [math.inf]
+
+
+def test_each_configuration_built_keeps_its_own_scores() -> None:
+    """As test_the_scores_remembered_are_per_size_of_pod_and_per_configuration, with the configurations built here
+    (a configuration's memo key is made as it is built): n1 holds 12 of 16 GiB, n2 nothing; 2 GiB by binpack
+    scores n1 7 above n2, by spread n2 7 above n1, on the same cache one after the other."""
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16),
+                           pods=(bound_pod("a", "n1", (0,), 12),))  # fmt: skip
+    binpack = PolicyConfig(policy=Policy.FILL)
+    spread = PolicyConfig(policy=Policy.FILL, node_strategy=Strategy.SPREAD, device_strategy=Strategy.SPREAD)
+    names = ["n1", "n2"]
+    assert placer_for(cluster, binpack).prioritize(Demand(2), names, cluster.nodes) == [{"Host": "n1", "Score": 7}]
+    assert placer_for(cluster, spread).prioritize(Demand(2), names, cluster.nodes) == [{"Host": "n2", "Score": 7}]

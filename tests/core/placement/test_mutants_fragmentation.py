@@ -18,7 +18,7 @@ from extender.core.devices import Demand, Selectors, Strategy
 from extender.core.holds import Allocation, Grant
 from extender.core.mig import MigInstance
 from extender.core.placement import fragmentation
-from extender.core.placement.config import Ask
+from extender.core.placement.config import Ask, ask_of
 from extender.core.placement.fit import Placement
 from extender.core.placement.fragmentation import DIGITS, added_fragmentation, warming
 from extender.core.placement.learned import Learned
@@ -34,6 +34,7 @@ from tests.builders import (
     make_hami_pod,
     make_ledger,
     make_mig_node,
+    make_node,
     placer_for,
     running_hami_pod,
 )
@@ -284,3 +285,53 @@ def test_a_pod_asking_no_gpu_ranks_every_node_alike() -> None:
     stranded = fragmentation.fragmentation_values(cpu_heavy, names, learned_of(cache), cache.nodes)
     assert len(set(stranded.tolist())) == 4
     assert placer_for(cache, BEST).values(cpu_heavy, names, cache.nodes).tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_a_node_not_ready_is_ranked_where_no_pod_goes() -> None:
+    """A job's plan asks the policy about any node, not only those a filter passed: `down` is empty and would take
+    the half, but it is not Ready, so it ranks inf beside the unknown name."""
+    cache = three_kinds()
+    cache.apply_node(make_node("down", gpus=2, mem=1000, cpu="256", memory="256Gi", ready=False))
+    assert not cache.nodes["down"].ready
+    values = placer_for(cache, BEST).values(ask(500, cpu="1"), ["down", "n1", "unknown"], cache.nodes)
+    assert values[0] == np.inf and values[1] < 0 and values[2] == np.inf
+
+
+def test_a_plan_on_a_scratch_copy_of_a_node_is_given_the_gpus_free_there_not_those_the_filter_remembered() -> None:
+    """A filter for a 500 share remembers GPU 1 on n1 (600 free: the rest of the empty GPU 0 stays whole). A job's
+    plan then places on scratch copies of the nodes (core/gang.py), where n1's GPU 1 is already planned full: the
+    share must go to GPU 0 there, while the cache's own n1 still gets GPU 1."""
+    cache = make_cluster(node("n1"), node("n2"), pods=(bound_pod("r", "n1", (1,), 400),))
+    teach(cache, (500, "4", 5), (1000, "8", 5))
+    placer = placer_for(cache, BEST)
+    placer.filter(Demand(memory=500), ["n1", "n2"], cache.nodes, "d/a", ask(500))
+    planned = (bound_pod("r", "n1", (1,), 400), bound_pod("planned", "n1", (1,), 600))
+    scratch = make_cluster(node("n1"), node("n2"), pods=planned)
+    on_scratch = placer.choose(Demand(memory=500), scratch.nodes["n1"], ask(500))
+    on_cache = placer.choose(Demand(memory=500), cache.nodes["n1"], ask(500))
+    assert on_scratch is not None and [grant.index for grant in on_scratch.containers[0]] == [0]
+    assert on_cache is not None and [grant.index for grant in on_cache.containers[0]] == [1]
+
+
+def test_a_hami_pod_asking_memory_alone_is_given_its_gpu_by_uuid() -> None:
+    """HAMi's plugin finds the GPU by the UUID in the pod's annotation: a plain pod placed the fragmentation way (the
+    GPUs as positions, turned into grants at the bind) must carry it too. GPU 0 already runs a pod: the fuller."""
+    cluster = make_hami_cluster(make_hami_node("h"), pods=(running_hami_pod("a", "h", 0, 10000, 10),))
+    pod = make_hami_pod("p", mem=1000)
+    demand = HAMI.pod_demand(pod)
+    assert demand.plain
+    placed = placer_for(cluster, BEST).choose(demand, cluster.nodes["h"], ask_of(pod, demand))
+    assert placed == Placement(((Grant(0, 1000, 0, "GPU-h-0"),),), 0)
+
+
+def test_the_narrowing_over_many_views_of_nodes_reads_the_views_not_the_caches_arrays() -> None:
+    """Twenty nodes of one kind, enough to be judged in arrays (BATCH_NODES): all empty in the cache, but in the
+    views preemption sends n05 runs a 500 share. Over the views the best node for a 500 share is n05 (it fills
+    the started GPU); the cache's rows, where all are alike, would say n00, the first by name."""
+    names = [f"n{number:02d}" for number in range(20)]
+    cache = make_cluster(*(node(name) for name in names))
+    teach(cache, (500, "4", 5), (1000, "8", 5))
+    views = make_cluster(*(node(name) for name in names), pods=(bound_pod("r", "n05", (0,), 500),))
+    placer = placer_for(cache, BEST)
+    assert placer.filter(Demand(memory=500), names, views.nodes, "d/a", ask(500)).passed == ["n05"]
+    assert placer.filter(Demand(memory=500), names, cache.nodes, "d/a", ask(500)).passed == ["n00"]

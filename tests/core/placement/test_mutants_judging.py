@@ -334,3 +334,11 @@ def test_a_node_state_without_gpus_or_a_reason_is_unresolvable_for_having_no_gpu
     """Every protocol says why it found no GPUs; a state without devices and without that reason still answers
     plainly."""
     assert judge(Demand(4), NodeState("bare"), "GiB") == Judgement(UNRESOLVABLE, "no GPUs", Cause.NO_GPUS)
+
+
+def test_the_placer_judges_a_node_locked_for_the_pod_asking_as_free_for_it() -> None:
+    """`Placer.judge` as `judge`: the lock held for default/p keeps default/q off the node, not default/p."""
+    cache = locked_cluster()
+    placer = placer_for(cache)
+    assert placer.judge(Demand(1000), cache.nodes["held"], "default/p") == FITS
+    assert placer.judge(Demand(1000), cache.nodes["held"], "default/q") == Judgement(FAILED, LOCKED_FOR_P, Cause.LOCKED)
