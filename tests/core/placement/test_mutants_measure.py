@@ -140,3 +140,24 @@ def test_the_memo_of_measures_starts_over_when_full_and_keeps_measuring_right(mo
     rooms = [((free, 16, -1, "", free),) for free in (2, 6, 10, 14)]
     for gpus in rooms * 2:
         assert memo.measure(0, 0, gpus, classes) == FragmentMemo().measure(0, 0, gpus, classes)
+
+
+def mig_registering(devmem: int) -> Any:
+    """A MIG node (A100 profiles: 8 memory slices) whose GPU registers `devmem` MiB, no instance made."""
+    node = make_mig_node()
+    register = orjson.loads(node["metadata"]["annotations"]["hami.io/node-nvidia-register"])
+    register[0]["devmem"] = devmem
+    node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = orjson.dumps(register).decode()
+    return make_hami_cluster(node).nodes["mig-1"]
+
+
+def test_a_mig_gpus_room_after_an_instance_is_no_more_than_its_memory_left() -> None:
+    """A GPU registering 30000 MiB, a 1g.5gb instance made (5120 MiB, one slice of 8): 7/8 of it would be 26250,
+    but only 30000 - 5120 = 24880 are left; a 3g.20gb still has its placement."""
+    assert gpu_room(mig_registering(30000), 0, 5120) == (24880, 30000, -1, MIG_A100, 20480)
+
+
+def test_a_mig_gpus_free_slices_count_whole_mib() -> None:
+    """81559 MiB registered (what an 80 GB card reports), a 1g.5gb made: 7 of 8 slices are 71364.125 MiB, counted
+    71364, below the 76439 left."""
+    assert gpu_room(mig_registering(81559), 0, 5120)[0] == 71364
