@@ -354,3 +354,17 @@ def test_a_mig_pod_of_two_containers_is_measured_on_both_its_instances() -> None
     instances = [grant.instance for grants in added[1].containers for grant in grants]
     assert instances == [MigInstance("1g.5gb", 1, 1), MigInstance("2g.10gb", 2, 2)]
     assert added[0] == 0.0
+
+
+def test_warming_leaves_to_the_filter_what_one_slice_of_each_way_judges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 nodes a slice one by one (SCALAR_SLICE), 2,500 in arrays. 45 nodes Ready (in arrays) and 5 not Ready (one
+    by one), none judged yet: 50 to judge, more than one slice one by one, but 45/2500 + 5/40 of a turn: judged at
+    once by the filter, no slices. With 45 not Ready, 45/40 of a turn: slices."""
+    monkeypatch.setattr(fragmentation, "SCALAR_SLICE", 40)
+    for not_ready, sliced in ((5, False), (45, True)):
+        nodes = [make_node(f"r{n:02d}", gpus=2, mem=1000, cpu="64", memory="256Gi") for n in range(50 - not_ready)]
+        down = [make_node(f"d{n:02d}", gpus=2, mem=1000, ready=False) for n in range(not_ready)]
+        cache = make_cluster(*nodes, *down)
+        teach(cache, (500, "4", 5), (1000, "8", 5))
+        names = list(cache.nodes)
+        assert (warming(ask(500), names, learned_of(cache), cache.nodes) is not None) is sliced, not_ready
