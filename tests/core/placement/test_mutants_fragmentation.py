@@ -337,14 +337,21 @@ def test_the_narrowing_over_many_views_of_nodes_reads_the_views_not_the_caches_a
     assert placer.filter(Demand(memory=500), names, cache.nodes, "d/a", ask(500)).passed == ["n00"]
 
 
+def mig_pod(name: str, memory: int) -> dict[str, Any]:
+    """A pending HAMi pod asking `memory` MiB of a GPU in MIG mode."""
+    pod = make_hami_pod(name, mem=memory)
+    pod["metadata"]["annotations"].update(MIG)
+    return pod
+
+
 def test_a_mig_pod_of_two_containers_is_measured_on_both_its_instances() -> None:
     """A 1g instance at slice 0; 1g, 2g and 3g pods typical, and each fits the free slices: F is 0. A pod of a 1g
     and a 2g container takes slice 1 and slices 2-3, which leaves 4-7 for a 3g: F stays 0, the pod adds nothing.
     Measured as one instance for the two containers' memory together (a 3g, at 4-7), the 3g's room would be gone."""
     sizes = (4000, 9000, 20000)
-    seen = [make_hami_pod(f"seen-{number}", mem=sizes[number % 3], **MIG) for number in range(6)]
+    seen = [mig_pod(f"seen-{number}", sizes[number % 3]) for number in range(6)]
     cluster = make_hami_cluster(make_mig_node(), pods=(*held_instances(one_g(0)), *seen))
-    pod = make_hami_pod("new", mem=4000, **MIG)
+    pod = mig_pod("new", 4000)
     limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "9000"}
     pod["spec"]["containers"].append({"name": "second", "resources": {"limits": limits}})
     learned = learned_of(cluster)
