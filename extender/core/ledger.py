@@ -129,6 +129,9 @@ class Ledger:
         self._in_flight: dict[str, str] = {}
         self._groups: dict[GroupKey, GroupHold] = {}
         self._group_of: dict[str, GroupKey] = {}
+        self._last_group = 0.0
+        """When the newest job's hold was taken here: each later one is taken later still, so that a job's holds
+        are told apart and ordered by their time (`jobplan.py`), even within one tick of the clock."""
         """Member pod UID -> the job holding it, while the job's hold lasts."""
 
     @asynccontextmanager
@@ -317,7 +320,8 @@ class Ledger:
         held again as a bind wrote it (`restore_groups`); now by default."""
         self.release_group(key)
         recorded: list[str] = []
-        now = self.clock() if since is None else since
+        now = since if since is not None else max(self.clock(), self._last_group + 1e-6)
+        self._last_group = max(self._last_group, now)
         refusal: str | None = None
         for allocation in allocations:
             uid = allocation.pod_uid

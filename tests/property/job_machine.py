@@ -17,6 +17,9 @@ After every step, besides `machine.py`'s invariants:
 - the team's quota book counts what its pods hold, and no step takes that above the quota (a quota lowered below
   what is held leaves that, and nothing more is given);
 - the cache files each member under its job.
+A restart at any step (and always just after a member's bind that leaves others waiting): an extender started
+from the API's objects alone holds again, as its binds wrote it, every job this one holds whole with a member bound;
+what it holds again it holds whole, and nothing is over capacity; what a bind writes is the job's hold as it stands.
 And at the step itself: a member's filter passes the node its job's hold planned for it (a hold still whole, covering
 exactly the members the job lacked when planned), or refuses it with the job holding nothing; a member's bind takes
 its hold only to its planned node, where it still fits, and while its job's hold is whole (else the job is let go
@@ -33,7 +36,8 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from extender.core import jobs
+from extender.core import jobplan, jobs
+from extender.core.cache import Cache
 from extender.core.groups import KUEUE_GROUP, KUEUE_TOTAL, GroupKey, Scheme, declared
 from extender.core.holds import Allocation, Hold, HoldState
 from extender.core.ledger import GROUP_HOLD_TTL, Ledger
@@ -275,7 +279,12 @@ class JobMachine(CacheMachine):
             elif taken is None:
                 assert self.cache.hold_of(uid) == hold, f"{uid}'s hold for its job changed by a refused bind"
             else:
+                written = self.ledger.written(job)
+                self.written_as_held(job, written)
                 self.bound(uid, taken.allocation, outcome)
+                if written is not None and outcome in ("accepted", "landed"):  # in the Binding, with its allocation
+                    self.api[uid]["metadata"]["annotations"][jobplan.ANNOTATION] = written
+                    self.restarted_now()  # the window that matters: members bound, others waiting
             return
         key, pod = self.member_of[uid], self.api[uid]
         record = pod_record(pod, self.protocol)
@@ -345,6 +354,56 @@ class JobMachine(CacheMachine):
         and no job held in part after it."""
         super().time_passes(seconds, watching)
         self.sweep_jobs()
+
+    def written_as_held(self, job: GroupKey | None, written: str | None) -> None:
+        """What a member's bind writes of its job's hold is the hold as it stands: its time, and every member still
+        waiting with its GPUs (nothing once none waits)."""
+        group = self.ledger.group_hold(job) if job is not None else None
+        if group is None:
+            assert written is None, f"{job} holds nothing, yet its bind writes {written}"
+            return
+        assert written is not None, f"{job} held, its bind writes nothing"
+        hold = jobplan.decode(written)
+        assert (hold.job, hold.since) == (group.key, group.since), f"{job}: wrote {hold}, holds {group}"
+        assert {allocation.pod_uid: allocation for allocation in hold.waiting} == {
+            uid: self.cache.reserved[uid].allocation for uid in group.waiting
+        }, f"{job}: wrote {hold}, holds {group}"
+
+    @rule()
+    def a_restart_reads_what_binds_wrote(self) -> None:
+        self.restarted_now()
+
+    def restarted_now(self) -> None:
+        """This replica's watch catches up, and an extender started now, from the API's objects alone (its holds in
+        memory gone), holds again every job that this one holds whole, within its expiry, a member's bind having
+        written it: the same members, on the same GPUs. Whatever it holds again, it holds whole, and nothing is over
+        capacity. This replica is left as it was, but for what its watch showed."""
+        for uid in sorted(uid for uid, pod in self.api.items() if self.shown.get(uid) is not pod):
+            self.show(uid)  # else the API may show a pod this replica has not counted, and the new one has
+        fresh = Cache(self.protocol, clock=self.clock)
+        fresh.replace_unhealthy(dict(self.unhealthy))
+        fresh.replace(list(self.nodes.values()), list(self.api.values()))
+        ledger = Ledger(fresh, TTL, self.clock, Quotas.following(fresh))
+        restored = set(ledger.restore_groups())
+        for key in self.jobs:
+            group = self.ledger.group_hold(key)
+            if group is None or not group.taken or not oracle.whole(self.cache, group):
+                continue
+            waiting = [uid for uid in group.waiting if uid in self.api]
+            if len(waiting) < len(group.waiting) or group.since < self.clock() - GROUP_HOLD_TTL:
+                continue
+            written = [
+                jobplan.written(self.api[uid]["metadata"]["annotations"]) for uid in group.taken if uid in self.api
+            ]
+            if not any(hold is not None and hold.since == group.since for hold in written):
+                continue  # its binds failed or have not landed: nothing written yet
+            assert key in restored, f"{key} not held again after a restart: {group}"
+            again = {uid: fresh.reserved[uid].allocation for uid in waiting if uid in fresh.reserved}
+            assert again == {uid: self.cache.reserved[uid].allocation for uid in waiting}, f"{key}: {again}"
+        for key in restored:
+            group = ledger.group_hold(key)
+            assert group is not None and oracle.whole(fresh, group), f"{key} held again in part: {group}"
+        assert not fresh.overcommitted(), fresh.overcommitted()
 
     def sweep_jobs(self) -> None:
         """The jobs' holds due let go, each whole, and no job held in part after it."""
