@@ -12,14 +12,25 @@ from types import SimpleNamespace
 
 import pytest
 
+from extender.core.cache import Cache
 from extender.core.devices import Demand, Device, Selectors, Strategy
 from extender.core.placement import fragmentation
-from extender.core.placement.config import Ask
+from extender.core.placement.config import Ask, ask_of
 from extender.core.placement.filtering import FilterOutcome
 from extender.core.placement.placer import Warming
 from extender.core.placement.topology import link_term
 from extender.core.protocols.gpushare import Profile, SeveralGpus
-from tests.builders import bound_pod, make_cluster, placer_for
+from extender.core.protocols.hami import LOCK
+from tests.builders import (
+    HAMI,
+    FakeClock,
+    bound_pod,
+    make_cluster,
+    make_hami_node,
+    make_hami_pod,
+    placer_for,
+    running_hami_pod,
+)
 from tests.core.placement.test_batch import random_cluster
 from tests.core.placement.test_fragmentation import BEST, OFF, ask, node, teach
 
@@ -132,3 +143,32 @@ def test_a_pod_asking_its_own_strategy_is_ranked_by_fill_under_the_fragmentation
     spread = Ask(Demand(500, device_strategy=Strategy.SPREAD), 1000, 1 << 30)
     values = placer_for(cache, BEST).values(spread, ["n1", "empty", "four", "unknown"], cache.nodes)
     assert values.tolist() == [-5.0, -3.0, -3.0, math.inf]
+
+
+def test_the_narrowing_reads_each_passed_nodes_own_value_when_a_quota_and_a_lock_reshuffle_the_passed() -> None:
+    """HAMi nodes of two 40960 MiB GPUs; halves and wholes typical. `c` runs a half (the best for another: it fills
+    the started GPU, -0.25), `a` and `b` are empty (+0.25: a whole GPU broken), `b` locked for the pod asking, `d`
+    full. The arrays find `a` and `c` taking the half; the filter passes `a`, `c` and, judged, `b`; the quota
+    then refuses `a`: two passed as two fit, but not the same two. The narrowing must read `c`'s and `b`'s own
+    values (remembered by the filter before) and pass `c`."""
+    clock = FakeClock()
+    clock.now = 1_787_306_400.0 + 10  # 2026-08-21T10:00:10Z
+    cache = Cache(HAMI, lock_timeout=300.0, clock=clock)
+    locked = make_hami_node("b")
+    locked["metadata"]["annotations"][LOCK] = "2026-08-21T10:00:00Z,default,p"
+    full = [running_hami_pod(f"f{gpu}", "d", gpu, 40960, 0) for gpu in (0, 1)]
+    seen = [make_hami_pod(f"seen-{number}", mem=20480 if number % 2 else 40960) for number in range(6)]
+    nodes = [make_hami_node("a"), locked, make_hami_node("c"), make_hami_node("d")]
+    cache.replace(nodes, [make_hami_pod("p", mem=20480), running_hami_pod("r", "c", 0, 20480, 0), *full, *seen])
+    pod = make_hami_pod("p", mem=20480)
+    demand = HAMI.pod_demand(pod)
+    placer = placer_for(cache)
+    names = ["a", "b", "c", "d"]
+    assert placer.filter(demand, names, cache.nodes, "default/p", ask_of(pod, demand)).passed == ["c"]
+
+    def refuse_a(outcome: FilterOutcome) -> None:
+        outcome.passed = [name for name in outcome.passed if name != "a"]
+        outcome.failed["a"] = "exceeds the namespace's quota"
+
+    refused = placer.filter(demand, names, cache.nodes, "default/p", ask_of(pod, demand), refuse_a)
+    assert refused.passed == ["c"]
