@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
 from extender.core.placement import measure
+from extender.core.placement.batch import measures
 from extender.core.placement.learned import Learned
 from extender.core.placement.measure import FragmentMemo, gpu_room, room_of
-from extender.core.placement.workload import Shape, Workload
+from extender.core.placement.workload import Classes, Shape, Workload
 from tests.builders import (
     bound_pod,
     make_cluster,
@@ -161,3 +163,30 @@ def test_a_mig_gpus_free_slices_count_whole_mib() -> None:
     """81559 MiB registered (what an 80 GB card reports), a 1g.5gb made: 7 of 8 slices are 71364.125 MiB, counted
     71364, below the 76439 left."""
     assert gpu_room(mig_registering(81559), 0, 5120)[0] == 71364
+
+
+def few_millicores() -> Classes:
+    """Typical shapes of half a 1000 GPU: nine pods asking no cpu or memory, one asking 4 millicores and 4 bytes.
+    Per GPU they bring (0.1 x 4) / (0.5) = 0.8 millicores and 0.8 bytes (`Classes.rates`), less than one."""
+    workload = Workload()
+    for _ in range(9):
+        workload.observe(Shape(0, 0, 1, 500), 0.0)
+    workload.observe(Shape(4, 4, 1, 500), 0.0)
+    classes = workload.classes(0.0)
+    assert classes.rates(1000) == pytest.approx((0.8, 0.8))
+    return classes
+
+
+def test_a_node_starves_its_gpus_at_rates_of_less_than_one_millicore_or_byte_a_gpu() -> None:
+    """Two empty GPUs and 1 millicore (or 1 byte) free: the pod asking 4 cannot run there (0.1 x 2 GPUs of fragment);
+    at 0.8 a GPU, 1 feeds 1.25 GPUs of the 2, so 0.75 starve: F = 0.2 + 0.5 x 0.75 = 0.575, the scalar way and in
+    arrays alike; with cpu and memory aplenty, 0."""
+    classes = few_millicores()
+    gpus = ((1000, 1000, -1, "", 1000),) * 2
+    memo = FragmentMemo()
+    assert memo.measure(1, measure.UNLIMITED, gpus, classes) == pytest.approx(0.575)
+    assert memo.measure(measure.UNLIMITED, 1, gpus, classes) == pytest.approx(0.575)
+    assert memo.measure(measure.UNLIMITED, measure.UNLIMITED, gpus, classes) == 0.0
+    free = np.array([[1000, 1000], [1000, 1000]])
+    cpu, memory = np.array([1, measure.UNLIMITED]), np.array([measure.UNLIMITED, 1])
+    assert measures(free, cpu, memory, 1000, "", classes).tolist() == pytest.approx([0.575, 0.575])
