@@ -321,7 +321,6 @@ class Ledger:
         self.release_group(key)
         recorded: list[str] = []
         now = since if since is not None else max(self.clock(), self._last_group + 1e-6)
-        self._last_group = max(self._last_group, now)
         refusal: str | None = None
         for allocation in allocations:
             uid = allocation.pod_uid
@@ -342,6 +341,7 @@ class Ledger:
                 self.cluster.release(uid)
             return refusal
         self._groups[key] = GroupHold(key, {allocation.pod_uid: allocation.node for allocation in allocations}, now)
+        self._last_group = max(self._last_group, now)
         for allocation in allocations:
             self._group_of[allocation.pod_uid] = key
         return None

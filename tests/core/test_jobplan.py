@@ -206,3 +206,61 @@ def test_the_last_members_bind_writes_nothing_more() -> None:
         said = ledger.written(TRAIN)
         waiting = [] if said is None else [allocation.pod for allocation in jobplan.decode(said).waiting]
         assert waiting == [f"default/{other}" for other in PLAN if other > name]
+
+
+def test_the_written_hold_and_the_messages_of_a_restart(caplog: pytest.LogCaptureFixture) -> None:
+    """Each written hold is judged on its own (one refused, expired or of no use does not stop the next), and the
+    log says which job was held again, for how many members, or why not."""
+    clock = FakeClock()
+    text = first_bind(clock)
+    other = GroupKey(Scheme.KUEUE, "default", "other")
+    cluster, ledger = restarted(text, clock, make_pod("taken", gpu_mem=16, node="n2", indexes=(1,), phase="Running"))
+    late = WrittenHold(other, clock.now - 61, (Allocation.uniform("uid-x", "default/x", "n2", (1,), 16),))
+    refused = WrittenHold(other, clock.now, (Allocation.uniform("uid-w-2", "default/w-2", "n2", (1,), 16),))
+    with caplog.at_level(logging.INFO, "extender.core.ledger"):
+        cluster.groups.move("uid-late", None, None, late)
+        assert ledger.restore_groups() == [TRAIN], "an expired hold of another job written first"
+        cluster.groups.move("uid-refused", None, None, refused)
+        ledger.release_group(TRAIN)
+        cluster.groups.move("uid-w-0", None, None, jobplan.written({jobplan.ANNOTATION: text}))
+        assert ledger.restore_groups() == [], "train let go here; other's GPU 1 on n2 is taken"
+    assert caplog.messages == [
+        "job default/train: its hold for 2 members held again as its members' binds wrote it",
+        "job default/other: its hold written by its members' binds cannot be held again "
+        "(pod default/w-2: GPU 1 on n2 has 0 free, needs 16)",
+    ]
+
+
+def test_a_member_decided_or_bound_since_is_left_out_one_assumed_is_held() -> None:
+    """After the hold was written, w-1 was bound by another scheduler (no allocation of ours on it) and w-2's
+    filter assumed a GPU: w-1 is left out (it is placed), w-2 is held as written, its assumption replaced."""
+    clock = FakeClock()
+    text = first_bind(clock)
+    cluster, ledger = restarted(text, clock, bound=("w-0",))
+    elsewhere = kueue_member("w-1")
+    elsewhere["spec"]["nodeName"] = "n2"
+    cluster.apply_pod(elsewhere)
+    assert ledger.assume(Allocation.uniform("uid-w-2", "default/w-2", "n2", (1,), 16), 0)
+    assert ledger.restore_groups() == [TRAIN]
+    assert grouped(cluster) == {"uid-w-2": ("n2", (0,))}
+
+    cluster, ledger = restarted(text, clock, bound=("w-0",))
+    assert ledger.reserve(Allocation.uniform("uid-w-1", "default/w-1", "n2", (1,), 16)) is None
+    assert ledger.restore_groups() == [TRAIN], "w-1 decided (reserved) elsewhere: left out"
+    assert grouped(cluster) == {"uid-w-2": ("n2", (0,))}
+
+
+def test_what_a_bind_writes_leaves_out_a_member_gone_before_the_sweep() -> None:
+    clock = FakeClock()
+    cluster = make_cluster(*nodes(), pods=tuple(kueue_member(name) for name in PLAN))
+    ledger = make_ledger(cluster, clock=clock)
+    allocations = [
+        Allocation.uniform(f"uid-{name}", f"default/{name}", node, (gpu,), 16) for name, (node, gpu) in PLAN.items()
+    ]
+    assert ledger.reserve_group(TRAIN, allocations) is None
+    cluster.apply_pod(kueue_member("w-2"), deleted=True)
+    said = ledger.written(TRAIN)
+    assert said is not None and [allocation.pod for allocation in jobplan.decode(said).waiting] == [
+        "default/w-0",
+        "default/w-1",
+    ]

@@ -402,3 +402,47 @@ def test_each_member_is_ranked_with_the_members_before_it_planned() -> None:
     stacked = gang.plan_group("default/train", members, cluster.nodes, "GiB")
     assert isinstance(stacked, gang.Plan)
     assert [allocation.node for allocation in stacked.allocations] == ["n1", "n1", "n1"]
+
+
+def test_the_ledgers_rules_for_a_jobs_hold_and_its_members() -> None:
+    """What `reserve_group` refuses (a member whose bind runs, one holding GPUs of its own already; an assumption
+    is no rival), that holding a job again lets its earlier hold go, that two holds taken in one tick of the clock
+    are told apart by their time, and what `take_grouped` refuses (a hold of another kind; a job that lost a member
+    before the sweep, let go whole)."""
+    clock = FakeClock()
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16))
+    ledger = make_ledger(cluster, clock=clock)
+    with ledger.in_flight("a", "n1"):
+        assert ledger.reserve_group(JOB, [whole_gpu("a", "n1", 0)]) == "pod default/a: a bind of it is running"
+    assert ledger.reserve(whole_gpu("a", "n1", 0)) is None
+    assert ledger.reserve_group(JOB, [whole_gpu("a", "n1", 1)]) == "pod default/a holds GPUs already (reserved)"
+    assert ledger.take_grouped("a", "n1") is None, "a reservation, not a job's hold"
+    assert ledger.assume(whole_gpu("b", "n1", 1), 0)
+    assert ledger.reserve_group(JOB, [whole_gpu("b", "n1", 1)]) is None, "its own assumption is no rival"
+    first = ledger.group_hold(JOB)
+    assert first is not None and first.since == clock.now and ledger.group_of("b") == JOB
+    assert ledger.reserve_group(JOB, [whole_gpu("c", "n2", 0), whole_gpu("d", "n2", 1)]) is None
+    again = ledger.group_hold(JOB)
+    assert grouped(cluster) == {"c": "n2", "d": "n2"}, "the job's earlier hold let go"
+    assert again is not None and 0 < again.since - first.since < 0.001, "later, in the same tick"
+
+    cluster.apply_pod(make_pod("d", gpu_mem=16, uid="d"))
+    cluster.apply_pod(make_pod("d", gpu_mem=16, uid="d"), deleted=True)
+    assert ledger.take_grouped("c", "n2") is None, "d is gone: the job cannot start"
+    assert ledger.group_hold(JOB) is None and grouped(cluster) == {}, "let go whole"
+
+
+def test_the_sweep_judges_every_job_and_lets_go_only_past_the_ttl() -> None:
+    clock = FakeClock()
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16))
+    ledger = Ledger(cluster, 300.0, clock, quotas_of(cluster), group_ttl=60.0)
+    older = GroupKey(Scheme.KUEUE, "default", "older")
+    assert ledger.reserve_group(JOB, [whole_gpu("a", "n1", 0)]) is None
+    clock.advance(1)
+    assert ledger.reserve_group(older, [whole_gpu("b", "n1", 1)]) is None
+    clock.advance(59)
+    assert [released.group.key for released in ledger.expire_groups()] == [], "JOB at exactly its TTL: kept"
+    clock.advance(0.5)
+    assert [released.group.key for released in ledger.expire_groups()] == [JOB]
+    clock.advance(1)
+    assert [released.group.key for released in ledger.expire_groups()] == [older]
