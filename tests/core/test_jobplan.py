@@ -89,14 +89,20 @@ def nodes() -> list[dict[str, Any]]:
     return [make_node("n1", gpus=2, mem=16), make_node("n2", gpus=2, mem=16)]
 
 
-def first_bind(clock: FakeClock) -> str:
-    """The job held whole by a ledger, w-0's bind taking its hold: what that bind writes of the job's hold."""
+def held_whole(clock: FakeClock) -> tuple[Any, Any]:
+    """A cache with the job's three pods pending and a ledger holding the job whole as `PLAN` says."""
     cluster = make_cluster(*nodes(), pods=tuple(kueue_member(name) for name in PLAN))
     ledger = make_ledger(cluster, clock=clock)
     allocations = [
         Allocation.uniform(f"uid-{name}", f"default/{name}", node, (gpu,), 16) for name, (node, gpu) in PLAN.items()
     ]
     assert ledger.reserve_group(TRAIN, allocations) is None
+    return cluster, ledger
+
+
+def first_bind(clock: FakeClock) -> str:
+    """The job held whole by a ledger, w-0's bind taking its hold: what that bind writes of the job's hold."""
+    _, ledger = held_whole(clock)
     assert ledger.take_grouped("uid-w-0", "n1") is not None
     text = ledger.written(TRAIN)
     assert text is not None
@@ -178,12 +184,7 @@ def test_a_hold_let_go_here_is_never_held_again_from_what_it_wrote() -> None:
     """The leader lets go of a job's hold (a member's bind failed, say) after its first bind wrote it: the watch
     shows that pod with the written hold, and the sweep must not take the hold back."""
     clock = FakeClock()
-    cluster = make_cluster(*nodes(), pods=tuple(kueue_member(name) for name in PLAN))
-    ledger = make_ledger(cluster, clock=clock)
-    allocations = [
-        Allocation.uniform(f"uid-{name}", f"default/{name}", node, (gpu,), 16) for name, (node, gpu) in PLAN.items()
-    ]
-    assert ledger.reserve_group(TRAIN, allocations) is None
+    cluster, ledger = held_whole(clock)
     assert ledger.take_grouped("uid-w-0", "n1") is not None
     text = ledger.written(TRAIN)
     assert text is not None and ledger.release_group(TRAIN)
@@ -195,12 +196,7 @@ def test_a_hold_let_go_here_is_never_held_again_from_what_it_wrote() -> None:
 
 def test_the_last_members_bind_writes_nothing_more() -> None:
     clock = FakeClock()
-    cluster = make_cluster(*nodes(), pods=tuple(kueue_member(name) for name in PLAN))
-    ledger = make_ledger(cluster, clock=clock)
-    allocations = [
-        Allocation.uniform(f"uid-{name}", f"default/{name}", node, (gpu,), 16) for name, (node, gpu) in PLAN.items()
-    ]
-    assert ledger.reserve_group(TRAIN, allocations) is None
+    _, ledger = held_whole(clock)
     for name, (node, _) in PLAN.items():
         assert ledger.take_grouped(f"uid-{name}", node) is not None
         said = ledger.written(TRAIN)
@@ -252,12 +248,7 @@ def test_a_member_decided_or_bound_since_is_left_out_one_assumed_is_held() -> No
 
 def test_what_a_bind_writes_leaves_out_a_member_gone_before_the_sweep() -> None:
     clock = FakeClock()
-    cluster = make_cluster(*nodes(), pods=tuple(kueue_member(name) for name in PLAN))
-    ledger = make_ledger(cluster, clock=clock)
-    allocations = [
-        Allocation.uniform(f"uid-{name}", f"default/{name}", node, (gpu,), 16) for name, (node, gpu) in PLAN.items()
-    ]
-    assert ledger.reserve_group(TRAIN, allocations) is None
+    cluster, ledger = held_whole(clock)
     cluster.apply_pod(kueue_member("w-2"), deleted=True)
     said = ledger.written(TRAIN)
     assert said is not None and [allocation.pod for allocation in jobplan.decode(said).waiting] == [
