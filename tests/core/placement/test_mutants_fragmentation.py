@@ -375,3 +375,18 @@ def test_warming_leaves_to_the_filter_what_one_slice_of_each_way_judges(monkeypa
         teach(cache, (500, "4", 5), (1000, "8", 5))
         names = list(cache.nodes)
         assert (warming(ask(500), names, learned_of(cache), cache.nodes) is not None) is sliced, not_ready
+
+
+def test_a_hami_pod_is_valued_by_the_compute_each_gpu_has_left() -> None:
+    """Sixteen HAMi nodes (enough for arrays, if their GPUs could be judged so), each running 10000 MiB and 70 % on
+    GPU 0; pods of 10000 MiB and 50 % typical. GPU 0's 30960 MiB free are unusable for them (30 % left): F =
+    30960 / 40960. A pod of 10000 MiB alone goes there, leaving 20960 unusable: it adds (20960 - 30960) / 40960 =
+    -0.244140625, plus 1e-12 x the node's free GPU (71920 / 40960). Judged without the compute, it would add 0."""
+    names = [f"h{number:02d}" for number in range(16)]
+    running = [running_hami_pod(f"r{number}", name, 0, 10000, 70) for number, name in enumerate(names)]
+    seen = [make_hami_pod(f"seen-{number}", mem=10000, cores=50) for number in range(6)]
+    cluster = make_hami_cluster(*(make_hami_node(name) for name in names), pods=(*running, *seen))
+    pod = make_hami_pod("p", mem=10000)
+    demand = HAMI.pod_demand(pod)
+    values = fragmentation.fragmentation_values(ask_of(pod, demand), names, learned_of(cluster), cluster.nodes)
+    assert values.tolist() == [round(-10000 / 40960, DIGITS) + 1e-12 * (71920 / 40960)] * 16
