@@ -255,3 +255,25 @@ def test_what_a_bind_writes_leaves_out_a_member_gone_before_the_sweep() -> None:
         "default/w-0",
         "default/w-1",
     ]
+
+
+def test_every_written_hold_is_judged_whatever_comes_before_it() -> None:
+    """Written holds in this order: one of a job held here already, one expired a moment ago, one whose GPU is
+    taken, one written exactly a TTL ago: each skipped on its own, and the last held again (a hold expires only
+    once strictly older than the TTL, as the sweep lets go)."""
+    clock = FakeClock()
+    cluster = make_cluster(*nodes(), pods=(*(kueue_member(name) for name in PLAN), make_pod("x", uid="uid-x")))
+    ledger = make_ledger(cluster, clock=clock)
+    held = GroupKey(Scheme.KUEUE, "default", "held")
+    assert ledger.reserve_group(held, [Allocation.uniform("uid-x", "default/x", "n1", (0,), 16)]) is None
+    jobs = [GroupKey(Scheme.KUEUE, "default", name) for name in ("late", "full")]
+    written = [
+        WrittenHold(held, clock.now, (Allocation.uniform("uid-x", "default/x", "n1", (1,), 16),)),
+        WrittenHold(jobs[0], clock.now - 60.001, (Allocation.uniform("uid-w-0", "default/w-0", "n2", (0,), 16),)),
+        WrittenHold(jobs[1], clock.now, (Allocation.uniform("uid-w-1", "default/w-1", "n1", (0,), 16),)),
+        WrittenHold(TRAIN, clock.now - 60.0, (Allocation.uniform("uid-w-2", "default/w-2", "n2", (1,), 16),)),
+    ]
+    for number, hold in enumerate(written):
+        cluster.groups.move(f"uid-{number}", None, None, hold)
+    assert ledger.restore_groups() == [TRAIN]
+    assert grouped(cluster) == {"uid-x": ("n1", (0,)), "uid-w-2": ("n2", (1,))}

@@ -446,3 +446,14 @@ def test_the_sweep_judges_every_job_and_lets_go_only_past_the_ttl() -> None:
     assert [released.group.key for released in ledger.expire_groups()] == [JOB]
     clock.advance(1)
     assert [released.group.key for released in ledger.expire_groups()] == [older]
+
+
+def test_the_sweep_lets_go_a_job_that_lost_a_member_whatever_job_comes_before_it() -> None:
+    clock = FakeClock()
+    cluster = make_cluster(make_node("n1", gpus=2, mem=16), pods=(make_pod("b", gpu_mem=16, uid="b"),))
+    ledger = Ledger(cluster, 300.0, clock, quotas_of(cluster), group_ttl=60.0)
+    other = GroupKey(Scheme.KUEUE, "default", "other")
+    assert ledger.reserve_group(JOB, [whole_gpu("a", "n1", 0)]) is None
+    assert ledger.reserve_group(other, [whole_gpu("b", "n1", 1)]) is None
+    cluster.apply_pod(make_pod("b", gpu_mem=16, uid="b"), deleted=True)
+    assert [released.group.key for released in ledger.expire_groups()] == [other], "JOB is young and whole"
