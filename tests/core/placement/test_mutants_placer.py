@@ -9,13 +9,16 @@ from __future__ import annotations
 import math
 import random
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from extender.core.binding import BindRequest, RecentPods
 from extender.core.cache import Cache
 from extender.core.devices import Demand, Device, Selectors, Strategy
+from extender.core.ledger import Ledger
 from extender.core.placement import fragmentation
-from extender.core.placement.config import Ask, ask_of
+from extender.core.placement.config import Ask, PolicyConfig, ask_of
 from extender.core.placement.filtering import FilterOutcome
 from extender.core.placement.placer import Warming
 from extender.core.placement.topology import link_term
@@ -24,6 +27,7 @@ from extender.core.protocols.hami import LOCK
 from tests.builders import (
     HAMI,
     FakeClock,
+    bind_error,
     bound_pod,
     make_cluster,
     make_hami_node,
@@ -172,3 +176,34 @@ def test_the_narrowing_reads_each_passed_nodes_own_value_when_a_quota_and_a_lock
 
     refused = placer.filter(demand, names, cache.nodes, "default/p", ask_of(pod, demand), refuse_a)
     assert refused.passed == ["c"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="binding._new_allocation asks placer.judge(demand, state) without the pod's key: the pod's own lock is "
+    "reported as held for another pod (found while guarding Placer.judge's pod; binding.py is not this file's)",
+)
+async def test_a_bind_refused_for_room_on_a_node_locked_for_its_own_pod_says_why_not_the_lock() -> None:
+    """HAMi's plugin locks the node for the pod being bound (default/p); both GPUs run 40000 of 40960 MiB. A bind
+    of default/p that finds no room must say so (as its filter would, `judge` with the pod), not that the node is
+    locked for default/p, which is its own lock and keeps nothing from it."""
+    clock = FakeClock()
+    clock.now = 1_787_306_400.0 + 10  # 2026-08-21T10:00:10Z
+    cache = Cache(HAMI, lock_timeout=300.0, clock=clock)
+    node = make_hami_node("held")
+    node["metadata"]["annotations"][LOCK] = "2026-08-21T10:00:00Z,default,p"
+    running = [running_hami_pod(name, "held", gpu, 40000, 10) for gpu, name in enumerate("ab")]
+    cache.replace([node], [make_hami_pod("p", mem=1000), *running])
+    ledger = Ledger(cache, 60, clock)
+    request = BindRequest("p", "default", "uid-p", "held")
+    error = await bind_error(request, cache, ledger, PolicyConfig(), NoWrites(), RecentPods())
+    assert error == (
+        "pod default/p no longer fits on held: needs 1000 MiB on one GPU; largest free is 960 MiB (GPU 0 of 2)"
+    )
+
+
+class NoWrites:
+    """A binder the test never reaches: the bind is refused before any write."""
+
+    async def bind(self, pod: dict[str, Any], node: str, annotations: dict[str, str]) -> None:
+        raise AssertionError("no write expected")
