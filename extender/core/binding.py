@@ -362,7 +362,7 @@ def _new_allocation(
     key, node = request.key, request.node
     placed = context.placer.choose(demand, state, ask_of(pod, demand))
     if placed is None:
-        return _refused(f"pod {key} no longer fits on {node}: {context.placer.judge(demand, state).reason}")
+        return _refused(f"pod {key} no longer fits on {node}: {context.placer.judge(demand, state, key).reason}")
     allocation = Allocation(request.uid, key, node, placed.containers, placed.init_containers)
     refusal = context.ledger.reserve(allocation)
     if refusal is not None:

@@ -178,11 +178,6 @@ def test_the_narrowing_reads_each_passed_nodes_own_value_when_a_quota_and_a_lock
     assert refused.passed == ["c"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="binding._new_allocation asks placer.judge(demand, state) without the pod's key: the pod's own lock is "
-    "reported as held for another pod (found while guarding Placer.judge's pod; binding.py is not this file's)",
-)
 async def test_a_bind_refused_for_room_on_a_node_locked_for_its_own_pod_says_why_not_the_lock() -> None:
     """HAMi's plugin locks the node for the pod being bound (default/p); both GPUs run 40000 of 40960 MiB. A bind
     of default/p that finds no room must say so (as its filter would, `judge` with the pod), not that the node is
