@@ -7,7 +7,8 @@ bind writes on its pod, beside its allocation, the job's hold as it stands then 
 and each member still waiting with its node and GPUs. A replica that finds such a hold written on a pod (the
 cache keeps the newest per job: `groups.Jobs.written`) for a job it holds nothing for, within
 `Settings.group_hold_ttl` of its taking, holds the members still waiting as written, all or none
-(`Ledger.restore_groups`): before a filter it answers, and at each expiry sweep. A job's hold that this replica
+(`Ledger.restore_groups`): before a filter it answers, and at each expiry sweep while it is ready (the leader: a
+standby holding a job would take the leader's binds of its members for members lost). A job's hold that this replica
 let go (expired, a member gone, a bind failed) is never taken again from what it wrote.
 
 The text is JSON, at most `LIMIT` bytes: a job too large for it (some hundreds of members) is not written, and after a

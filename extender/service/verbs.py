@@ -419,7 +419,8 @@ def _expire(service: Service) -> None:
         nodes = sorted({hold.allocation.node for hold in released.holds})
         log.warning("hold of job %s on %s let go: %s", group.key, ", ".join(nodes) or "no node", released.why)
         service.requeue.freed(nodes, group.since)
-    _restore_groups(service)
+    if service.ready():  # a standby holds nothing: the leader's binds would then look to it like members lost
+        _restore_groups(service)
     stale = service.cache.expire_locks()
     if stale:
         log.warning(

@@ -201,3 +201,27 @@ async def test_a_job_half_bound_when_the_extender_restarts_is_held_again_before_
     assert asked == ["job default/a is held whole: its members may bind"]
     assert (await (await client.post("/filter", data=filter_body(pods[1], NODES))).json())["NodeNames"] == ["n2"]
     assert (await (await client.post("/bind", data=bind_body(pods[1], "n2"))).json())["Error"] == ""
+
+
+async def test_a_standby_holds_no_written_hold_again_until_it_leads(client_for: ClientFor) -> None:
+    """A standby's watch shows the written hold too; were its sweep to hold the job, the leader's binds of the
+    members would look to it like members lost, let go and counted as expired. It holds it once it is ready (the
+    leader), at its sweep as at its first filter."""
+    cluster = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
+    pods = [member("a", n, 2) for n in range(2)]
+    for pod in pods:
+        cluster.apply_pod(pod)
+    binder = FileBinder(cluster, pods)
+    client = await client_for(make_service(cluster, binder=binder))
+    assert (await (await client.post("/filter", data=filter_body(pods[0], NODES))).json())["NodeNames"] == ["n1"]
+    assert (await (await client.post("/bind", data=bind_body(pods[0], "n1"))).json())["Error"] == ""
+    again = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
+    for pod in [binder._pods["uid-a-0"], pods[1]]:
+        again.apply_pod(pod)
+    leading = False
+    standby = make_service(again, ready=lambda: leading)
+    _expire(standby)
+    assert not again.reserved, "a standby holds nothing"
+    leading = True
+    _expire(standby)
+    assert [hold.state for hold in again.reserved.values()] == [HoldState.GROUPED]
