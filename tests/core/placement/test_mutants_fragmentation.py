@@ -26,6 +26,8 @@ from extender.core.placement.measure import room_of
 from extender.core.placement.topology import ASKED_WEIGHT
 from tests.builders import (
     HAMI,
+    PROFILE,
+    FakeClock,
     bound_pod,
     learned_of,
     make_cluster,
@@ -258,8 +260,10 @@ def test_a_hami_pod_goes_to_the_gpu_whose_hold_adds_least(
 
 def three_kinds() -> Cache:
     """`n1` runs 500 of its GPU 0's 1000, `empty` two GPUs free, `four` four; cpu aplenty; halves and two-GPU pods
-    typical (test_fragmentation's scores)."""
-    cache = make_cluster(node("n1", cpu="256"), node("empty", cpu="256"), node("four", gpus=4, cpu="256"))
+    typical (test_fragmentation's scores), all seen at one instant of a clock that stands still (so their weights
+    do not decay between them, whatever the speed of the run)."""
+    cache = Cache(PROFILE, clock=FakeClock())
+    cache.replace([node("n1", cpu="256"), node("empty", cpu="256"), node("four", gpus=4, cpu="256")], [])
     cache.apply_pod(bound_pod("running", "n1", (0,), 500))
     teach(cache, (500, "1", 5), (2000, "1", 5))
     return cache
@@ -267,12 +271,12 @@ def three_kinds() -> Cache:
 
 def test_the_policy_ranks_nodes_by_the_fragmentation_a_pod_adds_there() -> None:
     """A half on n1 takes the 500 left: F falls from 5/11 x 1.5 to 5/11 x 1 (-5/22); on the empty node it breaks a
-    GPU the two-GPU pods needed (+15/22); on `four` the 500 left is theirs to waste (+5/22); the unknown name inf.
-    To a hundred-millionth: the typical shapes' weights decay with the wall clock between the pods taught, which
-    moves the last digits kept (1e-9)."""
+    GPU the two-GPU pods needed (+15/22); on `four` the 500 left is theirs to waste (+5/22): each rounded to 1e-9,
+    plus 1e-12 x the node's free GPU (1.5, 2, 4) to rank the fuller first among equals; the unknown name inf."""
     cache = three_kinds()
     values = placer_for(cache, BEST).values(ask(500, cpu="1"), ["n1", "empty", "four", "unknown"], cache.nodes)
-    assert values.tolist()[:3] == pytest.approx([-5 / 22, 15 / 22, 5 / 22], abs=1e-8)
+    expected = [round(-5 / 22, DIGITS) + 1.5e-12, round(15 / 22, DIGITS) + 2e-12, round(5 / 22, DIGITS) + 4e-12]
+    assert values.tolist()[:3] == pytest.approx(expected, abs=1e-13)
     assert values[3] == np.inf
 
 
