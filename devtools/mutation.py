@@ -290,6 +290,19 @@ def share(killed: int, judged: int) -> float:
     return 100.0 * killed / judged if judged else 100.0
 
 
+FAILURE_LINES = 60
+"""Lines of mutmut's output shown when it fails (its stats step's pytest output, typically)."""
+
+
+def failure_text(output: str) -> str:
+    """The end of mutmut's output without its progress frames: it redraws a spinner line (braille characters)
+    with carriage returns many times a second, so the last few kilobytes of a failed run were spinner alone and
+    hid the pytest failure that stopped it."""
+    lines = [line.rstrip() for chunk in output.split("\n") for line in chunk.split("\r")]
+    kept = [line for line in lines if line.strip() and not ("\u2800" <= line.lstrip()[0] <= "\u28ff")]
+    return "\n".join(kept[-FAILURE_LINES:])
+
+
 def report(area: Area, codes: Codes, diff_of: dict[str, str], equivalents: dict[str, Equivalent], took: str) -> float:
     """Print the area's share killed, per file, and each survivor's diff; returns the share."""
     stale: list[str] = []
@@ -368,7 +381,7 @@ def run_area(
         run = mutmut(work, "run", "--max-children", str(children), *chosen)
         elapsed = time.monotonic() - started
         if run.returncode != 0 or not (work / "mutants").exists():
-            print(f"{area.name}: mutmut failed ({run.returncode}):\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}")
+            print(f"{area.name}: mutmut failed ({run.returncode}):\n{failure_text(run.stdout + run.stderr)}")
             return 0.0, str(work)
         codes = read_codes(work)
         if recheck:

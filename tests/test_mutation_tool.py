@@ -118,3 +118,11 @@ def test_a_record_reads_back_as_written_and_one_of_outcomes_alone_still_reads(tm
     assert mutation.load_record(tmp_path / "area.json") == record
     (tmp_path / "old.json").write_text('{"a.py": {"m.x_f__mutmut_1": 1}}')
     assert mutation.load_record(tmp_path / "old.json") == Record({"a.py": {"m.x_f__mutmut_1": 1}}, {})
+
+
+def test_a_failed_runs_output_is_shown_without_its_spinner_frames() -> None:
+    spinner = "".join(f"\r{frame} Running stats" for frame in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏" * 400)
+    output = "collected 12 items\nFAILED tests/core/test_x.py::test_y - AssertionError\n" + spinner + "\n"
+    text = mutation.failure_text(output)
+    assert text == "collected 12 items\nFAILED tests/core/test_x.py::test_y - AssertionError"
+    assert mutation.failure_text("\n".join(f"line {n}" for n in range(100))).splitlines()[0] == "line 40"
