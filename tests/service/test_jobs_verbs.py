@@ -167,12 +167,9 @@ async def test_a_jobs_members_still_to_bind_keep_the_cpu_planned_for_them(client
     assert {record.name: record.node_name for record in cluster.pods.values()} == {"a-0": "n1", "a-1": "n2", "c": ""}
 
 
-async def test_a_job_half_bound_when_the_extender_restarts_is_held_again_before_any_other_pod_is_filtered(
-    client_for: ClientFor,
-) -> None:
-    """a-0's bind writes the job's hold on its pod beside its allocation; an extender started afresh from the
-    API's objects holds a-1's GPU again before it answers anything, so a pod filtered first cannot take it, and
-    a-1 is passed its planned node."""
+async def first_member_bound(client_for: ClientFor) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Job a of two pods on two nodes of one GPU each, a-0 filtered and bound through a service: a-0 as the API
+    then shows it (with what its bind wrote), and the job's pods as created."""
     cluster = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
     pods = [member("a", n, 2) for n in range(2)]
     for pod in pods:
@@ -181,7 +178,16 @@ async def test_a_job_half_bound_when_the_extender_restarts_is_held_again_before_
     client = await client_for(make_service(cluster, binder=binder))
     assert (await (await client.post("/filter", data=filter_body(pods[0], NODES))).json())["NodeNames"] == ["n1"]
     assert (await (await client.post("/bind", data=bind_body(pods[0], "n1"))).json())["Error"] == ""
-    shown = binder._pods["uid-a-0"]
+    return binder._pods["uid-a-0"], pods
+
+
+async def test_a_job_half_bound_when_the_extender_restarts_is_held_again_before_any_other_pod_is_filtered(
+    client_for: ClientFor,
+) -> None:
+    """a-0's bind writes the job's hold on its pod beside its allocation; an extender started afresh from the
+    API's objects holds a-1's GPU again before it answers anything, so a pod filtered first cannot take it, and
+    a-1 is passed its planned node."""
+    shown, pods = await first_member_bound(client_for)
     assert jobplan.decode(shown["metadata"]["annotations"][jobplan.ANNOTATION]).waiting[0].node == "n2"
 
     other = make_pod("c", gpu_mem=16, uid="uid-c")
@@ -207,16 +213,9 @@ async def test_a_standby_holds_no_written_hold_again_until_it_leads(client_for: 
     """A standby's watch shows the written hold too; were its sweep to hold the job, the leader's binds of the
     members would look to it like members lost, let go and counted as expired. It holds it once it is ready (the
     leader), at its sweep as at its first filter."""
-    cluster = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
-    pods = [member("a", n, 2) for n in range(2)]
-    for pod in pods:
-        cluster.apply_pod(pod)
-    binder = FileBinder(cluster, pods)
-    client = await client_for(make_service(cluster, binder=binder))
-    assert (await (await client.post("/filter", data=filter_body(pods[0], NODES))).json())["NodeNames"] == ["n1"]
-    assert (await (await client.post("/bind", data=bind_body(pods[0], "n1"))).json())["Error"] == ""
+    shown, pods = await first_member_bound(client_for)
     again = make_cluster(make_node("n1", gpus=1, mem=16), make_node("n2", gpus=1, mem=16))
-    for pod in [binder._pods["uid-a-0"], pods[1]]:
+    for pod in [shown, pods[1]]:
         again.apply_pod(pod)
     leading = False
     standby = make_service(again, ready=lambda: leading)
