@@ -717,7 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench = Bench(operator, arguments.protocol, arguments.pods, workdir, arguments.timeout)
             if built and arguments.peer_qps:
                 qps = arguments.peer_qps
-                client = (f"--kube-qps={qps}", f"--kube-burst={2 * qps}")
+                client = peers.client_flags(qps)
                 schedulers = [(f"hami-scheduler-qps{qps}", bench.hami_scheduler(built["hami"], client))]
             elif built:
                 schedulers = [("hami-scheduler", bench.hami_scheduler(built["hami"]))]

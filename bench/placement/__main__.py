@@ -52,9 +52,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from bench import record as recording
 from bench.placement import churn, churn_fast, fast, mig, peers, plot, report
+from bench.placement import runs as entries
 from bench.placement.churn import ChurnResult, PlanError
 from bench.placement.hami import HAMI
 from bench.placement.outcome import ReplayResult
@@ -135,6 +137,14 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         f"{', '.join(peers.PEERS)}: peers.py says where to get it)",
     )
     parser.add_argument(
+        "--peer-qps",
+        type=int,
+        default=0,
+        help="hami-scheduler's API client raised to QPS requests a second, bursts of twice that (its flags "
+        "--kube-qps and --kube-burst, which its chart sets through scheduler.extender.extraArgs); as shipped it "
+        "keeps client-go's 5 and 10",
+    )
+    parser.add_argument(
         "--protocol",
         choices=("gpushare", "hami"),
         default="",
@@ -172,6 +182,8 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(str(error))
     if (not parsed.policy_list and not parsed.peers) or any(policy not in POLICIES for policy in parsed.policy_list):
         parser.error(f"--policies {parsed.policies!r}: each of {', '.join(POLICIES)} (empty only with --peer)")
+    if parsed.peer_qps and ("hami" not in parsed.peers or not 1 <= parsed.peer_qps <= 10_000):
+        parser.error("--peer-qps: a number of requests a second, 1 to 10000, with --peer hami=DIR")
     if parsed.peers and "fast" in modes:
         parser.error("--peer runs in the real modes (real, burst): a peer is a process of its own, not modelled")
     protocols = {peers.PEERS[name].protocol for name in parsed.peers} | ({parsed.protocol} - {""})
@@ -229,6 +241,8 @@ def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path, pol
     loaded = workload(parsed, seed)
     extender_flags = [*parsed.extender_flag, *POLICIES.get(policy, ())]
     peer = peers.build(peers.PEERS[policy], parsed.peers[policy]) if policy in parsed.peers else None
+    if peer is not None and peer.kind is peers.HAMI and parsed.peer_qps:
+        peer = replace(peer, arguments=peers.client_flags(parsed.peer_qps))
     plan = None
     if parsed.churn:
         plan, loaded = churn.plan(
@@ -265,6 +279,21 @@ def run_one(parsed: argparse.Namespace, mode: str, seed: int, workdir: Path, pol
     return RealReplay(*arguments, burst=mode == "burst", progress=progress, peer=peer, wire=wire).run()
 
 
+def run_record(parsed: argparse.Namespace, policy: str, seed: int, result: Result) -> dict[str, Any]:
+    """What the run record keeps of one run (`runs.py`), with who ran it and how."""
+    kind = peers.PEERS.get(policy) if policy in parsed.peers else None
+    qps = parsed.peer_qps if kind is peers.HAMI else 0
+    entry = entries.churned(result, seed) if isinstance(result, ChurnResult) else entries.fill_up(result, seed)
+    return {
+        "scheduler": entries.scheduler_name(policy, kind.shown if kind else "", qps),
+        "policy": policy,
+        "protocol": parsed.protocol,
+        "scheduler_name": parsed.scheduler_name,
+        "extender_flags": [] if kind else [*parsed.extender_flag, *POLICIES.get(policy, ())],
+        **entry,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parsed = arguments(argv)
     recording.settings(parsed)
@@ -276,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = Path(parsed.workdir) if keep else Path(tempfile.mkdtemp(prefix="bench-placement-"))
     failed = False
     results: dict[str, list[tuple[int, Result]]] = {}
+    kept: list[dict[str, Any]] = []
     try:
         for policy in parsed.policy_list:
             for mode in parsed.modes:
@@ -288,13 +318,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         failed = True
                         continue
                     results.setdefault(label, []).append((seed, result))
+                    kept.append(run_record(parsed, policy, seed, result))
+                    recording.result("runs", kept)  # each run as it ends: a run that fails later keeps them
                     if isinstance(result, ChurnResult):
                         print(churn.render(result, f"{label}, seed {seed}"), flush=True)
                         failed |= bool(result.all_problems)
                     else:
                         print(report.render(result, f"{label}, seed {seed}"), flush=True)
                         failed |= bool(result.problems)
-        recording.result("results", {label: dict(runs) for label, runs in results.items()})
         print(summary(parsed, results))
         if parsed.plot and results:
             Path(parsed.plot).write_text(picture(parsed, results))

@@ -74,6 +74,8 @@ class PeerKind:
     """How to get the source measured here."""
     protocol: str
     """The device protocol its nodes and pods speak (`trace.GPUSHARE` or `hami.HAMI`, by name)."""
+    shown: str
+    """How the pages name it: the program and the version measured."""
     cgo: bool = False
     """Whether it needs cgo to build (a C compiler): hami-scheduler links go-nvml."""
 
@@ -85,6 +87,7 @@ GPUSHARE = PeerKind(
     "git clone https://github.com/AliyunContainerService/gpushare-scheduler-extender && "
     "git -C gpushare-scheduler-extender checkout c0b6141",
     "gpushare",
+    "gpushare-scheduler-extender c0b6141",
 )
 HAMI = PeerKind(
     "hami",
@@ -92,6 +95,7 @@ HAMI = PeerKind(
     "./cmd/scheduler",
     "git clone https://github.com/Project-HAMi/HAMi && git -C HAMi checkout v2.10.0",
     "hami",
+    "hami-scheduler v2.10.0",
     cgo=True,
 )
 PEERS = {kind.name: kind for kind in (GPUSHARE, HAMI)}
@@ -103,9 +107,19 @@ class Built:
 
     kind: PeerKind
     binary: Path
+    arguments: tuple[str, ...] = ()
+    """Flags added to the ones it is run with (hami-scheduler's API client raised: `client_flags`)."""
 
     def process(self, workdir: Path, kubeconfig: Path) -> PeerProcess:
-        return (HamiProcess if self.kind is HAMI else GpushareProcess)(self.binary, workdir, kubeconfig)
+        kind = HamiProcess if self.kind is HAMI else GpushareProcess
+        return kind(self.binary, workdir, kubeconfig, self.arguments)
+
+
+def client_flags(qps: int) -> tuple[str, ...]:
+    """hami-scheduler's API client raised to `qps` requests a second, bursts of twice that: its flags
+    `--kube-qps` and `--kube-burst` (cmd/scheduler/main.go at v2.10.0), which its chart sets through
+    `scheduler.extender.extraArgs`; as shipped, neither is set and client-go's 5 and 10 apply."""
+    return (f"--kube-qps={qps}", f"--kube-burst={2 * qps}")
 
 
 def parse(values: list[str]) -> dict[str, Path]:
@@ -177,8 +191,9 @@ class PeerProcess:
     name = "peer"
     """Its process's name, in messages and its log's file name."""
 
-    def __init__(self, binary: Path, workdir: Path, kubeconfig: Path) -> None:
+    def __init__(self, binary: Path, workdir: Path, kubeconfig: Path, arguments: tuple[str, ...] = ()) -> None:
         self.binary = binary
+        self.arguments = arguments
         self.workdir = workdir
         self.log = workdir / f"{self.name}.log"
         self.kubeconfig = kubeconfig
@@ -405,6 +420,7 @@ class HamiProcess(PeerProcess):
             "--gpu-scheduler-policy=spread",
             f"--device-config-file={device_config}",
             "--leader-elect=false",
+            *self.arguments,
         ]
 
     def settled(self, nodes: list[dict[str, object]]) -> str:
