@@ -168,27 +168,57 @@ def _filter_args(args: contract.ExtenderArgs, demand: Demand, service: Service) 
     service.metrics.demands.record(demand.per_device)
     service.ledger.unassume(objects.uid(args.Pod))  # its own assumption, from an earlier filter, is no rival
     _restore_groups(service)  # before anything is judged: after a restart, jobs' written holds come first
-    member = _member_filter(args, service)
+    member = _member_filter(args, service, defer=True)
+    if isinstance(member, Warming):
+        return _member_warmed(args, demand, names, service, member)
     if member is not None:
         return member
+    return _filter_any(args, demand, names, service)
+
+
+def _filter_any(
+    args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service
+) -> VerbResult | Awaitable[VerbResult]:
+    """The filter of a pod placed as any (not a member of a job placed whole)."""
     judged = _judge(args, demand, names, service, defer=True)
     if isinstance(judged, Warming):
         return _filter_warmed(args, demand, names, service, judged)
     return _answer(args, demand, names, judged, service)
 
 
-def _member_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult | None:
+async def _member_warmed(
+    args: contract.ExtenderArgs, demand: Demand, names: list[Any], service: Service, warming: Warming
+) -> VerbResult:
+    """A member's filter whose job's plan must first judge many nodes afresh for its members' asks: a slice at a
+    time with a turn of the event loop after each (as `_filter_warmed`), then filtered as any member."""
+    for _ in warming.steps:
+        await asyncio.sleep(0)
+    if not service.ready():
+        return _not_ready_filter(args, service)
+    member = _member_filter(args, service)
+    if member is not None:
+        return member
+    answer = _filter_any(args, demand, names, service)
+    return answer if isinstance(answer, tuple) else await answer
+
+
+@overload
+def _member_filter(args: contract.ExtenderArgs, service: Service) -> VerbResult | None: ...
+@overload
+def _member_filter(args: contract.ExtenderArgs, service: Service, defer: bool) -> VerbResult | Warming | None: ...
+def _member_filter(args: contract.ExtenderArgs, service: Service, defer: bool = False) -> VerbResult | Warming | None:
     """The filter of a pod of a job placed whole (`core/jobs.py`): passed the node planned for it alone, or
     refused on every node as unresolvable (preempting for one member frees nothing its job can use). None for a
-    pod placed as any: it declares no job, asks no GPU, or its job has its minimum bound."""
+    pod placed as any: it declares no job, asks no GPU, or its job has its minimum bound. With `defer`, a
+    `Warming` when the plan must first judge many nodes (`jobs.filter_member`)."""
     said = declared(args.Pod, service.cache.podgroups)
     if said is None:
         return None
     names = contract.requested_names(args)
     record = pod_record(args.Pod, service.cache.protocol)
-    verdict = jobs.filter_member(record, said, names, service.cache, service.ledger, service.placer)
-    if verdict is None:
-        return None
+    verdict = jobs.filter_member(record, said, names, service.cache, service.ledger, service.placer, defer)
+    if verdict is None or isinstance(verdict, Warming):
+        return verdict
     metrics = service.metrics
     if verdict.planned:
         service.requeue.job_held(str(said.group))

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from extender.core.groups import KUEUE_GROUP, KUEUE_TOTAL, GroupKey, Scheme
 from extender.core.placement import fragmentation
 from extender.core.placement.config import PolicyConfig
 from extender.service import lag
@@ -69,3 +70,50 @@ async def test_a_filter_judging_many_nodes_afresh_yields_to_the_loop_and_answers
     counter.cancel()
     assert turns >= 4, "the loop ran other things between the slices"
     assert orjson.loads(sliced.body) == orjson.loads(at_once.body)
+
+
+async def test_a_jobs_plan_judging_many_nodes_afresh_yields_to_the_loop_and_plans_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first member of a job of a new shape: its plan ranks every node for each member's ask (`Placer.values`),
+    which on a cold table is the same work as a cold filter. With small slices, the member's filter hands that
+    work to the loop a slice at a time, then plans; the job is planned as when judged in one go."""
+    names = [f"n{number:02}" for number in range(40)]
+    pods = [make_pod(f"a-{n}", gpu_mem=6, uid=f"uid-a-{n}") for n in range(3)]
+    for pod in pods:
+        pod["metadata"]["labels"] = {KUEUE_GROUP: "a"}
+        pod["metadata"]["annotations"][KUEUE_TOTAL] = "3"
+
+    def service() -> Any:
+        cluster = make_cluster(*(make_node(name, gpus=4, mem=16) for name in names))
+        for pod in pods:
+            cluster.apply_pod(pod)
+        return make_service(cluster, policy=PolicyConfig())
+
+    body = {"Pod": pods[0], "NodeNames": names}
+    at_once_service = service()
+    at_once = call(at_once_service, body)
+    assert isinstance(at_once, Response), "40 nodes: planned in one go"
+    monkeypatch.setattr(fragmentation, "ARRAY_SLICE", 8)
+    monkeypatch.setattr(fragmentation, "SCALAR_SLICE", 4)
+    sliced_service = service()
+    pending = call(sliced_service, body)
+    assert inspect.isawaitable(pending), "in slices, with turns of the loop between them"
+    assert sliced_service.ledger.group_hold(GroupKey(Scheme.KUEUE, "default", "a")) is None, "nothing planned before the slices"
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    counter = asyncio.create_task(count_turns())
+    sliced = await pending
+    counter.cancel()
+    assert turns >= 4, "the loop ran other things between the slices"
+    assert orjson.loads(sliced.body) == orjson.loads(at_once.body)
+    assert len(orjson.loads(sliced.body)["NodeNames"]) == 1
+    held = {uid: at_once_service.ledger.held_for(uid) for uid in ("uid-a-0", "uid-a-1", "uid-a-2")}
+    assert None not in held.values()
+    assert {uid: sliced_service.ledger.held_for(uid) for uid in held} == held, "the same plan, member by member"

@@ -146,6 +146,9 @@ class Fill:
     ) -> Iterator[None] | None:
         return None  # nothing to judge beyond the fit, which is cheap
 
+    def values_warming(self, ask: Ask, names: Sequence[str], states: Mapping[str, NodeState]) -> Iterator[None] | None:
+        return None  # each node's fill is judged as asked, from nothing kept
+
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:
         return fill_choice(demand, state, demand.device_strategy or self.config.device_strategy)
 

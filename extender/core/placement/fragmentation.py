@@ -462,6 +462,10 @@ class Fragmentation:
             return np.zeros(len(names))
         return fragmentation_values(ask, names, self.learned, states)
 
+    def values_warming(self, ask: Ask, names: Sequence[str], states: Mapping[str, NodeState]) -> Iterator[None] | None:
+        """What `values` would judge afresh, in slices, when that is much (`warming`)."""
+        return None if ask.demand.is_zero else warming(ask, names, self.learned, states)
+
     def choose(self, demand: Demand, state: NodeState, ask: Ask | None) -> Placement | None:
         """The GPUs where the pod adds least (by fill for a pod that asks none, or whose ask is unknown): as the
         filter judged them on this node, when it did and the node has not changed since (`choice_on`)."""

@@ -57,6 +57,10 @@ class PolicyRules(Protocol):
         job's plan tries each member's nodes in this order: `core/gang.py`). Over the cache's nodes, as cheap as
         the filter's narrowing; over other states (a plan's scratch copies), judged afresh."""
 
+    def values_warming(self, ask: Ask, names: Sequence[str], states: Mapping[str, NodeState]) -> Iterator[None] | None:
+        """The work `values` would do on these nodes, in slices, when it is too much for one turn of the event
+        loop (None when it is not): a job's plan warms each member's ask so before it plans."""
+
 
 POLICIES: dict[Policy, Callable[[PolicyConfig, Learned, Fill], PolicyRules]] = {
     Policy.FRAGMENTATION: Fragmentation,
@@ -187,6 +191,10 @@ class Placer:
     def values(self, ask: Ask, names: Sequence[str], states: Mapping[str, NodeState]) -> Floats:
         """The policy's rank of each named node for the ask (`PolicyRules.values`)."""
         return self.rules(ask.demand).values(ask, names, states)
+
+    def values_warming(self, ask: Ask, names: Sequence[str], states: Mapping[str, NodeState]) -> Iterator[None] | None:
+        """`values`' work in slices, when it is much (`PolicyRules.values_warming`)."""
+        return self.rules(ask.demand).values_warming(ask, names, states)
 
     def build(self) -> int:
         """The build of the typical shapes `choose` judges by now: with it and the node unchanged, `choose` gives
