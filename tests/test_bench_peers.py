@@ -73,6 +73,30 @@ def test_a_hami_peer_makes_the_run_speak_hamis_protocol_and_does_not_mix_with_gp
         cli.arguments(["--synthetic", "--mode", "fast", "--protocol", "hami"])
 
 
+def test_hami_schedulers_client_is_raised_by_its_own_flags_and_only_for_hami(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--peer-qps N`: hami-scheduler's `--kube-qps` N and `--kube-burst` 2N (cmd/scheduler/main.go at v2.10.0);
+    the record names the run so, and as shipped its command sets neither."""
+    real = ["--synthetic", "--mode", "real"]
+    parsed = cli.arguments([*real, "--policies=", "--peer", "hami=/src", "--peer-qps", "50"])
+    assert parsed.peer_qps == 50
+    for bad in (
+        ["--peer-qps", "50"],
+        ["--peer", "gpushare=/src", "--peer-qps", "50"],
+        ["--peer", "hami=/src", "--peer-qps", "-1"],
+    ):
+        with pytest.raises(SystemExit):
+            cli.arguments([*real, *bad])
+    assert "--peer-qps" in capsys.readouterr().err
+    shipped = peers.Built(peers.HAMI, tmp_path / "hami-scheduler").process(tmp_path, tmp_path / "kubeconfig")
+    assert not [flag for flag in shipped.command() if flag.startswith("--kube-")]
+    raised = peers.Built(peers.HAMI, tmp_path / "hami-scheduler", peers.client_flags(50))
+    command = raised.process(tmp_path, tmp_path / "kubeconfig").command()
+    assert command[-2:] == ["--kube-qps=50", "--kube-burst=100"]
+    assert peers.HAMI.shown == "hami-scheduler v2.10.0"
+
+
 def test_hami_scheduler_is_wired_and_started_as_its_chart_does_with_the_webhook_off(tmp_path: Path) -> None:
     """charts/hami/templates/scheduler/configmap.yaml, deployment.yaml and device-configmap.yaml at v2.10.0."""
     process = peers.Built(peers.HAMI, tmp_path / "hami-scheduler").process(tmp_path, tmp_path / "kubeconfig")

@@ -99,7 +99,8 @@ async def test_a_jobs_plan_judging_many_nodes_afresh_yields_to_the_loop_and_plan
     sliced_service = service()
     pending = call(sliced_service, body)
     assert inspect.isawaitable(pending), "in slices, with turns of the loop between them"
-    assert sliced_service.ledger.group_hold(GroupKey(Scheme.KUEUE, "default", "a")) is None, "nothing planned before the slices"
+    job = GroupKey(Scheme.KUEUE, "default", "a")
+    assert sliced_service.ledger.group_hold(job) is None, "nothing planned before the slices"
     turns = 0
 
     async def count_turns() -> None:
