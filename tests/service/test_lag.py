@@ -45,6 +45,22 @@ def call(service: Any, body: dict[str, Any]) -> Any:
     return route.handler(Request("POST", "/filter", orjson.dumps(body)))
 
 
+async def with_turns(pending: Any) -> tuple[Any, int]:
+    """The reply a pending handler gives, and how many turns other tasks of the loop had meanwhile."""
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    counter = asyncio.create_task(count_turns())
+    reply = await pending
+    counter.cancel()
+    return reply, turns
+
+
 async def test_a_filter_judging_many_nodes_afresh_yields_to_the_loop_and_answers_the_same(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -57,17 +73,7 @@ async def test_a_filter_judging_many_nodes_afresh_yields_to_the_loop_and_answers
     monkeypatch.setattr(fragmentation, "SCALAR_SLICE", 4)
     pending = call(make_service(make_cluster(*nodes), policy=PolicyConfig()), body)
     assert inspect.isawaitable(pending), "in slices, with turns of the loop between them"
-    turns = 0
-
-    async def count_turns() -> None:
-        nonlocal turns
-        while True:
-            await asyncio.sleep(0)
-            turns += 1
-
-    counter = asyncio.create_task(count_turns())
-    sliced = await pending
-    counter.cancel()
+    sliced, turns = await with_turns(pending)
     assert turns >= 4, "the loop ran other things between the slices"
     assert orjson.loads(sliced.body) == orjson.loads(at_once.body)
 
@@ -101,17 +107,7 @@ async def test_a_jobs_plan_judging_many_nodes_afresh_yields_to_the_loop_and_plan
     assert inspect.isawaitable(pending), "in slices, with turns of the loop between them"
     job = GroupKey(Scheme.KUEUE, "default", "a")
     assert sliced_service.ledger.group_hold(job) is None, "nothing planned before the slices"
-    turns = 0
-
-    async def count_turns() -> None:
-        nonlocal turns
-        while True:
-            await asyncio.sleep(0)
-            turns += 1
-
-    counter = asyncio.create_task(count_turns())
-    sliced = await pending
-    counter.cancel()
+    sliced, turns = await with_turns(pending)
     assert turns >= 4, "the loop ran other things between the slices"
     assert orjson.loads(sliced.body) == orjson.loads(at_once.body)
     assert len(orjson.loads(sliced.body)["NodeNames"]) == 1
