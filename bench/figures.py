@@ -24,7 +24,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import bench, cache_build, record
+from bench import bench, cache_build, figures_placement, record
+from bench.figures_common import (
+    RECORDED,
+    FiguresError,
+    joined,
+    one_machine,
+    records_folder,
+    runs_said,
+)
 from devtools.harness import percentile
 
 TABLE_MARKER = re.compile(r"^<!-- table: bench/records/(?P<folder>\w+) -->$", re.MULTILINE)
@@ -32,24 +40,6 @@ AWAITING_MARKER = "<!-- awaiting a rerun -->"
 AWAITING_NOTE = "*These figures predate the benches' run records; they stay until a rerun records them.*"
 INDEX_MARKER = "<!-- the README's figures -->"
 FIGURES_HEADING = "## Figures"
-RECORDED = "run records"
-"""The README's `from` cell of a row built from records; an awaiting row says `awaiting a rerun`."""
-
-
-class FiguresError(Exception):
-    """A table cannot be built: no records, records from two machines, a marker naming no known bench."""
-
-
-def one_machine(records: Sequence[record.Record]) -> record.Machine:
-    machines = {run.machine for run in records}
-    if len(machines) != 1:
-        described = "; ".join(sorted(machine.describe() for machine in machines)) or "none"
-        raise FiguresError(f"one machine per table: the records of {records_folder(records)} name {described}")
-    return machines.pop()
-
-
-def records_folder(records: Sequence[record.Record]) -> str:
-    return f"bench/records/{records[0].folder}/" if records else "no records"
 
 
 # ---- node burst ---------------------------------------------------------------------------------------------
@@ -109,33 +99,6 @@ def node_burst_table(records: Sequence[record.Record]) -> str:
             f"| {check_cell(runs)} |"
         )
     return "\n".join(lines)
-
-
-def joined(values: Sequence[int | float]) -> str:
-    """The distinct values of a setting over the records, in order: `1,000` or `1,000 or 5,000`."""
-    distinct = sorted(set(values))
-    return " or ".join(f"{value:,}" if isinstance(value, int) else f"{value:g}" for value in distinct)
-
-
-def runs_said(records: Sequence[record.Record]) -> str:
-    """Where the figures come from, and how busy the machine was while they were measured (where recorded)."""
-    where = (
-        f"its run record in `{records_folder(records)}`"
-        if len(records) == 1
-        else f"{len(records)} run records in `{records_folder(records)}`"
-    )
-    return where + load_said(records)
-
-
-def load_said(records: Sequence[record.Record]) -> str:
-    """`; the machine's load average (1 minute) 0.4 to 6.7 at the runs' starts and ends`, from the records that
-    kept it ("" when none did): on two cores, what else ran beside a bench moves its figures."""
-    loads = [values[0] for kept in records for values in kept.load.values() if values]
-    if not loads:
-        return ""
-    low, high = min(loads), max(loads)
-    span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f} to {high:.1f}"
-    return f"; the machine's load average (1 minute) {span} at the runs' starts and ends"
 
 
 # ---- make bench: the verbs ------------------------------------------------------------------------------------
@@ -563,6 +526,7 @@ def transport_table(records: Sequence[record.Record]) -> str:
 
 
 TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
+    "placement": figures_placement.result_table,
     "node_burst": node_burst_table,
     "bench": verbs_table,
     "scale": scale_table,
@@ -573,6 +537,35 @@ TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
     "transport": transport_table,
 }
 """The benches whose pages' tables are built from records, by records folder."""
+
+
+PLOTS: dict[str, tuple[str, Callable[[Sequence[record.Record]], str]]] = {
+    "fill-up-default.svg": ("placement", figures_placement.fill_up_plot),
+}
+"""The benchmark pages' images built from records: by file name in docs/benchmarks/, (records folder, builder).
+`python -m devtools.docs_hooks` writes them; the site's build and the tests fail when one differs."""
+BENCHMARKS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+
+
+def built_plot(name: str, root: Path = record.RECORDS) -> str:
+    """The image `name` as its records draw it now."""
+    folder, build = PLOTS[name]
+    records = record.load(folder, root)
+    if not records:
+        raise FiguresError(f"a published plot with no record: bench/records/{folder}/ is empty")
+    return build(records)
+
+
+def stale_plots(pages: Path = BENCHMARKS, root: Path = record.RECORDS) -> list[str]:
+    """The images built from records that differ from what the records draw (or are missing)."""
+    return [
+        name for name in PLOTS if not (pages / name).is_file() or (pages / name).read_text() != built_plot(name, root)
+    ]
+
+
+def write_plots(pages: Path = BENCHMARKS, root: Path = record.RECORDS) -> None:
+    for name in PLOTS:
+        (pages / name).write_text(built_plot(name, root))
 
 
 def fill_tables(markdown: str, root: Path = record.RECORDS) -> str:
@@ -665,12 +658,13 @@ def loadtest_row(root: Path = record.RECORDS) -> tuple[str, ...]:
     )
 
 
-README_ROWS: dict[str, Callable[[], tuple[str, ...]]] = {
-    "node_burst": burst_row,
-    "run": loadtest_row,
-    "scale": scale_row,
-}
-"""The README's rows built from records, by records folder."""
+README_ROWS: tuple[tuple[str, Callable[[], tuple[str, ...]]], ...] = (
+    ("placement", figures_placement.whole_trace_row),
+    ("node_burst", burst_row),
+    ("run", loadtest_row),
+    ("scale", scale_row),
+)
+"""The README's rows built from records: (the records folder, the row's builder)."""
 
 
 def row_line(cells: Sequence[str]) -> str:
@@ -687,7 +681,7 @@ def readme_table(readme: str) -> list[str]:
 
 def fill_readme(readme: str) -> str:
     """The README with each row built from records rewritten, found by its first cell."""
-    for build in README_ROWS.values():
+    for _, build in README_ROWS:
         cells = build()
         lines = [line for line in readme_table(readme) if line.startswith(f"| {cells[0]} |")]
         if len(lines) != 1:
@@ -699,7 +693,7 @@ def fill_readme(readme: str) -> str:
 def stale_readme_rows(readme: str) -> list[str]:
     """The README's rows from records that differ from what the records give."""
     table = readme_table(readme)
-    return [cells[0] for build in README_ROWS.values() if row_line(cells := build()) not in table]
+    return [cells[0] for _, build in README_ROWS if row_line(cells := build()) not in table]
 
 
 def readme_table_for_site(readme: str) -> str:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # MkDocs loads this file by its path, and bench/ is the repository's, not installed
     sys.path.insert(0, str(ROOT))
 
-from bench import figures, record  # noqa: E402
+from bench import figures, figures_common, record  # noqa: E402
 from extender import settings  # noqa: E402
 
 if TYPE_CHECKING:
@@ -140,11 +140,13 @@ def fill(markdown: str) -> str:
 
 def on_pre_build(*, config: MkDocsConfig) -> None:
     """MkDocs' event before anything is built: the README's figures from records must be the records'."""
-    stale = figures.stale_readme_rows(README.read_text())
+    stale = figures.stale_readme_rows(README.read_text()) + figures.stale_plots()
     if stale:
         from mkdocs.exceptions import PluginError
 
-        raise PluginError(f"README.md's figures differ from bench/records ({stale}): run python -m devtools.docs_hooks")
+        raise PluginError(
+            f"README.md's figures or the plots differ from bench/records ({stale}): run python -m devtools.docs_hooks"
+        )
 
 
 def on_page_markdown(markdown: str, /, *, page: Page, config: MkDocsConfig, files: Files) -> str:
@@ -155,11 +157,12 @@ def on_page_markdown(markdown: str, /, *, page: Page, config: MkDocsConfig, file
         if page.file.src_uri == INDEX_PAGE:
             markdown = markdown.replace(figures.INDEX_MARKER, figures.readme_table_for_site(README.read_text()))
         return figures.fill_tables(markdown)
-    except (SettingsReferenceError, figures.FiguresError, record.RecordError) as error:
+    except (SettingsReferenceError, figures_common.FiguresError, record.RecordError) as error:
         from mkdocs.exceptions import PluginError
 
         raise PluginError(str(error)) from None
 
 
-if __name__ == "__main__":  # python -m devtools.docs_hooks: the README's figures from records, rewritten
+if __name__ == "__main__":  # python -m devtools.docs_hooks: the README's figures and the plots from records, rewritten
     README.write_text(figures.fill_readme(README.read_text()))
+    figures.write_plots()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import figures, record, record_import
+from bench import figures, figures_common, record, record_import
 from devtools import docs_hooks
 from extender import settings
 
@@ -31,7 +31,6 @@ AWAITING_RERUN: dict[tuple[str, str], str] = {
 """Tables and plots of docs/benchmarks/ whose runs left no record, by (page, the section they are in)."""
 
 AWAITING_README: set[str] = {
-    "GPUs allocated, Alibaba's GPU-sharing trace (1,213 nodes), via kube-scheduler, at 130 % of capacity arrived",
     "the same replay, 400 of its nodes, each scheduler built from its source",
     "pods coming and going at the trace's pace, 400 nodes: GPUs allocated",
 }
@@ -62,6 +61,9 @@ class Published:
     """The line above is `<!-- awaiting a rerun -->`."""
 
 
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+)\)")
+
+
 def is_separator(line: str) -> bool:
     return bool(re.fullmatch(r"\|[-:| ]+\|", line.strip()))
 
@@ -89,7 +91,7 @@ def published(page: Path) -> list[Published]:
                     body.append(row)
                 if has_figures(body):
                     found.append(Published(page.name, section, "table", marked))
-        elif re.match(r"!\[[^\]]*\]\([^)]+\)", line):
+        elif (image := IMAGE.match(line)) and image[1] not in figures.PLOTS:  # one drawn from records: below
             found.append(Published(page.name, section, "plot", marked))
     return found
 
@@ -120,6 +122,14 @@ def test_the_generated_tables_name_benches_with_records() -> None:
         assert folder in figures.TABLES and record.load(folder), folder
 
 
+def test_the_plots_drawn_from_records_are_what_the_records_draw_and_are_shown() -> None:
+    assert not figures.stale_plots(), "run python -m devtools.docs_hooks to draw them from the records"
+    shown = {
+        image for page in BENCHMARKS.glob("*.md") for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text())
+    }
+    assert set(figures.PLOTS) <= shown, "a plot drawn from records that no page shows"
+
+
 # ---- the README's figures -------------------------------------------------------------------------------------
 
 
@@ -137,7 +147,7 @@ def test_the_readmes_figures_are_at_most_six_rows_of_cells_under_120_characters(
 
 
 def test_each_readme_figure_comes_from_records_and_equals_them_or_awaits_a_rerun() -> None:
-    built = {cells[0]: cells for build in figures.README_ROWS.values() if (cells := build())}
+    built = {cells[0]: cells for _, build in figures.README_ROWS if (cells := build())}
     for row in readme_rows():
         source = row[-1]
         if source == figures.RECORDED:
@@ -153,8 +163,8 @@ def test_the_readme_names_one_machine_the_one_its_records_ran_on() -> None:
     described = re.findall(r"(\d+)-core ([A-Z][\w ]+?) VM \(Python ([\d.]+)\)", section)
     assert len(described) == 1, "name one machine above the figures"
     cores, cpu, python = described[0]
-    for build in figures.README_ROWS:
-        machine = figures.one_machine(record.load(build))
+    for folder, _ in figures.README_ROWS:
+        machine = figures.one_machine(record.load(folder))
         assert (int(cores), cpu, python) == (machine.cores, machine.cpu, machine.python.split()[0])
 
 
@@ -549,13 +559,13 @@ def test_the_make_defaults_the_pages_quote_are_the_makefiles() -> None:
 
 def test_a_table_says_how_busy_the_machine_was_where_the_records_kept_it() -> None:
     old = make_record([])
-    assert figures.load_said([old]) == "", "records from before the load was kept say nothing of it"
+    assert figures_common.load_said([old]) == "", "records from before the load was kept say nothing of it"
     busy = dataclasses.replace(old, load={"start": [0.42, 1.0, 1.0], "end": [6.66, 3.0, 2.0]})
     assert (
-        figures.load_said([old, busy])
+        figures_common.load_said([old, busy])
         == "; the machine's load average (1 minute) 0.4 to 6.7 at the runs' starts and ends"
     )
-    assert figures.runs_said([busy]).endswith("0.4 to 6.7 at the runs' starts and ends")
+    assert figures_common.runs_said([busy]).endswith("0.4 to 6.7 at the runs' starts and ends")
 
 
 def test_the_transport_table_gives_each_servers_median_over_every_round() -> None:

@@ -60,31 +60,12 @@ from bench.placement import runs as entries
 from bench.placement.churn import ChurnResult, PlanError
 from bench.placement.hami import HAMI
 from bench.placement.outcome import ReplayResult
+from bench.placement.paper import PAPER
 from bench.placement.trace import GPUSHARE, TraceError, Workload, arrivals, load, synthetic_workload
 from extender import settings
 from extender.cli import parser as cli_parser
 from extender.tools.schedconfig import Wiring
 
-PAPER = {
-    # the paper's simulator, mean of seeds 42-51 at 130 % arrived
-    # (hkust-adsl/kubernetes-scheduler-simulator experiments/analysis/expected_results/analysis_allo_discrete.csv)
-    "default": {
-        "Random": 87.5,
-        "DotProd": 90.8,
-        "GpuClustering": 91.9,
-        "GpuPacking": 92.0,
-        "BestFit": 93.1,
-        "FGD": 95.4,
-    },
-    "gpushare100": {
-        "Random": 79.4,
-        "DotProd": 82.4,
-        "GpuClustering": 82.6,
-        "GpuPacking": 82.6,
-        "BestFit": 85.0,
-        "FGD": 86.9,
-    },
-}
 MODES = ("real", "burst", "fast")
 GPUSHARE_FLAGS = ("--gpushare-several-gpus=bind",)
 """Given to our extender in gpushare's protocol, in every mode, before the run's own flags: the trace has pods

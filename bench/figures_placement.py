@@ -1,0 +1,292 @@
+"""The placement page's table and the README's placement rows, built from `make bench-placement`'s run records
+(bench/records/placement/, each run as `bench/placement/runs.py` keeps it).
+
+Only the real mode counts (the real kube-scheduler: the figure of record); a seed run again replaces its earlier
+run (records by start), so a rerun after a fix is what the pages show and the earlier record stays as history.
+The paper's FGD is the paper's own figure (`bench/placement/paper.py`), cited beside ours, never measured here.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import record
+from bench.figures_common import RECORDED, FiguresError, one_machine, records_folder, runs_said
+from bench.placement import plot
+from bench.placement.paper import PAPER
+
+FOLDER = "placement"
+KINDS = ("fill-up", "churn")
+WORKLOADS = ("default", "gpushare100")
+PROTOCOLS = {"gpushare": "gpushare's protocol", "hami": "HAMi's protocol"}
+OURS = ("ours", "our fill policy")
+"""Ours first, in this order; the peers after, by name."""
+PEER_TO_README = "gpushare-scheduler-extender c0b6141"
+"""The peer of the README's row of the 400-node sample: the one run on it in gpushare's protocol."""
+
+WHOLE_TRACE = 1213
+"""The trace's GPU nodes (openb_node_list_gpu_node.csv): a run on that many is on the whole trace."""
+
+Key = tuple[str, int, str, str, str]
+"""(protocol, nodes, kind, workload, scheduler)."""
+
+
+def newest_runs(records: Sequence[record.Record]) -> dict[Key, list[dict[str, Any]]]:
+    """Every real-mode run by (protocol, nodes, kind, workload, scheduler), each seed's newest, by seed."""
+    newest: dict[tuple[Key, int], dict[str, Any]] = {}
+    for kept in sorted(records, key=lambda kept: kept.started):
+        for run in kept.results.get("runs", []):
+            if run["mode"] == "real":
+                key = (run["protocol"], run["nodes"], run["kind"], run["workload"], run["scheduler"])
+                newest[key, run["seed"]] = run
+    grouped: dict[Key, list[dict[str, Any]]] = {}
+    for (key, _), run in sorted(newest.items(), key=lambda item: (item[0][0], item[0][1])):
+        grouped.setdefault(key, []).append(run)
+    return grouped
+
+
+def _scheduler_order(scheduler: str) -> tuple[object, ...]:
+    return (scheduler not in OURS, OURS.index(scheduler) if scheduler in OURS else 0, scheduler)
+
+
+def _column_order(column: tuple[str, str]) -> tuple[object, ...]:
+    kind, workload = column
+    order = WORKLOADS.index(workload) if workload in WORKLOADS else len(WORKLOADS)
+    return KINDS.index(kind), order, workload
+
+
+def _cell(runs: Sequence[dict[str, Any]], seeds: Sequence[int], value: Callable[[dict[str, Any]], float]) -> str:
+    """The figure of each run, seed by seed; the seeds named when they are not the column's."""
+    text = " / ".join(f"{value(run):.1f}" for run in runs)
+    ran = [run["seed"] for run in runs]
+    return text if ran == list(seeds) else f"{text} (seed{'s' if len(ran) > 1 else ''} {', '.join(map(str, ran))})"
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {' / '.join(map(str, seeds))}"
+
+
+def _section(protocol: str, nodes: int) -> str:
+    sample = f"the whole trace, {nodes:,} nodes" if nodes == WHOLE_TRACE else f"{nodes:,} of the trace's nodes"
+    return f"*{PROTOCOLS.get(protocol, protocol)}, {sample}*"
+
+
+def result_table(records: Sequence[record.Record]) -> str:
+    """GPU allocated, % (fill-up: when 130 % of the capacity has arrived; churn: the mean over the full part), a
+    row per scheduler under a line per protocol and cluster, a column per kind of run and workload, each cell seed
+    by seed; the paper's FGD beside ours on the whole trace; the end check's findings under the table."""
+    machine = one_machine(records)
+    runs = newest_runs(records)
+    if not runs:
+        raise FiguresError(f"no run of the real mode in {records_folder(records)}")
+    columns = sorted({(kind, workload) for _, _, kind, workload, _ in runs}, key=_column_order)
+    seeds = {
+        column: sorted({run["seed"] for key, group in runs.items() if key[2:4] == column for run in group})
+        for column in columns
+    }
+    sections = sorted({(protocol, nodes) for protocol, nodes, *_ in runs}, key=lambda s: (s[0] != "gpushare", -s[1]))
+    header = [f"{kind} `{workload}`, {_seeds(seeds[kind, workload])}" for kind, workload in columns]
+    lines = [
+        f"**GPU allocated, %** ({machine.describe()}; {runs_said(records)}):",
+        "",
+        "| | " + " | ".join(header) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for protocol, nodes in sections:
+        lines.append(f"| {_section(protocol, nodes)} |" + " |" * len(columns))
+        schedulers = sorted({key[4] for key in runs if key[:2] == (protocol, nodes)}, key=_scheduler_order)
+        for scheduler in schedulers:
+            cells = []
+            for kind, workload in columns:
+                group = runs.get((protocol, nodes, kind, workload, scheduler), [])
+                cell = _cell(group, seeds[kind, workload], lambda run: run["allocated"]) if group else "not run"
+                cells.append(f"**{cell}**" if scheduler == "ours" and group else cell)
+            lines.append(f"| {scheduler} | " + " | ".join(cells) + " |")
+        if nodes == WHOLE_TRACE and protocol == "gpushare":
+            paper = [PAPER.get(workload, {}).get("FGD") if kind == "fill-up" else None for kind, workload in columns]
+            if any(paper):
+                cells = [f"{value:.1f}" if value else "" for value in paper]
+                lines.append("| the paper's FGD, in its simulator (mean of seeds 42-51) | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", end_checks(runs), *one_gpu_at_most(runs, machine)])
+
+
+def end_checks(runs: dict[Key, list[dict[str, Any]]]) -> str:
+    """The end check over every run: clean, or each run that found something, with its first finding."""
+    found = [
+        (key, run) for key, group in runs.items() for run in group if run["problems"]
+    ]  # each: nothing over capacity, every bound GPU pod with its allocation
+    total = sum(len(group) for group in runs.values())
+    if not found:
+        return (
+            f"The end check is clean in every one of the {total} runs: nothing over capacity, every pod bound with "
+            "its allocation."
+        )
+    said = "; ".join(
+        f"{key[4]}, {key[2]} `{key[3]}` seed {run['seed']} ({key[1]:,} nodes, {PROTOCOLS[key[0]]}): "
+        f"{run['problems']} finding{'s' if run['problems'] > 1 else ''}, the first: {run['problems_first'][0]}"
+        for key, run in found
+    )
+    return f"The end check is clean in {total - len(found)} of the {total} runs; not in these: {said}."
+
+
+def one_gpu_at_most(runs: dict[Key, list[dict[str, Any]]], machine: record.Machine) -> list[str]:
+    """Against gpushare-scheduler-extender, which refuses every pod asking several GPUs (its device plugin serves
+    one GPU a pod), the GPU allocated to pods of one GPU at most: ours counted as it would be, were such pods
+    never bound. Empty when no fill-up has gpushare's peer."""
+    peered = {key[:4] for key in runs if key[4] == PEER_TO_README and key[2] == "fill-up"}
+    if not peered:
+        return []
+    lines = [
+        "",
+        "**GPU allocated to pods asking one GPU at most, %** (the same runs; gpushare-scheduler-extender binds no "
+        "other pod, so this is its whole figure):",
+        "",
+        "| | "
+        + " | ".join(f"{kind} `{workload}`, {nodes:,} nodes" for _, nodes, kind, workload in sorted(peered))
+        + " |",
+        "|---|" + "---:|" * len(peered),
+    ]
+    schedulers = sorted({key[4] for key in runs if key[:4] in peered}, key=_scheduler_order)
+    for scheduler in schedulers:
+        cells = []
+        for column in sorted(peered):
+            group = runs.get((*column, scheduler), [])
+            seeds = [run["seed"] for run in group]
+            cells.append(_cell(group, seeds, lambda run: run["allocated_one_gpu_at_most"]) if group else "not run")
+        lines.append(f"| {scheduler} | " + " | ".join(cells) + " |")
+    return lines
+
+
+# ---- the README's rows ----------------------------------------------------------------------------------------
+
+
+def _mean(group: Sequence[dict[str, Any]], field: str = "allocated") -> str:
+    """The mean over the seeds, and what it is the mean of."""
+    seeds = f"mean, {len(group)} seeds" if len(group) > 1 else f"seed {group[0]['seed']}"
+    return f"{_average(group, field):.1f} % ({seeds})"
+
+
+def _average(group: Sequence[dict[str, Any]], field: str = "allocated") -> float:
+    return float(statistics.mean(run[field] for run in group))
+
+
+def _fill_up(protocol: str, nodes: int | None, scheduler: str, root: Path) -> tuple[int, list[dict[str, Any]]]:
+    """The fill-up runs of `default` of one scheduler on the whole trace (nodes None: the most nodes run) or a
+    sample; FiguresError when there are none."""
+    runs = newest_runs(record.load(FOLDER, root))
+    sizes = [key[1] for key in runs if key[0] == protocol and key[2:] == ("fill-up", "default", scheduler)]
+    size = max(sizes, default=0) if nodes is None else nodes
+    group = runs.get((protocol, size, "fill-up", "default", scheduler), [])
+    if not group:
+        where = "the whole trace" if nodes is None else f"{nodes} nodes"
+        raise FiguresError(f"the README's placement rows need fill-up runs of {scheduler} on {where}")
+    return size, group
+
+
+def whole_trace_row(root: Path = record.RECORDS) -> tuple[str, ...]:
+    """Ours on the whole trace, in the paper's method, beside the paper's FGD in its own simulator."""
+    nodes, ours = _fill_up("gpushare", None, "ours", root)
+    return (
+        f"GPUs allocated, Alibaba's GPU-sharing trace ({nodes:,} nodes), via kube-scheduler, at 130 % of capacity "
+        "arrived",
+        _mean(ours),
+        f"the paper's FGD, in its simulator: {PAPER['default']['FGD']:.1f} %",
+        "[placement](docs/benchmarks/placement.md#the-result)",
+        RECORDED,
+    )
+
+
+def sample_row(root: Path = record.RECORDS) -> tuple[str, ...]:
+    """Ours and gpushare-scheduler-extender on a sample of the trace's nodes, each built from its source; ours
+    also counting only the pods of one GPU at most, the only ones gpushare binds."""
+    nodes, peer = _fill_up("gpushare", 400, PEER_TO_README, root)
+    _, ours = _fill_up("gpushare", nodes, "ours", root)
+    return (
+        f"the same replay, {nodes} of its nodes, each scheduler built from its source",
+        f"{_mean(ours)}; pods of 1 GPU at most: {_average(ours, 'allocated_one_gpu_at_most'):.1f} %",
+        f"gpushare-scheduler-extender: {_average(peer):.1f} %",
+        "[peers](docs/benchmarks/placement.md#the-result)",
+        RECORDED,
+    )
+
+
+# ---- the curves ---------------------------------------------------------------------------------------------------
+
+
+def fill_up_plot(records: Sequence[record.Record]) -> str:
+    """The fill-up's curve of `default` (GPU allocated as the demand arrives, the paper's curve), a panel per
+    protocol and cluster, a line per scheduler and seed (a colour per scheduler, a dash per seed), every peer run
+    on it: an SVG image (`bench/placement/plot.py`), the same records giving the same bytes."""
+    runs = {key: group for key, group in newest_runs(records).items() if key[2:4] == ("fill-up", "default")}
+    if not runs:
+        raise FiguresError(f"no fill-up of `default` in {records_folder(records)} to draw")
+    panels = []
+    for protocol, nodes in sorted({key[:2] for key in runs}, key=lambda s: (s[0] != "gpushare", -s[1])):
+        lines = []
+        schedulers = sorted({key[4] for key in runs if key[:2] == (protocol, nodes)}, key=_scheduler_order)
+        for scheduler in schedulers:
+            for dash, run in enumerate(runs[protocol, nodes, "fill-up", "default", scheduler]):
+                points = tuple(sorted((float(x), float(y)) for x, y in run["curve"].items()))
+                lines.append(plot.Line(f"{scheduler}, seed {run['seed']}", points, group=scheduler, dash=dash))
+        title = _section(protocol, nodes).strip("*")
+        panels.append(plot.Panel(title, "GPU demand arrived, % of capacity", "GPU allocated, %", tuple(lines), 40.0))
+    return plot.svg(panels, "GPU allocated as the demand arrives, workload default (a line per seed)")
+
+
+def churn_plot(records: Sequence[record.Record]) -> str:
+    """The churn of `default`: the GPU allocated and the pods waiting over trace hours, a pair of panels per
+    protocol and cluster, a line per scheduler and seed, every peer run on it (`fill_up_plot`'s conventions)."""
+    runs = {key: group for key, group in newest_runs(records).items() if key[2:4] == ("churn", "default")}
+    if not runs:
+        raise FiguresError(f"no churn of `default` in {records_folder(records)} to draw")
+    panels = []
+    for protocol, nodes in sorted({key[:2] for key in runs}, key=lambda s: (s[0] != "gpushare", -s[1])):
+        allocated, waiting = [], []
+        schedulers = sorted({key[4] for key in runs if key[:2] == (protocol, nodes)}, key=_scheduler_order)
+        for scheduler in schedulers:
+            for dash, run in enumerate(runs[protocol, nodes, "churn", "default", scheduler]):
+                label, samples = f"{scheduler}, seed {run['seed']}", run["samples"]
+                hours = [float(sample["hours"]) for sample in samples]
+                for lines, field in ((allocated, "allocated"), (waiting, "waiting")):
+                    points = tuple(
+                        (x, float(sample[field]))
+                        for x, sample in zip(hours, samples, strict=True)
+                        if sample[field] is not None
+                    )
+                    lines.append(plot.Line(label, points, group=scheduler, dash=dash))
+        where = _section(protocol, nodes).strip("*")
+        panels += [
+            plot.Panel(f"GPU allocated, {where}", "trace hours", "% of the GPU capacity", tuple(allocated)),
+            plot.Panel(f"Pods waiting, {where}", "trace hours", "pods", tuple(waiting)),
+        ]
+    return plot.svg(panels, "Pods coming and going, workload default (a line per seed)")
+
+
+def _short(scheduler: str) -> str:
+    """A peer's name without its version, as the README's narrow cells give it."""
+    return re.sub(r" (v\d[\w.]*|[0-9a-f]{7,})(?=,|$)", "", scheduler)
+
+
+def churn_row(root: Path = record.RECORDS) -> tuple[str, ...]:
+    """Ours under churn on the 400-node sample, beside every peer run so (the best first; a peer in HAMi's
+    protocol says so, ours being measured in gpushare's)."""
+    runs = newest_runs(record.load(FOLDER, root))
+    ours = runs.get(("gpushare", 400, "churn", "default", "ours"), [])
+    if not ours:
+        raise FiguresError("the README's churn row needs churn runs of ours on 400 nodes, gpushare's protocol")
+    peers = [
+        (_average(group), f"{_short(key[4])}{', HAMi' if key[0] == 'hami' else ''}: {_average(group):.1f} %")
+        for key, group in runs.items()
+        if key[1:4] == (400, "churn", "default") and key[4] not in OURS
+    ]
+    return (
+        "pods coming and going at the trace's pace, 400 nodes: GPUs allocated",
+        _mean(ours),
+        "; ".join(text for _, text in sorted(peers, reverse=True)) or "no peer run",
+        "[peers](docs/benchmarks/placement.md#the-result)",
+        RECORDED,
+    )
