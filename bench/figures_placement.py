@@ -279,10 +279,11 @@ def churn_row(root: Path = record.RECORDS) -> tuple[str, ...]:
     if not ours:
         raise FiguresError("the README's churn row needs churn runs of ours on 400 nodes, gpushare's protocol")
     peers = [
-        (_average(group), f"{_short(key[4])}{', HAMi' if key[0] == 'hami' else ''}: {_average(group):.1f} %")
+        (_average(group), f"{_short(key[4])}{', HAMi' if key[0] == 'hami' else ''}: {_average(group):.1f} %"
+         + (f" ({_seeds([run['seed'] for run in group])})" if len(group) != len(ours) else ""))
         for key, group in runs.items()
         if key[1:4] == (400, "churn", "default") and key[4] not in OURS
-    ]
+    ]  # fmt: skip
     return (
         "pods coming and going at the trace's pace, 400 nodes: GPUs allocated",
         _mean(ours),

@@ -176,5 +176,7 @@ def test_the_readmes_churn_row_gives_every_peer_best_first_without_versions(tmp_
     record.write(placement_record(kept), tmp_path)
     row = figures_placement.churn_row(tmp_path)
     assert row[1] == "96.5 % (mean, 3 seeds)"
-    assert row[2] == "hami-scheduler, client at 50/s, HAMi: 40.0 %; gpushare-scheduler-extender: 15.4 %"
+    assert row[2] == (
+        "hami-scheduler, client at 50/s, HAMi: 40.0 % (seed 42); gpushare-scheduler-extender: 15.4 % (seed 42)"
+    ), "a peer run on fewer seeds than ours says which"
     assert len(row[2]) <= 120
