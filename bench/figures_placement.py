@@ -28,6 +28,10 @@ OURS = ("ours", "our fill policy")
 PEER_TO_README = "gpushare-scheduler-extender c0b6141"
 """The peer of the README's row of the 400-node sample: the one run on it in gpushare's protocol."""
 
+REFUSING = "ours (--extender-flag=--gpushare-several-gpus=refuse)"
+"""Ours as shipped in gpushare's protocol, which refuses pods asking several GPUs (`bench.placement` binds them
+unless told: `GPUSHARE_FLAGS`), as a run given the flag names it."""
+
 WHOLE_TRACE = 1213
 """The trace's GPU nodes (openb_node_list_gpu_node.csv): a run on that many is on the whole trace."""
 
@@ -214,13 +218,21 @@ def whole_trace_row(root: Path = record.RECORDS) -> tuple[str, ...]:
 
 
 def sample_row(root: Path = record.RECORDS) -> tuple[str, ...]:
-    """Ours and gpushare-scheduler-extender on a sample of the trace's nodes, each built from its source; ours
-    also counting only the pods of one GPU at most, the only ones gpushare binds."""
+    """Ours and gpushare-scheduler-extender on a sample of the trace's nodes, each built from its source. Ours
+    binds the pods asking several GPUs there, which gpushare's device plugin cannot start and its extender refuses;
+    ours as shipped refuses them too (`REFUSING`): that run beside it when there is one, else ours counted on the
+    pods of one GPU at most."""
     nodes, peer = _fill_up("gpushare", 400, PEER_TO_README, root)
     _, ours = _fill_up("gpushare", nodes, "ours", root)
+    runs = newest_runs(record.load(FOLDER, root))
+    refusing = runs.get(("gpushare", nodes, "fill-up", "default", REFUSING), [])
+    if refusing:
+        also = f"refusing pods of several GPUs, as shipped: {_average(refusing):.1f} %"
+    else:
+        also = f"pods of 1 GPU at most: {_average(ours, 'allocated_one_gpu_at_most'):.1f} %"
     return (
         f"the same replay, {nodes} of its nodes, each scheduler built from its source",
-        f"{_mean(ours)}; pods of 1 GPU at most: {_average(ours, 'allocated_one_gpu_at_most'):.1f} %",
+        f"{_mean(ours)}; {also}",
         f"gpushare-scheduler-extender: {_average(peer):.1f} %",
         "[peers](docs/benchmarks/placement.md#the-result)",
         RECORDED,

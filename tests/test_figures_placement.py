@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bench import figures, figures_placement, record
+from bench.placement import __main__ as cli
 from bench.placement import fast, runs
 from bench.placement.__main__ import command_settings, config_text
 from bench.placement.trace import MILLI, synthetic_workload
@@ -101,6 +102,10 @@ def test_the_readmes_rows_are_the_means_over_the_seeds(tmp_path: Path) -> None:
     assert row[0] == "the same replay, 400 of its nodes, each scheduler built from its source"
     assert row[1:3] == ("96.0 % (mean, 3 seeds); pods of 1 GPU at most: 94.0 %", "gpushare-scheduler-extender: 93.5 %")
     assert row[-1] == figures.RECORDED
+    refusing = [entry(figures_placement.REFUSING, seed, 94.0) for seed in (42, 43, 44)]
+    record.write(placement_record(refusing, "2026-01-02T00:00:00+00:00"), tmp_path)
+    row = figures_placement.sample_row(tmp_path)
+    assert row[1] == "96.0 % (mean, 3 seeds); refusing pods of several GPUs, as shipped: 94.0 %"
 
 
 def test_a_readme_row_without_its_runs_names_what_it_needs(tmp_path: Path) -> None:
@@ -124,6 +129,22 @@ def test_a_run_keeps_its_figures_and_the_gpu_allocated_to_pods_of_one_gpu_at_mos
     assert kept["kind"] == "fill-up" and kept["mode"] == "fast" and kept["problems"] == 0
     assert kept["bound"] == len(bound) and kept["curve"]["130"] == kept["allocated"]
     assert record._plain(kept) == kept, "a record's entry is plain data"
+
+
+def test_a_run_of_ours_with_settings_of_its_own_is_a_scheduler_of_its_own_in_the_record() -> None:
+    """Ours as measured on the pages binds pods of several GPUs in gpushare's protocol (`GPUSHARE_FLAGS`); as
+    shipped it refuses them: a run given that flag is its own row, not mixed with the other runs' seeds."""
+    workload = synthetic_workload(seed=3, scale=1, ratio=1.3)
+    served, _ = command_settings("serve", ["--gpushare-several-gpus=bind"])
+    result = fast.replay(workload, served, config_text([]), 3)
+    plain = cli.arguments(["--synthetic", "--mode", "fast"])
+    assert cli.run_record(plain, "shipped", 3, result)["scheduler"] == "ours"
+    refusing = cli.arguments(["--synthetic", "--mode", "fast", "--extender-flag=--gpushare-several-gpus=refuse"])
+    kept = cli.run_record(refusing, "shipped", 3, result)
+    assert kept["scheduler"] == "ours (--extender-flag=--gpushare-several-gpus=refuse)" == figures_placement.REFUSING
+    assert kept["extender_flags"][-1] == "--gpushare-several-gpus=refuse" and kept["protocol"] == "gpushare"
+    fill = cli.run_record(refusing, "fill", 3, result)
+    assert fill["scheduler"] == "our fill policy (--extender-flag=--gpushare-several-gpus=refuse)"
 
 
 def test_the_fill_up_curve_draws_every_scheduler_a_panel_per_cluster_the_same_bytes_each_time() -> None:

@@ -174,6 +174,8 @@ def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     if parsed.protocol == "hami" and "fast" in modes:
         parser.error("--protocol hami runs the real modes (real, burst; --churn too), not the fast one")
     parsed.policy_list += list(parsed.peers)
+    given = {"flag": parsed.flag, "extender-flag": parsed.extender_flag, "config-flag": parsed.config_flag}
+    parsed.own_flags = [f"--{option}={flag}" for option, flags in given.items() for flag in flags]  # name ours
     common = [f"--scheduler-name={parsed.scheduler_name}", *parsed.flag]
     protocol = list(GPUSHARE_FLAGS) if parsed.protocol == "gpushare" and not parsed.mig else []
     parsed.extender_flag = [*protocol, *common, *parsed.extender_flag]
@@ -265,8 +267,11 @@ def run_record(parsed: argparse.Namespace, policy: str, seed: int, result: Resul
     kind = peers.PEERS.get(policy) if policy in parsed.peers else None
     qps = parsed.peer_qps if kind is peers.HAMI else 0
     entry = entries.churned(result, seed) if isinstance(result, ChurnResult) else entries.fill_up(result, seed)
+    name = entries.scheduler_name(policy, kind.shown if kind else "", qps)
+    if parsed.own_flags and not kind:  # ours with settings of the run's own: a row of its own on the pages
+        name += f" ({' '.join(parsed.own_flags)})"
     return {
-        "scheduler": entries.scheduler_name(policy, kind.shown if kind else "", qps),
+        "scheduler": name,
         "policy": policy,
         "protocol": parsed.protocol,
         "scheduler_name": parsed.scheduler_name,
