@@ -31,7 +31,6 @@ AWAITING_RERUN: dict[tuple[str, str], str] = {
 """Tables and plots of docs/benchmarks/ whose runs left no record, by (page, the section they are in)."""
 
 AWAITING_README: set[str] = {
-    "the same replay, 400 of its nodes, each scheduler built from its source",
     "pods coming and going at the trace's pace, 400 nodes: GPUs allocated",
 }
 """The README's figures rows whose runs left no record, by their first cell."""
