@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 
 from bench import record as recording
 from bench.e2e_figures import GPU_MEMORY, GPUS_PER_NODE, POD_MIX, pod_sizes
@@ -208,15 +206,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return arguments
 
 
-def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM unwinds like Ctrl-C, so every `finally` stops the processes it started."""
-    sys.exit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse(argv)
     recording.settings(arguments)
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
     binaries = binaries_dir()
     missing = missing_binaries(binaries)
     if missing:

@@ -54,7 +54,6 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import orjson
@@ -675,15 +674,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return arguments
 
 
-def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM unwinds like Ctrl-C, so every `finally` removes what it installed."""
-    sys.exit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse(argv)
     recording.settings(arguments, gpus=GPUS, gpu_mib=GPU_MIB, pod_mib=POD_MIB)
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
     if os.geteuid() != 0:
         print("node-burst: needs root (the cluster's network namespace)", file=sys.stderr)
         return 1

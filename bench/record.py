@@ -31,8 +31,10 @@ import io
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,12 +233,13 @@ def run(main: Callable[[list[str]], int], bench: str, argv: Sequence[str] | None
     argv = list(sys.argv[1:] if argv is None else argv)
     known, _ = _record_parser().parse_known_args(argv)
     if known.record is None:
-        return main(argv)
+        with _stopped_by_signals():
+            return main(argv)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     load_before = _load()
     commit, dirty = this_commit()
     status: int | None = None
-    with _recording() as (recorder, report):
+    with _recording() as (recorder, report), _stopped_by_signals():
         try:
             status = main(argv)
         except SystemExit as error:
@@ -259,6 +262,28 @@ def run(main: Callable[[list[str]], int], bench: str, argv: Sequence[str] | None
             path = write(record, known.record)
             print(f"record: {path}", file=sys.stderr)
     return status
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT end the run as an exit would (SystemExit 128 + the signal): every `finally` stops the
+    processes it started, and the record is written with what the run finished. A replay of hours is stopped with
+    `kill`, and a bench started in the background by a non-interactive shell ignores SIGINT (POSIX), which Python
+    would not otherwise turn into KeyboardInterrupt. The handlers before are put back after (only the main thread
+    may set them: elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(number: int, frame: object) -> None:
+        raise SystemExit(128 + number)
+
+    before = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def _load() -> list[float]:

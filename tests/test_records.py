@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -211,6 +213,36 @@ def test_a_run_that_exits_is_recorded_with_its_status(tmp_path: Path) -> None:
         record.run(failing, "bench.fake", ["--record", str(tmp_path)])
     (path,) = (tmp_path / "fake").glob("*.json")
     assert record.Record.from_json(path.read_bytes()).exit_status == 2
+
+
+def test_a_run_stopped_by_a_signal_is_recorded_with_what_it_finished(tmp_path: Path) -> None:
+    """A bench started in the background ignores SIGINT (a non-interactive shell's `&`): `kill` (SIGTERM) or
+    SIGINT still end it as an exit, and its record keeps the results it gave before."""
+    script = (
+        "import signal, sys, time\n"
+        "from bench import record\n"
+        "def main(argv):\n"
+        "    record.result('runs', [{'seed': 42}])\n"
+        "    print('started', flush=True)\n"
+        "    time.sleep(60)\n"
+        "    return 0\n"
+        "sys.exit(record.run(main, 'bench.fake'))\n"
+    )
+    for number in (signal.SIGTERM, signal.SIGINT):
+        folder = tmp_path / number.name
+        process = subprocess.Popen(
+            [sys.executable, "-c", script, "--record", str(folder)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as `&` in a script leaves it
+        )
+        assert process.stdout is not None and process.stdout.readline() == b"started\n"
+        process.send_signal(number)
+        assert process.wait(timeout=30) == 128 + number
+        (path,) = (folder / "fake").glob("*.json")
+        kept = record.Record.from_json(path.read_bytes())
+        assert kept.exit_status == 128 + number and kept.results["runs"] == [{"seed": 42}]
 
 
 def test_two_records_of_one_second_do_not_overwrite_each_other(tmp_path: Path) -> None:
