@@ -270,7 +270,8 @@ def churn_plot(records: Sequence[record.Record]) -> str:
         raise FiguresError(f"no churn of `default` in {records_folder(records)} to draw")
     panels = []
     for protocol, nodes in sorted({key[:2] for key in runs}, key=lambda s: (s[0] != "gpushare", -s[1])):
-        allocated, waiting = [], []
+        allocated: list[plot.Line] = []
+        waiting: list[plot.Line] = []
         schedulers = sorted({key[4] for key in runs if key[:2] == (protocol, nodes)}, key=_scheduler_order)
         for scheduler in schedulers:
             for dash, run in enumerate(runs[protocol, nodes, "churn", "default", scheduler]):
