@@ -541,6 +541,7 @@ TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
 
 PLOTS: dict[str, tuple[str, Callable[[Sequence[record.Record]], str]]] = {
     "fill-up-default.svg": ("placement", figures_placement.fill_up_plot),
+    "churn-default.svg": ("placement", figures_placement.churn_plot),
 }
 """The benchmark pages' images built from records: by file name in docs/benchmarks/, (records folder, builder).
 `python -m devtools.docs_hooks` writes them; the site's build and the tests fail when one differs."""

@@ -54,7 +54,9 @@ def newest_runs(records: Sequence[record.Record]) -> dict[Key, list[dict[str, An
 
 
 def _scheduler_order(scheduler: str) -> tuple[object, ...]:
-    return (scheduler not in OURS, OURS.index(scheduler) if scheduler in OURS else 0, scheduler)
+    """Ours first (with settings of a run's own right after as shipped), our fill policy, then the peers by name."""
+    base = next((name for name in OURS if scheduler == name or scheduler.startswith(f"{name} (")), None)
+    return (base is None, OURS.index(base) if base is not None else 0, scheduler)
 
 
 def _column_order(column: tuple[str, str]) -> tuple[object, ...]:

@@ -86,6 +86,9 @@ def test_against_gpushare_the_pods_of_one_gpu_at_most_are_shown_too() -> None:
     table = figures_placement.result_table(kept)
     assert "GPU allocated to pods asking one GPU at most" in table
     assert "| ours | 94.0 |" in table and "| gpushare-scheduler-extender c0b6141 | 91.0 |" in table
+    refusing = entry(figures_placement.REFUSING, 42, 95.0)
+    table = figures_placement.result_table([placement_record([*kept[0].results["runs"], refusing])])
+    assert table.index("| ours |") < table.index(f"| {figures_placement.REFUSING} |") < table.index("| gpushare")
     alone = figures_placement.result_table([placement_record([entry("ours", 42, 96.0)])])
     assert "one GPU at most" not in alone
 

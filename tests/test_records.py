@@ -28,7 +28,6 @@ README = ROOT / "README.md"
 
 AWAITING_RERUN: dict[tuple[str, str], str] = {
     ("placement.md", "The result"): "every policy and peer on the trace, fill-up and churn (make bench-placement)",
-    ("placement.md", "The curve"): "the churn plot, ours and our fill policy (churn-default.svg)",
 }
 """Tables and plots of docs/benchmarks/ whose runs left no record, by (page, the section they are in)."""
 
