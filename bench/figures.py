@@ -662,6 +662,7 @@ def loadtest_row(root: Path = record.RECORDS) -> tuple[str, ...]:
 README_ROWS: tuple[tuple[str, Callable[[], tuple[str, ...]]], ...] = (
     ("placement", figures_placement.whole_trace_row),
     ("placement", figures_placement.sample_row),
+    ("placement", figures_placement.churn_row),
     ("node_burst", burst_row),
     ("run", loadtest_row),
     ("scale", scale_row),

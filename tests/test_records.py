@@ -31,9 +31,7 @@ AWAITING_RERUN: dict[tuple[str, str], str] = {
 }
 """Tables and plots of docs/benchmarks/ whose runs left no record, by (page, the section they are in)."""
 
-AWAITING_README: set[str] = {
-    "pods coming and going at the trace's pace, 400 nodes: GPUs allocated",
-}
+AWAITING_README: set[str] = set()
 """The README's figures rows whose runs left no record, by their first cell."""
 
 RECORDING_BENCHES = (
