@@ -53,6 +53,16 @@ def newest_runs(records: Sequence[record.Record]) -> dict[Key, list[dict[str, An
     return grouped
 
 
+def _sections(runs: dict[Key, list[dict[str, Any]]]) -> list[tuple[str, int, list[str]]]:
+    """Each (protocol, nodes) run, gpushare's protocol first and the larger cluster first, with its schedulers in
+    the pages' order (`_scheduler_order`): the table's sections and the plots' panels."""
+    sections = sorted({key[:2] for key in runs}, key=lambda section: (section[0] != "gpushare", -section[1]))
+    return [
+        (protocol, nodes, sorted({key[4] for key in runs if key[:2] == (protocol, nodes)}, key=_scheduler_order))
+        for protocol, nodes in sections
+    ]
+
+
 def _scheduler_order(scheduler: str) -> tuple[object, ...]:
     """Ours first (with settings of a run's own right after as shipped), our fill policy, then the peers by name."""
     base = next((name for name in OURS if scheduler == name or scheduler.startswith(f"{name} (")), None)
@@ -94,7 +104,6 @@ def result_table(records: Sequence[record.Record]) -> str:
         column: sorted({run["seed"] for key, group in runs.items() if key[2:4] == column for run in group})
         for column in columns
     }
-    sections = sorted({(protocol, nodes) for protocol, nodes, *_ in runs}, key=lambda s: (s[0] != "gpushare", -s[1]))
     header = [f"{kind} `{workload}`, {_seeds(seeds[kind, workload])}" for kind, workload in columns]
     lines = [
         f"**GPU allocated, %** ({machine.describe()}; {runs_said(records)}):",
@@ -102,9 +111,8 @@ def result_table(records: Sequence[record.Record]) -> str:
         "| | " + " | ".join(header) + " |",
         "|---|" + "---:|" * len(columns),
     ]
-    for protocol, nodes in sections:
+    for protocol, nodes, schedulers in _sections(runs):
         lines.append(f"| {_section(protocol, nodes)} |" + " |" * len(columns))
-        schedulers = sorted({key[4] for key in runs if key[:2] == (protocol, nodes)}, key=_scheduler_order)
         for scheduler in schedulers:
             cells = []
             for kind, workload in columns:
@@ -193,10 +201,11 @@ def _average(group: Sequence[dict[str, Any]], field: str = "allocated") -> float
     return float(statistics.mean(run[field] for run in group))
 
 
-def _fill_up(protocol: str, nodes: int | None, scheduler: str, root: Path) -> tuple[int, list[dict[str, Any]]]:
+def _fill_up(
+    runs: dict[Key, list[dict[str, Any]]], protocol: str, nodes: int | None, scheduler: str
+) -> tuple[int, list[dict[str, Any]]]:
     """The fill-up runs of `default` of one scheduler on the whole trace (nodes None: the most nodes run) or a
     sample; FiguresError when there are none."""
-    runs = newest_runs(record.load(FOLDER, root))
     sizes = [key[1] for key in runs if key[0] == protocol and key[2:] == ("fill-up", "default", scheduler)]
     size = max(sizes, default=0) if nodes is None else nodes
     group = runs.get((protocol, size, "fill-up", "default", scheduler), [])
@@ -208,7 +217,7 @@ def _fill_up(protocol: str, nodes: int | None, scheduler: str, root: Path) -> tu
 
 def whole_trace_row(root: Path = record.RECORDS) -> tuple[str, ...]:
     """Ours on the whole trace, in the paper's method, beside the paper's FGD in its own simulator."""
-    nodes, ours = _fill_up("gpushare", None, "ours", root)
+    nodes, ours = _fill_up(newest_runs(record.load(FOLDER, root)), "gpushare", None, "ours")
     return (
         f"GPUs allocated, Alibaba's GPU-sharing trace ({nodes:,} nodes), via kube-scheduler, at 130 % of capacity "
         "arrived",
@@ -224,9 +233,9 @@ def sample_row(root: Path = record.RECORDS) -> tuple[str, ...]:
     binds the pods asking several GPUs there, which gpushare's device plugin cannot start and its extender refuses;
     ours as shipped refuses them too (`REFUSING`): that run beside it when there is one, else ours counted on the
     pods of one GPU at most."""
-    nodes, peer = _fill_up("gpushare", 400, PEER_TO_README, root)
-    _, ours = _fill_up("gpushare", nodes, "ours", root)
     runs = newest_runs(record.load(FOLDER, root))
+    nodes, peer = _fill_up(runs, "gpushare", 400, PEER_TO_README)
+    _, ours = _fill_up(runs, "gpushare", nodes, "ours")
     refusing = runs.get(("gpushare", nodes, "fill-up", "default", REFUSING), [])
     if refusing:
         also = f"refusing pods of several GPUs, as shipped: {_average(refusing):.1f} %"
@@ -252,9 +261,8 @@ def fill_up_plot(records: Sequence[record.Record]) -> str:
     if not runs:
         raise FiguresError(f"no fill-up of `default` in {records_folder(records)} to draw")
     panels = []
-    for protocol, nodes in sorted({key[:2] for key in runs}, key=lambda s: (s[0] != "gpushare", -s[1])):
+    for protocol, nodes, schedulers in _sections(runs):
         lines = []
-        schedulers = sorted({key[4] for key in runs if key[:2] == (protocol, nodes)}, key=_scheduler_order)
         for scheduler in schedulers:
             for dash, run in enumerate(runs[protocol, nodes, "fill-up", "default", scheduler]):
                 points = tuple(sorted((float(x), float(y)) for x, y in run["curve"].items()))
@@ -271,10 +279,9 @@ def churn_plot(records: Sequence[record.Record]) -> str:
     if not runs:
         raise FiguresError(f"no churn of `default` in {records_folder(records)} to draw")
     panels = []
-    for protocol, nodes in sorted({key[:2] for key in runs}, key=lambda s: (s[0] != "gpushare", -s[1])):
+    for protocol, nodes, schedulers in _sections(runs):
         allocated: list[plot.Line] = []
         waiting: list[plot.Line] = []
-        schedulers = sorted({key[4] for key in runs if key[:2] == (protocol, nodes)}, key=_scheduler_order)
         for scheduler in schedulers:
             for dash, run in enumerate(runs[protocol, nodes, "churn", "default", scheduler]):
                 label, samples = f"{scheduler}, seed {run['seed']}", run["samples"]
