@@ -3,8 +3,8 @@ measured and nothing else: the docs site's hook (devtools/docs_hooks.py) calls i
 tests/test_records.py holds the pages and the README to it.
 
 - In a page, the line `<!-- table: bench/records/<bench> -->` becomes that bench's table (`TABLES`), built from
-  every record in the folder, with the one machine they ran on (records from two machines make no table: one
-  machine per table).
+  every record in the folder (`<!-- table: bench/records/<bench> <name> -->`: another table of the same bench),
+  with the one machine they ran on (records from two machines make no table: one machine per table).
 - A table whose figures predate the records is marked `<!-- awaiting a rerun -->` on the line above it, which the
   site shows as a note, and is named in tests/test_records.py's list of figures awaiting a rerun: the debt stays
   visible until a run records it.
@@ -35,7 +35,7 @@ from bench.figures_common import (
 )
 from devtools.harness import percentile
 
-TABLE_MARKER = re.compile(r"^<!-- table: bench/records/(?P<folder>\w+) -->$", re.MULTILINE)
+TABLE_MARKER = re.compile(r"^<!-- table: bench/records/(?P<folder>\w+)(?P<name> \w+)? -->$", re.MULTILINE)
 AWAITING_MARKER = "<!-- awaiting a rerun -->"
 AWAITING_NOTE = "*These figures predate the benches' run records; they stay until a rerun records them.*"
 INDEX_MARKER = "<!-- the README's figures -->"
@@ -527,6 +527,7 @@ def transport_table(records: Sequence[record.Record]) -> str:
 
 TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
     "placement": figures_placement.result_table,
+    "placement mig": figures_placement.mig_table,
     "node_burst": node_burst_table,
     "bench": verbs_table,
     "scale": scale_table,
@@ -536,7 +537,13 @@ TABLES: dict[str, Callable[[Sequence[record.Record]], str]] = {
     "jobs": jobs_table,
     "transport": transport_table,
 }
-"""The benches whose pages' tables are built from records, by records folder."""
+"""The benches whose pages' tables are built from records, by records folder (and the table's name after it, for a
+bench with more than one: `table_key`)."""
+
+
+def table_key(marker: re.Match[str]) -> str:
+    """The key of `TABLES` a page's table marker names: `placement`, `placement mig`."""
+    return marker["folder"] + (marker["name"] or "")
 
 
 PLOTS: dict[str, tuple[str, Callable[[Sequence[record.Record]], str]]] = {
@@ -573,13 +580,13 @@ def fill_tables(markdown: str, root: Path = record.RECORDS) -> str:
     """A page with every table marker replaced by its table, and every awaiting marker by its note."""
 
     def table(found: re.Match[str]) -> str:
-        folder = found["folder"]
-        if folder not in TABLES:
-            raise FiguresError(f"no table is built from bench/records/{folder} (bench/figures.py's TABLES)")
+        folder, key = found["folder"], table_key(found)
+        if key not in TABLES:
+            raise FiguresError(f"no table is built from bench/records/{folder} as {key!r} (bench/figures.py's TABLES)")
         records = record.load(folder, root)
         if not records:
             raise FiguresError(f"a published figure with no record: bench/records/{folder}/ is empty")
-        return TABLES[folder](records)
+        return TABLES[key](records)
 
     return TABLE_MARKER.sub(table, markdown).replace(AWAITING_MARKER, AWAITING_NOTE)
 

@@ -8,6 +8,7 @@ The paper's FGD is the paper's own figure (`bench/placement/paper.py`), cited be
 
 from __future__ import annotations
 
+import operator
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -95,6 +96,7 @@ def result_table(records: Sequence[record.Record]) -> str:
     """GPU allocated, % (fill-up: when 130 % of the capacity has arrived; churn: the mean over the full part), a
     row per scheduler under a line per protocol and cluster, a column per kind of run and workload, each cell seed
     by seed; the paper's FGD beside ours on the whole trace; the end check's findings under the table."""
+    records = _of_kind(records, "runs")
     machine = one_machine(records)
     runs = newest_runs(records)
     if not runs:
@@ -123,6 +125,75 @@ def result_table(records: Sequence[record.Record]) -> str:
         if nodes == WHOLE_TRACE and protocol == "gpushare":
             lines += _paper_rows(columns)
     return "\n".join([*lines, "", end_checks(runs), *one_gpu_at_most(runs, machine)])
+
+
+def _of_kind(records: Sequence[record.Record], kind: str) -> list[record.Record]:
+    """The records of one kind of run (`runs` through kube-scheduler, `mig` in process): one table each."""
+    kept = [one for one in records if kind in one.results]
+    if not kept:
+        raise FiguresError(f"no record of {kind!r} in {records_folder(records)}")
+    return kept
+
+
+MIG_COLUMNS = (
+    ("memory", "GPU memory allocated"),
+    ("slices", "slices in use"),
+    ("demand", "the pods' own demand placed"),
+    ("free", "slices free at the end"),
+    ("cut", "of it cut by the slices alone"),
+)
+"""The MIG table's figures (`bench/placement/mig.py`'s `figures`), all % of the GPUs."""
+MIG_NAMES = {"ours": "ours, `--protocol hami`", "HAMi's greedy": "hami-scheduler v2.10.0's choice"}
+"""The MIG runs' policies as the table names them."""
+
+
+def mig_table(records: Sequence[record.Record]) -> str:
+    """`--mig`: ours against HAMi's own choice on the trace's MIG-capable nodes, both in process on one arrival
+    sequence: a row per policy, a column per figure, each cell seed by seed (a seed run again replaces its earlier
+    run); the pods placed and the end check under it."""
+    records = _of_kind(records, "mig")
+    machine = one_machine(records)
+    newest: dict[tuple[str, int], dict[str, Any]] = {}
+    for kept in sorted(records, key=lambda kept: kept.started):  # a later run of a seed replaces it
+        for run in kept.results["mig"]:
+            newest[run["scheduler"], run["seed"]] = run
+    schedulers = sorted({scheduler for scheduler, _ in newest}, key=lambda name: (name != "ours", name))
+    groups = {name: [newest[key] for key in sorted(newest) if key[0] == name] for name in schedulers}
+    seeds = sorted({seed for _, seed in newest})
+    sizes = {(run["nodes"], run["gpus"]) for run in newest.values()}
+    cluster = " or ".join(f"{nodes:,} nodes, {gpus:,} GPUs" for nodes, gpus in sorted(sizes))
+    lines = [
+        f"**% of the GPUs** ({cluster}; {_seeds(seeds)}; {machine.describe()}; {runs_said(records)}):",
+        "",
+        "| | " + " | ".join(label for _, label in MIG_COLUMNS) + " |",
+        "|---|" + "---:|" * len(MIG_COLUMNS),
+    ]
+    for name in schedulers:
+        cells = [_cell(groups[name], seeds, operator.itemgetter(field)) for field, _ in MIG_COLUMNS]
+        lines.append(
+            f"| {MIG_NAMES.get(name, name)} | "
+            + " | ".join(
+                f"**{cell}**" if name == "ours" and field == "memory" else cell
+                for (field, _), cell in zip(MIG_COLUMNS, cells, strict=True)
+            )
+            + " |"
+        )
+    placed = "; ".join(
+        f"{MIG_NAMES.get(name, name)} " + " / ".join(f"{run['placed']:,} of {run['pods']:,}" for run in groups[name])
+        for name in schedulers
+    )
+    found = [(run["scheduler"], run["seed"], run["problems"]) for run in newest.values() if run["problems"]]
+    total = len(newest)
+    check = (
+        f"The end check is clean in every one of the {total} runs: no two instances overlap, no GPU holds more than "
+        "7, each instance at one of its profile's placements with its memory, every GPU pod one instance per GPU "
+        "asked, no node's cpu or memory over."
+        if not found
+        else f"The end check is clean in {total - len(found)} of the {total} runs; not in these: "
+        + "; ".join(f"{MIG_NAMES.get(name, name)} seed {seed}: {problems[0]}" for name, seed, problems in found)
+        + "."
+    )
+    return "\n".join([*lines, "", f"Pods placed, seed by seed: {placed}.", "", check])
 
 
 PAPER_ROWS = {"FGD": "its best", "Random": "random placement"}

@@ -408,6 +408,14 @@ def test_the_mig_workload_runs_both_policies_within_every_gpus_slices_and_the_sa
         figures = mig.figures(result)
         assert figures["placed"] > 0 and 0 < figures["slices"] <= 100 and figures["memory"] <= figures["slices"]
         assert mig.figures(repeated) == figures
+        kept = mig.entry(result, 5)  # what a run record keeps: the page's MIG table
+        assert (kept["scheduler"], kept["seed"], kept["placed"], kept["problems"]) == (
+            result.policy,
+            5,
+            figures["placed"],
+            [],
+        )
+        assert all(kept[key] == round(float(figures[key]), 3) for key in mig.RECORDED)
 
 
 @pytest.mark.parametrize(

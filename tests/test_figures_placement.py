@@ -34,6 +34,43 @@ def placement_record(entries: list[dict[str, Any]], started: str = "2026-01-01T0
     )  # fmt: skip
 
 
+def mig_entry(scheduler: str, seed: int, memory: float, problems: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "scheduler": scheduler, "seed": seed, "workload": "default", "nodes": 588, "gpus": 4704, "memory": memory,
+        "slices": memory + 2, "demand": memory - 5, "free": 100 - memory - 2, "fragmented": 100 - memory - 2,
+        "cut": 1.0, "stranded": 0.0, "placed": 5550, "pods": 8192, "placements": "x", "seconds": 1.0,
+        "problems": list(problems),
+    }  # fmt: skip
+
+
+def test_the_mig_table_is_built_from_the_mig_runs_alone_each_seed_its_newest() -> None:
+    def mig_record(entries: list[dict[str, Any]], started: str) -> record.Record:
+        return dataclasses.replace(placement_record([], started), results={"mig": entries})
+
+    earlier = mig_record(
+        [mig_entry("ours", 42, 80.0), mig_entry("HAMi's greedy", 42, 85.5)], "2026-01-01T00:00:00+00:00"
+    )
+    later = mig_record(
+        [mig_entry("ours", 42, 91.5), mig_entry("ours", 43, 91.9), mig_entry("HAMi's greedy", 43, 85.4)],
+        "2026-01-02T00:00:00+00:00",
+    )
+    runs_only = placement_record([entry("ours", 42, 96.0)])
+    table = figures_placement.mig_table([later, runs_only, earlier])
+    lines = table.splitlines()
+    assert "588 nodes, 4,704 GPUs; seeds 42 / 43" in lines[0] and "2 run records" in lines[0], "the MIG records alone"
+    assert lines[2].startswith("| | GPU memory allocated | slices in use |")
+    assert lines[4].startswith("| ours, `--protocol hami` | **91.5 / 91.9** | 93.5 / 93.9 |"), "the rerun of seed 42"
+    assert lines[5].startswith("| hami-scheduler v2.10.0's choice | 85.5 / 85.4 | 87.5 / 87.4 |")
+    assert "clean in every one of the 4 runs" in table
+    overlap = ("node-1 GPU 0: two instances overlap",)
+    bad = mig_record([mig_entry("HAMi's greedy", 43, 85.0, overlap)], "2026-01-03T00:00:00+00:00")
+    table = figures_placement.mig_table([later, bad, earlier])
+    assert "clean in 3 of the 4 runs; not in these: hami-scheduler v2.10.0's choice seed 43: node-1 GPU 0" in table
+    with pytest.raises(figures.FiguresError, match="no record of 'mig'"):
+        figures_placement.mig_table([runs_only])
+    assert "| ours | **96.0** |" in figures_placement.result_table([runs_only, later]), "the table ignores MIG runs"
+
+
 def test_the_table_gives_each_scheduler_seed_by_seed_ours_first_and_bold() -> None:
     kept = [
         placement_record([entry("gpushare-scheduler-extender c0b6141", seed, 93.0 + seed / 100) for seed in (42, 43)]),

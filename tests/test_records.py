@@ -114,10 +114,10 @@ def test_the_list_of_figures_awaiting_a_rerun_names_only_figures_still_published
 
 
 def test_the_generated_tables_name_benches_with_records() -> None:
-    markers = [m["folder"] for page in BENCHMARKS.glob("*.md") for m in figures.TABLE_MARKER.finditer(page.read_text())]
+    markers = [m for page in BENCHMARKS.glob("*.md") for m in figures.TABLE_MARKER.finditer(page.read_text())]
     assert markers, "no benchmark table is generated from records"
-    for folder in markers:
-        assert folder in figures.TABLES and record.load(folder), folder
+    for marker in markers:
+        assert figures.table_key(marker) in figures.TABLES and record.load(marker["folder"]), marker[0]
 
 
 def test_the_plots_drawn_from_records_are_what_the_records_draw_and_are_shown() -> None:
@@ -303,6 +303,8 @@ def test_a_table_marker_with_no_records_fails_the_build(tmp_path: Path) -> None:
         figures.fill_tables("<!-- table: bench/records/node_burst -->\n", tmp_path)
     with pytest.raises(figures.FiguresError, match="no table is built"):
         figures.fill_tables("<!-- table: bench/records/unknown -->\n", tmp_path)
+    with pytest.raises(figures.FiguresError, match="no table is built from bench/records/node_burst as 'node_burst x'"):
+        figures.fill_tables("<!-- table: bench/records/node_burst x -->\n", tmp_path)
 
 
 def test_the_readmes_burst_row_needs_both_schedulers_records(tmp_path: Path) -> None:

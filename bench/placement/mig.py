@@ -41,6 +41,7 @@ import numpy as np
 import orjson
 import yaml
 
+from bench import record as recording
 from bench.placement.fast import MIB, InProcessExtender, pod_uid
 from bench.placement.hami import uuid_of
 from bench.placement.kube_model import ExtenderAnswer, ModelNode, ModelPod, SchedulerModel
@@ -698,10 +699,34 @@ def _row(values: list[float]) -> str:
     )
 
 
+RECORDED = ("memory", "slices", "demand", "free", "fragmented", "cut", "stranded")
+"""The figures of `figures` a run record keeps, in %."""
+
+
+def entry(result: MigResult, seed: int) -> dict[str, Any]:
+    """A run as its record keeps it (the placement page's MIG table, `bench/figures_placement.mig_table`)."""
+    shown = figures(result)
+    return {
+        "scheduler": result.policy,
+        "seed": seed,
+        "workload": result.workload.name,
+        "nodes": len(result.workload.nodes),
+        "gpus": result.workload.gpus,
+        **{key: round(float(shown[key]), 3) for key in RECORDED},
+        "placed": shown["placed"],
+        "pods": shown["pods"],
+        "placements": shown["placements"],
+        "seconds": round(result.seconds, 1),
+        "problems": result.problems[:10],
+    }
+
+
 def main(parsed: argparse.Namespace, settings: Settings, config_yaml: str) -> int:
-    """Both policies on each seed's sequence; non-zero when a run fails or an end check finds a problem."""
+    """Both policies on each seed's sequence; non-zero when a run fails or an end check finds a problem. With
+    `--record`, each seed's two runs join the record as the seed ends."""
     failed = False
     runs = []
+    kept: list[dict[str, Any]] = []
     for seed in parsed.seed_list:
         try:
             workload = load_mig(parsed, seed)
@@ -715,5 +740,7 @@ def main(parsed: argparse.Namespace, settings: Settings, config_yaml: str) -> in
         print(render(hami, seed), flush=True)
         failed |= bool(ours.problems or hami.problems)
         runs.append((seed, ours, hami))
+        kept += [entry(ours, seed), entry(hami, seed)]
+        recording.result("mig", kept)
     print(summary(runs))
     return 1 if failed else 0
