@@ -124,7 +124,8 @@ def result_table(records: Sequence[record.Record]) -> str:
             lines.append(f"| {scheduler} | " + " | ".join(cells) + " |")
         if nodes == WHOLE_TRACE and protocol == "gpushare":
             lines += _paper_rows(columns)
-    return "\n".join([*lines, "", end_checks(runs), *one_gpu_at_most(runs, machine)])
+    paced = pace(runs)
+    return "\n".join([*lines, "", end_checks(runs), *(["", paced] if paced else []), *one_gpu_at_most(runs, machine)])
 
 
 def _of_kind(records: Sequence[record.Record], kind: str) -> list[record.Record]:
@@ -229,6 +230,39 @@ def end_checks(runs: dict[Key, list[dict[str, Any]]]) -> str:
         for key, run in found
     )
     return f"The end check is clean in {total - len(found)} of the {total} runs; not in these: {said}."
+
+
+def pace(runs: dict[Key, list[dict[str, Any]]]) -> str:
+    """Pods a second over each run, by scheduler and protocol (the range over its runs): in the fill-up the pods
+    decided (each is created once the previous one is decided), under churn the pods bound against the pods the
+    replay offers. On a shared machine a run's pace is also what ran beside it."""
+    said = []
+    for kind, what in (("fill-up", "decided"), ("churn", "bound")):
+        rates: dict[tuple[str, str], list[float]] = {}
+        offered: list[float] = []
+        for key, group in runs.items():
+            for run in group if key[2] == kind else ():
+                rate = run.get("pods_per_second") if kind == "fill-up" else run["binds"] / run["seconds"]
+                if isinstance(rate, int | float) and rate == rate:  # a run that kept no pace: NaN, or None
+                    rates.setdefault((key[4], key[0]), []).append(rate)
+                if kind == "churn":
+                    offered.append(run["pods"] / run["seconds"])
+        if not rates:
+            continue
+        both = {
+            scheduler for scheduler, protocol in rates if (scheduler, "gpushare") in rates and protocol != "gpushare"
+        }
+        order = sorted(rates, key=lambda found: (_scheduler_order(found[0]), found[1]))
+        named = {found: found[0] + (f" in {PROTOCOLS[found[1]]}" if found[0] in both else "") for found in order}
+        by = ", ".join(f"{named[found]} {_span(rates[found])}" for found in order)
+        lead = f"in the fill-up, {what}" if kind == "fill-up" else f"under churn, {what}, of {_span(offered)} offered"
+        said.append(f"{lead}: {by}")
+    return f"Pods a second over each run: {'; '.join(said)}." if said else ""
+
+
+def _span(values: Sequence[float]) -> str:
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    return low if low == high else f"{low} to {high}"
 
 
 def one_gpu_at_most(runs: dict[Key, list[dict[str, Any]]], machine: record.Machine) -> list[str]:

@@ -92,7 +92,7 @@ def test_the_table_has_a_section_per_protocol_and_cluster_and_says_not_run_where
     over = ["node-7 GPU 0: 1200 of 1000 milli-GPU allocated"]
     hami = entry("hami-scheduler v2.10.0", 42, 88.0, protocol="hami", nodes=200, problems=2, problems_first=over)
     fast = entry("ours", 42, 11.1, mode="fast")  # the fast mode is no figure of record
-    whole, churned = entry("ours", 42, 96.0, nodes=1213), entry("ours", 42, 96.5, kind="churn")
+    whole, churned = entry("ours", 42, 96.0, nodes=1213), entry("ours", 42, 96.5, kind="churn", binds=14_400, seconds=1200.0, pods=16_500)
     kept = [placement_record([whole, entry("ours", 42, 95.0), churned, hami, fast])]
     table = figures_placement.result_table(kept)
     lines = table.splitlines()
@@ -242,3 +242,26 @@ def test_the_readmes_churn_row_gives_every_peer_best_first_without_versions(tmp_
         "hami-scheduler, client at 50/s, HAMi: 40.0 % (seed 42); gpushare-scheduler-extender: 15.4 % (seed 42)"
     ), "a peer run on fewer seeds than ours says which"
     assert len(row[2]) <= 120
+
+
+def test_the_pace_under_the_table_is_each_schedulers_range_over_its_runs_by_protocol() -> None:
+    """The fill-up's pods decided a second; under churn the binds a second against the pods offered; ours named
+    by protocol once it ran in both; a run that kept no pace (NaN) left out."""
+    churned = {"kind": "churn", "binds": 2400, "seconds": 1200.0, "pods": 16_800}
+    kept = [
+        placement_record(
+            [
+                entry("ours", 42, 96.0, pods_per_second=26.0),
+                entry("ours", 43, 96.0, pods_per_second=32.2),
+                entry("ours", 42, 96.0, protocol="hami", nodes=200, pods_per_second=9.3),
+                entry("our fill policy", 42, 87.0, pods_per_second=float("nan")),
+                entry("gpushare-scheduler-extender c0b6141", 42, 14.9, **churned),
+                entry("gpushare-scheduler-extender c0b6141", 43, 15.0, **churned | {"binds": 2520}),
+            ]
+        )
+    ]
+    table = figures_placement.result_table(kept)
+    assert (
+        "Pods a second over each run: in the fill-up, decided: ours in gpushare's protocol 26.0 to 32.2, ours in "
+        "HAMi's protocol 9.3; under churn, bound, of 14.0 offered: gpushare-scheduler-extender c0b6141 2.0 to 2.1."
+    ) in table
