@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +150,15 @@ def leader(cluster: Operator) -> str:
 
 
 def trickle(cluster: Operator, name: str, during: Callable[[], None], limit: int = 30) -> tuple[int, int]:
-    """Pods of one unit of aliyun.com/gpu-mem created one by one while `during()` runs in another thread (a rollout,
-    a failover), so that filters and binds meet the extender mid-change; at least four, at most `limit` (what the
-    node's GPUs hold). Returns how many were made, and how many of them while `during()` still ran."""
+    """Pods of one unit of aliyun.com/gpu-mem created one every half second while `during()` runs in another thread
+    (a rollout, a failover), so that filters and binds meet the extender mid-change; at least four, at most `limit`
+    (what the node's GPUs hold). Each is created by a kubectl of its own, up to four at once: on a busy machine a
+    kubectl takes seconds, and one at a time the pods would come too slowly to meet a failover that kubelet ends
+    in a few seconds. Returns how many were made, and how many of them were in the API before `during()` ended."""
     done = threading.Event()
     failure: list[BaseException] = []
+    counted = threading.Lock()
+    meanwhile = 0
 
     def run() -> None:
         try:
@@ -163,14 +168,23 @@ def trickle(cluster: Operator, name: str, during: Callable[[], None], limit: int
         finally:
             done.set()
 
+    def create(number: int) -> None:
+        nonlocal meanwhile
+        burst(cluster, f"{name}-{number}", 1, 1)
+        with counted:
+            meanwhile += not done.is_set()
+
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    made = meanwhile = 0
-    while made < limit and (made < 4 or not done.is_set()):
-        meanwhile += not done.is_set()
-        burst(cluster, f"{name}-{made}", 1, 1)
-        made += 1
-        done.wait(0.5)
+    made = 0
+    with ThreadPoolExecutor(max_workers=4) as creating:
+        created = []
+        while made < limit and (made < 4 or not done.is_set()):
+            created.append(creating.submit(create, made))
+            made += 1
+            done.wait(0.5)
+        for each in created:
+            each.result()  # a kubectl that failed fails the test
     worker.join(300)
     if failure:
         raise failure[0]
