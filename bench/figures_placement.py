@@ -150,40 +150,40 @@ MIG_NAMES = {"ours": "ours, `--protocol hami`", "HAMi's greedy": "hami-scheduler
 
 def mig_table(records: Sequence[record.Record]) -> str:
     """`--mig`: ours against HAMi's own choice on the trace's MIG-capable nodes, both in process on one arrival
-    sequence: a row per policy, a column per figure, each cell seed by seed (a seed run again replaces its earlier
-    run); the pods placed and the end check under it."""
+    sequence: a row per policy (and workload, where the records hold several), a column per figure, each cell seed
+    by seed (a seed run again replaces its earlier run); the pods placed and the end check under it."""
     records = _of_kind(records, "mig")
     machine = one_machine(records)
-    newest: dict[tuple[str, int], dict[str, Any]] = {}
+    newest: dict[tuple[str, str, int], dict[str, Any]] = {}
     for kept in sorted(records, key=lambda kept: kept.started):  # a later run of a seed replaces it
         for run in kept.results["mig"]:
-            newest[run["scheduler"], run["seed"]] = run
-    schedulers = sorted({scheduler for scheduler, _ in newest}, key=lambda name: (name != "ours", name))
-    groups = {name: [newest[key] for key in sorted(newest) if key[0] == name] for name in schedulers}
-    seeds = sorted({seed for _, seed in newest})
+            newest[run["scheduler"], run["workload"], run["seed"]] = run
+    rows = sorted({key[:2] for key in newest}, key=lambda row: (row[0] != "ours", row[0], row[1] != "default", row[1]))
+    workloads = {workload for _, workload in rows}
+    label = {row: MIG_NAMES.get(row[0], row[0]) + (f", `{row[1]}`" if len(workloads) > 1 else "") for row in rows}
+    groups = {row: [newest[key] for key in sorted(newest) if key[:2] == row] for row in rows}
+    seeds = sorted({key[2] for key in newest})
     sizes = {(run["nodes"], run["gpus"]) for run in newest.values()}
     cluster = " or ".join(f"{nodes:,} nodes, {gpus:,} GPUs" for nodes, gpus in sorted(sizes))
+    said = "" if len(workloads) > 1 else f"workload `{next(iter(workloads))}`; "
     lines = [
-        f"**% of the GPUs** ({cluster}; {_seeds(seeds)}; {machine.describe()}; {runs_said(records)}):",
+        f"**% of the GPUs** ({said}{cluster}; {_seeds(seeds)}; {machine.describe()}; {runs_said(records)}):",
         "",
-        "| | " + " | ".join(label for _, label in MIG_COLUMNS) + " |",
+        "| | " + " | ".join(name for _, name in MIG_COLUMNS) + " |",
         "|---|" + "---:|" * len(MIG_COLUMNS),
     ]
-    for name in schedulers:
-        cells = [_cell(groups[name], seeds, operator.itemgetter(field)) for field, _ in MIG_COLUMNS]
+    for row in rows:
+        cells = [_cell(groups[row], seeds, operator.itemgetter(field)) for field, _ in MIG_COLUMNS]
+        bold = [row[0] == "ours" and field == "memory" for field, _ in MIG_COLUMNS]
         lines.append(
-            f"| {MIG_NAMES.get(name, name)} | "
-            + " | ".join(
-                f"**{cell}**" if name == "ours" and field == "memory" else cell
-                for (field, _), cell in zip(MIG_COLUMNS, cells, strict=True)
-            )
+            f"| {label[row]} | "
+            + " | ".join(f"**{cell}**" if b else cell for b, cell in zip(bold, cells, strict=True))
             + " |"
         )
     placed = "; ".join(
-        f"{MIG_NAMES.get(name, name)} " + " / ".join(f"{run['placed']:,} of {run['pods']:,}" for run in groups[name])
-        for name in schedulers
+        f"{label[row]} " + " / ".join(f"{run['placed']:,} of {run['pods']:,}" for run in groups[row]) for row in rows
     )
-    found = [(run["scheduler"], run["seed"], run["problems"]) for run in newest.values() if run["problems"]]
+    found = [(key, run["problems"]) for key, run in newest.items() if run["problems"]]
     total = len(newest)
     check = (
         f"The end check is clean in every one of the {total} runs: no two instances overlap, no GPU holds more than "
@@ -191,7 +191,7 @@ def mig_table(records: Sequence[record.Record]) -> str:
         "asked, no node's cpu or memory over."
         if not found
         else f"The end check is clean in {total - len(found)} of the {total} runs; not in these: "
-        + "; ".join(f"{MIG_NAMES.get(name, name)} seed {seed}: {problems[0]}" for name, seed, problems in found)
+        + "; ".join(f"{label[key[:2]]} seed {key[2]}: {problems[0]}" for key, problems in found)
         + "."
     )
     return "\n".join([*lines, "", f"Pods placed, seed by seed: {placed}.", "", check])

@@ -66,6 +66,11 @@ def test_the_mig_table_is_built_from_the_mig_runs_alone_each_seed_its_newest() -
     bad = mig_record([mig_entry("HAMi's greedy", 43, 85.0, overlap)], "2026-01-03T00:00:00+00:00")
     table = figures_placement.mig_table([later, bad, earlier])
     assert "clean in 3 of the 4 runs; not in these: hami-scheduler v2.10.0's choice seed 43: node-1 GPU 0" in table
+    other = mig_record([mig_entry("ours", 42, 70.0) | {"workload": "gpushare100"}], "2026-01-04T00:00:00+00:00")
+    lines = figures_placement.mig_table([later, other]).splitlines()
+    assert "workload" not in lines[0], "a row per workload instead"
+    assert lines[4].startswith("| ours, `--protocol hami`, `default` | **91.5 / 91.9** |")
+    assert lines[5].startswith("| ours, `--protocol hami`, `gpushare100` | **70.0 (seed 42)** |")
     with pytest.raises(figures.FiguresError, match="no record of 'mig'"):
         figures_placement.mig_table([runs_only])
     assert "| ours | **96.0** |" in figures_placement.result_table([runs_only, later]), "the table ignores MIG runs"
@@ -92,7 +97,10 @@ def test_the_table_has_a_section_per_protocol_and_cluster_and_says_not_run_where
     over = ["node-7 GPU 0: 1200 of 1000 milli-GPU allocated"]
     hami = entry("hami-scheduler v2.10.0", 42, 88.0, protocol="hami", nodes=200, problems=2, problems_first=over)
     fast = entry("ours", 42, 11.1, mode="fast")  # the fast mode is no figure of record
-    whole, churned = entry("ours", 42, 96.0, nodes=1213), entry("ours", 42, 96.5, kind="churn", binds=14_400, seconds=1200.0, pods=16_500)
+    whole, churned = (
+        entry("ours", 42, 96.0, nodes=1213),
+        entry("ours", 42, 96.5, kind="churn", binds=14_400, seconds=1200.0, pods=16_500),
+    )
     kept = [placement_record([whole, entry("ours", 42, 95.0), churned, hami, fast])]
     table = figures_placement.result_table(kept)
     lines = table.splitlines()
