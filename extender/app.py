@@ -57,6 +57,7 @@ def build_service(
         requeue=Requeue(cache, ask, quotas=quotas),
         metrics=Metrics(settings.gpu_metrics, settings.gpu_metrics_limit, settings.quota_metrics_limit),
         expiry_interval=settings.expiry_interval,
+        http_timeout=settings.http_timeout,
         max_body_bytes=settings.max_body_bytes,
         limits=listener_limits(settings, settings.max_connections),
         health_limits=listener_limits(settings, settings.health_max_connections),

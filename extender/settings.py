@@ -322,7 +322,11 @@ class Settings:
     url: str = _doc(
         "URL kube-scheduler calls us at (its urlPrefix).", default="https://gpu-extender.gpu-extender.svc:443"
     )
-    http_timeout: float = _doc("Seconds kube-scheduler waits for a reply (its httpTimeout).", default=5.0)
+    http_timeout: float = _doc(
+        "Seconds kube-scheduler waits for a reply (its httpTimeout). `serve` starts no write of a bind with less "
+        "than a second of it left: kube-scheduler that stopped waiting may place other pods in the pod's room.",
+        default=5.0,
+    )
     weight: int = _doc("Weight kube-scheduler gives our prioritize scores (> 0).", default=5)
     ignorable: bool = _doc(
         "Let the scheduler go on when we are unreachable (pods would then bypass GPU checks).", default=False

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import enum
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -75,6 +76,36 @@ class Binder(Protocol):
         """Write `annotations` on the pod (when any), then bind it to `node`. Raises BindError."""
 
 
+REPLY_MARGIN = 1.0
+"""Seconds before kube-scheduler stops waiting for a bind (its httpTimeout) from which the bind starts no write:
+what a write may take to land. kube-scheduler that has given up on a bind forgets the pod's room on the node and
+may place other pods in it; a Binding landing after that puts more on the node than it has (seen under load in
+the churn replay: a bind queued behind HAMi's node lock bound a pod seconds after kube-scheduler gave up)."""
+
+_reply_by: contextvars.ContextVar[float | None] = contextvars.ContextVar("reply_by", default=None)
+"""The loop time at which kube-scheduler stops waiting for the bind under way in this task (`Guard.reply_by`)."""
+
+
+def reply_left() -> float | None:
+    """Seconds the bind under way in this task may still start a write (kube-scheduler's wait, less
+    `REPLY_MARGIN`); None outside a bind, or for a bind with no such limit (the file source's, tests')."""
+    due = _reply_by.get()
+    return None if due is None else due - REPLY_MARGIN - asyncio.get_running_loop().time()
+
+
+def may_still_write(what: str) -> None:
+    """Raise BindError (nothing written, so nothing left to undo but what the caller took) when the bind under way
+    may no longer start `what`: kube-scheduler would have stopped waiting before it lands, and tries the pod
+    again."""
+    left = reply_left()
+    if left is not None and left <= 0:
+        raise BindError(
+            f"not {what}: kube-scheduler stops waiting for this bind (its httpTimeout) before it could land; it "
+            "tries the pod again",
+            refused=True,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Guard:
     """What a replica asks before and while it binds: may it bind at all (synced, leading), and for how long
@@ -87,15 +118,21 @@ class Guard:
     """Seconds it surely may still bind, as of now (None: no limit); each renewal of the lease moves it on. A
     binding is not started once it is 0, and one under way when it reaches 0 is cut off, its reservation kept
     as uncertain: another replica may take over, and the binding may still land (`_while_allowed`)."""
+    reply_by: float | None = None
+    """The loop time at which kube-scheduler stops waiting for this bind: the request's arrival plus its
+    httpTimeout (None: no limit). No write starts within `REPLY_MARGIN` of it (`may_still_write`)."""
 
     def refuses(self) -> str | None:
-        """Why this replica may not start a bind now: `refusal`, or a lease whose time has run out (the elector
-        may not have said so yet: it is told at the same deadline, and on its own thread)."""
+        """Why this replica may not start a bind now: `refusal`, a lease whose time has run out (the elector
+        may not have said so yet: it is told at the same deadline, and on its own thread), or kube-scheduler's
+        wait nearly over (the bind queued behind another bind of the same pod)."""
         refusal = self.refusal()
         if refusal is None:
             left = self.time_left()
             if left is not None and left <= 0:
                 return "this replica's lease has run out (not renewed in time); another replica may lead now"
+            if self.reply_by is not None and self.reply_by - REPLY_MARGIN <= asyncio.get_running_loop().time():
+                return "kube-scheduler stops waiting for this bind (its httpTimeout) before it could land"
         return refusal
 
 
@@ -239,6 +276,14 @@ async def bind(request: BindRequest, context: BindContext) -> BindOutcome:
     is refused, so the second can never undo the first's reservation while the first may still succeed; to
     the same node it waits for the first (the pod's lock on that node), then answers as that one settled.
     """
+    reply_by = _reply_by.set(context.guard.reply_by)  # for the writes' last checks (`may_still_write`)
+    try:
+        return await _bind(request, context)
+    finally:
+        _reply_by.reset(reply_by)
+
+
+async def _bind(request: BindRequest, context: BindContext) -> BindOutcome:
     ledger = context.ledger
     async with ledger.locked(_one_pod_on_node(request)):
         with contextlib.ExitStack() as running:

@@ -75,6 +75,8 @@ class Service:
     recent: RecentPods = field(default_factory=RecentPods)
     preemptions: Preemptions = field(default_factory=Preemptions)
     expiry_interval: float = 5.0
+    http_timeout: float = 5.0
+    """Seconds kube-scheduler waits for a reply: a bind starts no write it could not finish in them (`Guard`)."""
     max_body_bytes: int = 32 * 1024 * 1024
     limits: Limits = field(default_factory=Limits)
     """Deadlines and caps of the verbs' listener (`limits.py`)."""

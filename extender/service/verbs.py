@@ -383,7 +383,8 @@ async def _bind(request: Request, service: Service) -> VerbResult:
     if reason:
         return contract.binding_reply(reason), reason
     target = BindRequest(args.PodName, args.PodNamespace, args.PodUID, args.Node)
-    guard = Guard(lambda: source.why_not_ready() or None, source.binding_time_left)
+    reply_by = asyncio.get_running_loop().time() + service.http_timeout  # when kube-scheduler stops waiting
+    guard = Guard(lambda: source.why_not_ready() or None, source.binding_time_left, reply_by)
     context = BindContext(service.cache, service.ledger, service.placer, source.binder, service.recent, guard)
     outcome = await bind(target, context)
     service.metrics.binds.labels(outcome.outcome.value).inc()

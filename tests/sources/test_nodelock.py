@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from extender.core.binding import BindContext, BindError, BindRequest, Outcome, RecentPods, bind
+from extender.core.binding import REPLY_MARGIN, BindContext, BindError, BindRequest, Guard, Outcome, RecentPods, bind
 from extender.core.devices import NodeLock
 from extender.core.ledger import Ledger
 from extender.core.protocols.hami import LOCK
@@ -213,3 +213,45 @@ def release_as_the_plugin(api: ApiDouble, name: str) -> None:
     assert node is not None
     node["metadata"]["annotations"].pop(LOCK, None)
     api.update_node(node)
+
+
+def bind_context(api: ApiDouble, kube: KubeClient, reply_in: float) -> BindContext:
+    """A bind as the verb makes it: kube-scheduler stops waiting for it `reply_in` seconds from now."""
+    cache = make_hami_cluster(*api.nodes(), pods=tuple(api.pods()))
+    binder = KubeBinder(kube, observe=cache.apply_pod, locker=locker(kube, []))
+    guard = Guard(reply_by=asyncio.get_running_loop().time() + reply_in)
+    return BindContext(cache, Ledger(cache, 60, FakeClock()), placer_for(cache), binder, RecentPods(), guard)
+
+
+async def test_a_bind_writes_no_binding_kube_scheduler_would_no_longer_wait_for(
+    api: ApiDouble, kube: KubeClient
+) -> None:
+    """kube-scheduler gives up on a bind after its httpTimeout, forgets the pod's room on the node and may place
+    other pods in it: a Binding landing later puts more on the node than it has (seen in the churn replay, a bind
+    queued behind the node's lock). Here the lock's write takes 0.4 s of the 0.3 s left to write in: the bind
+    releases the lock it took and writes no binding; the reservation goes too."""
+    api.add_node(make_hami_node())
+    pod = api.add_pod(make_hami_pod("p", mem=4000))
+    api.fail("PATCH", "/api/v1/nodes/gpu-1", mode="slow", delay=0.4)
+    context = bind_context(api, kube, REPLY_MARGIN + 0.3)
+    outcome = await bind(BindRequest("p", "default", pod["metadata"]["uid"], "gpu-1"), context)
+    assert not outcome.ok and "kube-scheduler stops waiting for this bind" in outcome.error, outcome.error
+    assert ("POST", "/api/v1/namespaces/default/pods/p/binding") not in api.requests
+    assert not lock_on(api), "the lock it took, released"
+    assert context.cache.hold_of(pod["metadata"]["uid"]) is None, "the reservation released"
+
+
+async def test_a_bind_waits_for_a_held_lock_only_while_kube_scheduler_waits(api: ApiDouble, kube: KubeClient) -> None:
+    """The lock is waited for (0.3 s here), but not past the time left to write: refused, nothing written."""
+    api.add_node(make_hami_node(**{LOCK: "2026-08-21T09:59:59Z,default,other"}))
+    api.add_pod(make_hami_pod("other", mem=1000))
+    pod = api.add_pod(make_hami_pod("p", mem=4000))
+    context = bind_context(api, kube, REPLY_MARGIN + 0.05)
+    outcome = await bind(BindRequest("p", "default", pod["metadata"]["uid"], "gpu-1"), context)
+    assert not outcome.ok and "locked for pod default/other" in outcome.error, outcome.error
+    reads = [request for request in api.requests if request == ("GET", "/api/v1/nodes/gpu-1")]
+    assert len(reads) == 1, "refused at the first read: not polled for the lock's 0.3 s"
+    assert lock_on(api) == "2026-08-21T09:59:59Z,default,other"
+    late = bind_context(api, kube, REPLY_MARGIN - 0.1)
+    refused = await bind(BindRequest("p", "default", pod["metadata"]["uid"], "gpu-1"), late)
+    assert not refused.ok and "kube-scheduler stops waiting" in refused.error, "not started at all"

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from extender.core import objects
-from extender.core.binding import BindError, BindRequest
+from extender.core.binding import BindError, BindRequest, may_still_write
 from extender.core.objects import Raw, rfc3339
 from extender.sources.kube.client import ApiError, Conflict, KubeClient, KubeError, NotFound, ServerError, pod_path
 
@@ -85,6 +85,7 @@ class KubeBinder:
             "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
+        may_still_write(f"binding {namespace}/{name} to {node}")  # after the node's lock, which may have waited
         try:
             await self.client.create(pod_path(namespace, name) + "/binding", binding)
         except NotFound:

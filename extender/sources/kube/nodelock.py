@@ -27,7 +27,7 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 from extender.core import objects
-from extender.core.binding import BindError
+from extender.core.binding import BindError, may_still_write, reply_left
 from extender.core.devices import NodeLock
 from extender.core.protocols.hami import lock_value, read_lock
 from extender.sources.kube.client import Conflict, KubeClient, KubeError, NotFound, pod_path
@@ -81,7 +81,8 @@ class NodeLocker:
         """Hold the node's lock for the pod, or raise BindError saying who holds it (nothing is written then).
         A lock held for another pod is waited for, `WAIT` seconds at most."""
         holder = objects.key(namespace, name)
-        waited, writes = 0.0, 0
+        loop = asyncio.get_running_loop()
+        started, writes = loop.time(), 0
         while writes < ATTEMPTS:
             current = await self._read(node)
             lock = read_lock(objects.annotations_of(current).get(self.key))
@@ -89,11 +90,11 @@ class NodeLocker:
                 if lock.pod == holder:
                     return
                 if not await self._abandoned(lock):
-                    if not self._may_wait(waited):
+                    if not self._may_wait(loop.time() - started):
                         raise self._contention(node, lock)
                     await asyncio.sleep(POLL)
-                    waited += POLL
                     continue
+            may_still_write(f"locking node {node}")
             now = self.clock()
             writes += 1
             try:
@@ -109,10 +110,16 @@ class NodeLocker:
         raise BindError(f"locking node {node} for its device plugin: the node kept changing; try again")
 
     def _may_wait(self, waited: float) -> bool:
-        """Whether to wait one more poll: within `wait` in all, and with `MARGIN` of leadership left after it.
-        Asked at every poll: the lease is renewed meanwhile, so its time left is read, not fixed at the start."""
-        left = self.time_left()
-        return waited + POLL <= self.wait and (left is None or left - POLL >= MARGIN)
+        """Whether to wait one more poll: within `wait` in all (counted by the clock: the reads of the node take
+        time too, seconds on a busy API server), with `MARGIN` of leadership left after it, and with time left
+        to write before kube-scheduler stops waiting (`reply_left`). Asked at every poll: the lease is renewed
+        meanwhile, so its time left is read, not fixed at the start."""
+        left, reply = self.time_left(), reply_left()
+        return (
+            waited + POLL <= self.wait
+            and (left is None or left - POLL >= MARGIN)
+            and (reply is None or reply - POLL > 0)
+        )
 
     async def release(self, node: str, namespace: str, name: str) -> None:
         """Release the lock if it is still this pod's (after a failed binding). Failures are logged: a lock left
