@@ -556,6 +556,28 @@ def test_a_refusal_that_is_not_final_waits_for_kube_schedulers_retry_and_stands_
     assert real.LOCKED.search("node openb-node-1 has been locked within 5m0s: node lock contention")
 
 
+def test_a_pod_bound_then_deleted_is_not_waited_for_to_be_allocated() -> None:
+    """A pod refused on the nodes kube-scheduler sampled, and so deleted, that its retry bound in between: the
+    double allocates no pod that is gone, and the replay waited 120 s for it, then failed the run."""
+    from bench.placement.real import RealReplay, Seen
+
+    replay = RealReplay.__new__(RealReplay)
+    replay._check_alive = lambda: None  # type: ignore[method-assign]
+    replay.workdir = Path("/tmp/run")
+    replay.workload = SimpleNamespace(pods=[SimpleNamespace(name="a", gpus=1), SimpleNamespace(name="b", gpus=1)])  # type: ignore[assignment]
+    plugin = SimpleNamespace(allocations=["a"], violations=[])
+
+    async def wait() -> None:
+        seen = Seen(bound={"a": "n1", "b": "n1"}, uids={"a": "uid-a", "b": "uid-b"}, deleted={"b"})
+        watcher = asyncio.create_task(asyncio.sleep(10))
+        try:
+            await asyncio.wait_for(replay._allocated(plugin, seen, watcher), 5)  # type: ignore[arg-type]
+        finally:
+            watcher.cancel()
+
+    asyncio.run(wait())
+
+
 def test_a_failure_of_the_plugin_double_on_the_pod_ends_the_wait_for_its_allocation_at_once() -> None:
     """The double records an API call that failed it as a finding and never allocates the pod: the replay waited
     out its 120 s and then named neither the pod's failure nor where to look."""

@@ -365,11 +365,14 @@ class RealReplay:
             raise RealError(f"{what}: {failed()[0]}; logs in {self.workdir}")
 
     async def _allocated(self, plugin: DevicePluginDouble | None, seen: Seen, watcher: asyncio.Task[None]) -> None:
-        """Wait for the plugin to have allocated every pod bound (its allocation is what the end check reads)."""
+        """Wait for the plugin to have allocated every pod bound (its allocation is what the end check reads), but
+        for the pods deleted since: one refused, and so deleted, may have been bound all the same by
+        kube-scheduler's retry in between (its refusal on the nodes sampled is not final when it sampled some),
+        and the double allocates no pod that is gone."""
         if plugin is None:
             return
         asking = {pod.name.lower() for pod in self.workload.pods if pod.gpus}
-        bound = sum(1 for name in seen.bound if name in asking)
+        bound = sum(1 for name in seen.bound if name in asking and name not in seen.deleted)
         what = "HAMi's device plugin double allocating every pod bound"
         await self._plugin_wait(plugin, seen, watcher, lambda: len(plugin.allocations) >= bound, what, 0.2)
 
