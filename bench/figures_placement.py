@@ -412,12 +412,13 @@ def _short(scheduler: str) -> str:
 
 
 def churn_row(root: Path = record.RECORDS) -> tuple[str, ...]:
-    """Ours under churn on the 400-node sample, beside every peer run so (the best first; a peer in HAMi's
-    protocol says so, ours being measured in gpushare's)."""
+    """Ours under churn on the 400-node sample, in gpushare's protocol and, where run with a clean end check, in
+    HAMi's, beside every peer run so (the best first; a peer in HAMi's protocol says so)."""
     runs = newest_runs(record.load(FOLDER, root))
     ours = runs.get(("gpushare", 400, "churn", "default", "ours"), [])
     if not ours:
         raise FiguresError("the README's churn row needs churn runs of ours on 400 nodes, gpushare's protocol")
+    in_hami = [run for run in runs.get(("hami", 400, "churn", "default", "ours"), []) if not run["problems"]]
     peers = [
         (_average(group), f"{_short(key[4])}{', HAMi' if key[0] == 'hami' else ''}: {_average(group):.1f} %"
          + (f" ({_seeds([run['seed'] for run in group])})" if len(group) != len(ours) else ""))
@@ -426,7 +427,7 @@ def churn_row(root: Path = record.RECORDS) -> tuple[str, ...]:
     ]  # fmt: skip
     return (
         "pods coming and going at the trace's pace, 400 nodes: GPUs allocated",
-        _mean(ours),
+        _mean(ours) + (f"; in HAMi's protocol: {_mean(in_hami)}" if in_hami else ""),
         "; ".join(text for _, text in sorted(peers, reverse=True)) or "no peer run",
         "[peers](docs/benchmarks/placement.md#the-result)",
         RECORDED,

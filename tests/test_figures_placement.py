@@ -250,6 +250,15 @@ def test_the_readmes_churn_row_gives_every_peer_best_first_without_versions(tmp_
         "hami-scheduler, client at 50/s, HAMi: 40.0 % (seed 42); gpushare-scheduler-extender: 15.4 % (seed 42)"
     ), "a peer run on fewer seeds than ours says which"
     assert len(row[2]) <= 120
+    record.write(placement_record([entry("ours", 42, 96.3, kind="churn", protocol="hami")]), tmp_path)
+    row = figures_placement.churn_row(tmp_path)
+    assert row[1] == "96.5 % (mean, 3 seeds); in HAMi's protocol: 96.3 % (seed 42)", "ours beside hami-scheduler too"
+    over = {"problems": 3, "problems_first": ["openb-node-1042: cpu 110260m requested of 96000m"]}
+    later = placement_record(
+        [entry("ours", 42, 96.4, kind="churn", protocol="hami", **over)], "2026-01-02T00:00:00+00:00"
+    )
+    record.write(later, tmp_path)
+    assert figures_placement.churn_row(tmp_path)[1] == "96.5 % (mean, 3 seeds)", "not a run whose end check failed"
 
 
 def test_the_pace_under_the_table_is_each_schedulers_range_over_its_runs_by_protocol() -> None:
