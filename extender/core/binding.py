@@ -82,15 +82,19 @@ what a write may take to land. kube-scheduler that has given up on a bind forget
 may place other pods in it; a Binding landing after that puts more on the node than it has (seen under load in
 the churn replay: a bind queued behind HAMi's node lock bound a pod seconds after kube-scheduler gave up)."""
 
+TOO_LATE = "kube-scheduler stops waiting for this bind (its httpTimeout) before it could land"
 _reply_by: contextvars.ContextVar[float | None] = contextvars.ContextVar("reply_by", default=None)
 """The loop time at which kube-scheduler stops waiting for the bind under way in this task (`Guard.reply_by`)."""
 
 
+def _write_time(reply_by: float | None) -> float | None:
+    """Seconds left to start a write before `reply_by` (kube-scheduler's wait, less `REPLY_MARGIN`); None: no limit."""
+    return None if reply_by is None else reply_by - REPLY_MARGIN - asyncio.get_running_loop().time()
+
+
 def reply_left() -> float | None:
-    """Seconds the bind under way in this task may still start a write (kube-scheduler's wait, less
-    `REPLY_MARGIN`); None outside a bind, or for a bind with no such limit (the file source's, tests')."""
-    due = _reply_by.get()
-    return None if due is None else due - REPLY_MARGIN - asyncio.get_running_loop().time()
+    """`_write_time` of the bind under way in this task; None outside a bind (or the file source's, tests')."""
+    return _write_time(_reply_by.get())
 
 
 def may_still_write(what: str) -> None:
@@ -99,11 +103,7 @@ def may_still_write(what: str) -> None:
     again."""
     left = reply_left()
     if left is not None and left <= 0:
-        raise BindError(
-            f"not {what}: kube-scheduler stops waiting for this bind (its httpTimeout) before it could land; it "
-            "tries the pod again",
-            refused=True,
-        )
+        raise BindError(f"not {what}: {TOO_LATE}; it tries the pod again", refused=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +131,9 @@ class Guard:
             left = self.time_left()
             if left is not None and left <= 0:
                 return "this replica's lease has run out (not renewed in time); another replica may lead now"
-            if self.reply_by is not None and self.reply_by - REPLY_MARGIN <= asyncio.get_running_loop().time():
-                return "kube-scheduler stops waiting for this bind (its httpTimeout) before it could land"
+            reply = _write_time(self.reply_by)
+            if reply is not None and reply <= 0:
+                return TOO_LATE
         return refusal
 
 
